@@ -1,0 +1,598 @@
+"""Remote functions: the task patterns of Ray's core tutorial, on every backend
+and on one and three nodes."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+import tray
+from tray.exceptions import GetTimeoutError, TaskError, TrayError
+from tray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+# Remote functions may be declared before tray.init, as in Ray.
+
+
+@tray.remote
+def add(a, b):
+    return a + b
+
+
+@tray.remote
+def identity(x):
+    return x
+
+
+@tray.remote
+def sleep_then_return(duration_s, value):
+    time.sleep(duration_s)
+    return value
+
+
+@tray.remote
+def current_node_id():
+    return tray.get_runtime_context().get_node_id()
+
+
+def _is_hex(s) -> bool:
+    if not isinstance(s, str) or not s:
+        return False
+    try:
+        int(s, 16)
+    except ValueError:
+        return False
+    return True
+
+
+# ---------------------------------------------------------------------------
+# Chains, trees, nesting
+# ---------------------------------------------------------------------------
+
+
+def test_single_task(cluster):
+    ref = add.remote(1, 2)
+    assert tray.get(ref) == 3
+
+
+def test_get_list_and_single(cluster):
+    refs = [add.remote(i, i) for i in range(10)]
+    assert tray.get(refs) == [2 * i for i in range(10)]
+    assert tray.get(refs[3]) == 6
+
+
+def test_chain_of_tasks(cluster):
+    ref = identity.remote(0)
+    for _ in range(20):
+        ref = add.remote(ref, 1)
+    assert tray.get(ref) == 20
+
+
+def test_tree_reduce_numpy(cluster):
+    data = [tray.put(np.ones(1000)) for _ in range(16)]
+    while len(data) > 1:
+        data.append(add.remote(data.pop(0), data.pop(0)))
+    result = tray.get(data[0])
+    assert isinstance(result, np.ndarray)
+    assert result.shape == (1000,)
+    assert result.sum() == 16000
+
+
+def test_nested_tasks(cluster):
+    @tray.remote
+    def square(x):
+        return x * x
+
+    @tray.remote
+    def sum_of_squares(n):
+        refs = [square.remote(i) for i in range(n)]
+        return sum(tray.get(refs))
+
+    assert tray.get(sum_of_squares.remote(10)) == sum(i * i for i in range(10))
+
+
+def test_nested_tasks_two_levels_deep(cluster):
+    @tray.remote
+    def leaf(x):
+        return x + 1
+
+    @tray.remote
+    def middle(x):
+        return tray.get(leaf.remote(x)) * 10
+
+    @tray.remote
+    def top(x):
+        return sum(tray.get([middle.remote(x), middle.remote(x + 1)]))
+
+    assert tray.get(top.remote(1)) == 20 + 30
+
+
+def test_nested_task_returns_ref_created_inside(cluster):
+    @tray.remote
+    def make():
+        return [add.remote(20, 22), tray.put("inner")]
+
+    refs = tray.get(make.remote())
+    assert tray.get(refs) == [42, "inner"]
+
+
+def test_remote_function_passed_into_task(cluster):
+    @tray.remote
+    def double(x):
+        return 2 * x
+
+    @tray.remote
+    def apply(fn, x):
+        return tray.get(fn.remote(x))
+
+    assert tray.get(apply.remote(double, 21)) == 42
+
+
+def test_many_small_tasks(cluster):
+    refs = [identity.remote(i) for i in range(200)]
+    assert tray.get(refs) == list(range(200))
+
+
+# ---------------------------------------------------------------------------
+# Multiple returns
+# ---------------------------------------------------------------------------
+
+
+def test_num_returns_via_options(cluster):
+    @tray.remote
+    def pair():
+        return "a", "b"
+
+    a, b = pair.options(num_returns=2).remote()
+    assert tray.get(a) == "a"
+    assert tray.get(b) == "b"
+    assert tray.get([b, a]) == ["b", "a"]
+
+
+def test_num_returns_via_decorator(cluster):
+    @tray.remote(num_returns=3)
+    def triple(x):
+        return x, x + 1, x + 2
+
+    refs = triple.remote(10)
+    assert len(refs) == 3
+    assert tray.get(list(refs)) == [10, 11, 12]
+
+
+def test_num_returns_one_returns_single_ref_of_tuple(cluster):
+    @tray.remote
+    def pair():
+        return 1, 2
+
+    ref = pair.remote()
+    assert tray.get(ref) == (1, 2)
+
+
+def test_multiple_returns_feed_separate_tasks(cluster):
+    @tray.remote(num_returns=2)
+    def split(xs):
+        half = len(xs) // 2
+        return xs[:half], xs[half:]
+
+    @tray.remote
+    def total(xs):
+        return sum(xs)
+
+    left, right = split.remote(list(range(10)))
+    assert tray.get([total.remote(left), total.remote(right)]) == [10, 35]
+
+
+def test_num_returns_zero_returns_none_and_runs(cluster):
+    @tray.remote
+    class Box:
+        def __init__(self):
+            self.value = None
+
+        def set(self, value):
+            self.value = value
+
+        def read(self):
+            return self.value
+
+    @tray.remote
+    def side_effect(box):
+        tray.get(box.set.remote("done"))
+
+    box = Box.remote()
+    assert side_effect.options(num_returns=0).remote(box) is None
+    for _ in range(200):
+        if tray.get(box.read.remote()) == "done":
+            break
+        tray.get(sleep_then_return.remote(0.05, None))
+    assert tray.get(box.read.remote()) == "done"
+
+
+# ---------------------------------------------------------------------------
+# wait
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.cluster(num_cpus=8)
+def test_wait_loop_processes_results_in_completion_order(cluster):
+    tick = cluster.tick_s
+    # Submitted in an order unrelated to the order in which they finish.
+    durations = [5, 1, 4, 2, 3]
+    refs = [sleep_then_return.remote(d * tick, d) for d in durations]
+    finished = []
+    pending = list(refs)
+    while pending:
+        ready, pending = tray.wait(pending, num_returns=1)
+        assert len(ready) == 1
+        finished.append(tray.get(ready[0]))
+    assert finished == sorted(durations)
+
+
+def test_wait_returns_lists_partitioning_input(cluster):
+    refs = [identity.remote(i) for i in range(5)]
+    tray.get(refs)
+    ready, not_ready = tray.wait(refs, num_returns=5)
+    assert sorted(tray.get(ready)) == list(range(5))
+    assert not_ready == []
+
+
+def test_wait_preserves_input_order_within_ready(cluster):
+    refs = [identity.remote(i) for i in range(6)]
+    tray.get(refs)
+    ready, not_ready = tray.wait(refs, num_returns=6)
+    assert ready == refs
+    assert not_ready == []
+
+
+def test_wait_with_timeout_returns_partial(cluster):
+    tick = cluster.tick_s
+    fast = identity.remote("fast")
+    slow = sleep_then_return.remote(1000 * tick, "slow")
+    assert tray.get(fast) == "fast"
+    ready, not_ready = tray.wait([fast, slow], num_returns=2, timeout=tick)
+    assert ready == [fast]
+    assert not_ready == [slow]
+
+
+def test_wait_timeout_zero_polls(cluster):
+    slow = sleep_then_return.remote(1000 * cluster.tick_s, "slow")
+    ready, not_ready = tray.wait([slow], timeout=0)
+    assert ready == []
+    assert not_ready == [slow]
+
+
+def test_get_with_timeout_raises_get_timeout_error(cluster):
+    slow = sleep_then_return.remote(1000 * cluster.tick_s, "slow")
+    with pytest.raises(GetTimeoutError) as info:
+        tray.get(slow, timeout=cluster.tick_s)
+    assert isinstance(info.value, TimeoutError)
+    assert isinstance(info.value, TrayError)
+
+
+def test_get_with_timeout_succeeds_when_ready_in_time(cluster):
+    ref = sleep_then_return.remote(cluster.tick_s, "ok")
+    assert tray.get(ref, timeout=100 * cluster.tick_s) == "ok"
+
+
+# ---------------------------------------------------------------------------
+# References inside arguments and values (borrowing)
+# ---------------------------------------------------------------------------
+
+
+def test_top_level_ref_argument_is_resolved(cluster):
+    @tray.remote
+    def kind(x):
+        return type(x).__name__
+
+    assert tray.get(kind.remote(tray.put(5))) == "int"
+
+
+def test_ref_inside_list_argument_is_borrowed(cluster):
+    @tray.remote
+    def read_first(refs):
+        first = refs[0]
+        return type(first).__name__, tray.get(first)
+
+    ref = tray.put("payload")
+    type_name, value = tray.get(read_first.remote([ref]))
+    assert type_name == type(ref).__name__
+    assert value == "payload"
+
+
+def test_ref_to_pending_task_inside_dict_argument(cluster):
+    @tray.remote
+    def read(d):
+        return tray.get(d["ref"]) + 1
+
+    pending = sleep_then_return.remote(cluster.tick_s, 41)
+    assert tray.get(read.remote({"ref": pending})) == 42
+
+
+def test_ref_inside_put_object(cluster):
+    inner = tray.put(np.arange(10))
+    outer = tray.put([inner, "tag"])
+    got = tray.get(outer)
+    assert got[1] == "tag"
+    assert type(got[0]) is type(inner)
+    assert np.array_equal(tray.get(got[0]), np.arange(10))
+
+
+def test_ref_inside_ref_passed_to_task(cluster):
+    @tray.remote
+    def unwrap(lst):
+        # The top-level ref is resolved to the list; the inner ref is not.
+        return tray.get(lst[0]) * 2
+
+    inner = tray.put(21)
+    outer = tray.put([inner])
+    del inner
+    assert tray.get(unwrap.remote(outer)) == 42
+
+
+def test_task_returns_ref_to_its_own_put(cluster):
+    @tray.remote
+    def producer():
+        return [tray.put(np.full(100, 7))]
+
+    [ref] = tray.get(producer.remote())
+    assert tray.get(ref).sum() == 700
+
+
+# ---------------------------------------------------------------------------
+# Errors
+# ---------------------------------------------------------------------------
+
+
+def test_task_error_is_instance_of_user_exception(cluster):
+    @tray.remote
+    def fail_loudly():
+        raise ValueError("boom-123")
+
+    with pytest.raises(ValueError) as info:
+        tray.get(fail_loudly.remote())
+    err = info.value
+    assert isinstance(err, TaskError)
+    assert isinstance(err, TrayError)
+    assert isinstance(err, tray.exceptions.RayTaskError)
+    text = str(err)
+    assert "boom-123" in text
+    assert "fail_loudly" in text  # the remote traceback names the function
+    assert "Traceback" in text or "line" in text
+
+
+def test_task_error_custom_exception_class(cluster):
+    class InventoryError(Exception):
+        pass
+
+    @tray.remote
+    def check():
+        raise InventoryError("out of stock")
+
+    with pytest.raises(InventoryError) as info:
+        tray.get(check.remote())
+    assert isinstance(info.value, TaskError)
+    assert "out of stock" in str(info.value)
+
+
+def test_task_error_propagates_through_dependent_task(cluster):
+    @tray.remote
+    def fail():
+        raise ValueError("root-cause")
+
+    @tray.remote
+    def dependent(x):
+        return ("ran", x)
+
+    ref = dependent.remote(add.remote(fail.remote(), 1))
+    with pytest.raises(ValueError) as info:
+        tray.get(ref)
+    assert isinstance(info.value, TaskError)
+    assert "root-cause" in str(info.value)
+
+
+def test_task_error_inside_nested_get(cluster):
+    @tray.remote
+    def fail():
+        raise KeyError("inner-key")
+
+    @tray.remote
+    def outer():
+        return tray.get(fail.remote())
+
+    with pytest.raises(KeyError) as info:
+        tray.get(outer.remote())
+    assert isinstance(info.value, TaskError)
+    assert "inner-key" in str(info.value)
+
+
+def test_task_can_catch_error_of_nested_task(cluster):
+    @tray.remote
+    def fail():
+        raise ValueError("nested")
+
+    @tray.remote
+    def outer():
+        try:
+            tray.get(fail.remote())
+        except ValueError as exc:
+            return ("caught", isinstance(exc, TaskError))
+        return ("not caught", False)
+
+    assert tray.get(outer.remote()) == ("caught", True)
+
+
+def test_failed_task_does_not_poison_later_tasks(cluster):
+    @tray.remote
+    def maybe_fail(i):
+        if i % 2:
+            raise RuntimeError(f"odd {i}")
+        return i
+
+    refs = [maybe_fail.remote(i) for i in range(6)]
+    for i, ref in enumerate(refs):
+        if i % 2:
+            with pytest.raises(RuntimeError):
+                tray.get(ref)
+        else:
+            assert tray.get(ref) == i
+
+
+# ---------------------------------------------------------------------------
+# Runtime context
+# ---------------------------------------------------------------------------
+
+
+def test_runtime_context_in_driver(cluster):
+    ctx = tray.get_runtime_context()
+    assert _is_hex(ctx.get_job_id())
+    assert ctx.get_actor_id() is None
+    node_ids = {n["NodeID"] for n in tray.nodes()}
+    assert ctx.get_node_id() in node_ids
+
+
+def test_runtime_context_in_task(cluster):
+    @tray.remote
+    def ids():
+        ctx = tray.get_runtime_context()
+        return ctx.get_job_id(), ctx.get_task_id(), ctx.get_actor_id(), ctx.get_node_id()
+
+    (job1, task1, actor1, node1), (job2, task2, actor2, node2) = tray.get(
+        [ids.remote(), ids.remote()]
+    )
+    driver_job = tray.get_runtime_context().get_job_id()
+    assert job1 == job2 == driver_job
+    assert _is_hex(task1)
+    assert _is_hex(task2)
+    assert task1 != task2
+    assert actor1 is None
+    assert actor2 is None
+    node_ids = {n["NodeID"] for n in tray.nodes()}
+    assert node1 in node_ids
+    assert node2 in node_ids
+
+
+def test_nested_task_has_its_own_task_id(cluster):
+    @tray.remote
+    def inner_id():
+        return tray.get_runtime_context().get_task_id()
+
+    @tray.remote
+    def outer():
+        return tray.get_runtime_context().get_task_id(), tray.get(inner_id.remote())
+
+    outer_id, inner = tray.get(outer.remote())
+    assert _is_hex(outer_id)
+    assert _is_hex(inner)
+    assert outer_id != inner
+
+
+# ---------------------------------------------------------------------------
+# Resources and scheduling
+# ---------------------------------------------------------------------------
+
+
+def _intervals_overlap(a, b) -> bool:
+    return a[0] < b[1] and b[0] < a[1]
+
+
+@tray.remote
+def timed_sleep(duration_s):
+    start = time.time()
+    time.sleep(duration_s)
+    return start, time.time()
+
+
+def test_tasks_needing_all_cpus_run_one_at_a_time(one_node):
+    tick = one_node.tick_s
+    refs = [timed_sleep.options(num_cpus=4).remote(5 * tick) for _ in range(3)]
+    intervals = sorted(tray.get(refs))
+    for a, b in zip(intervals, intervals[1:], strict=False):
+        assert not _intervals_overlap(a, b), intervals
+
+
+def test_small_tasks_run_concurrently(one_node):
+    tick = one_node.tick_s
+    refs = [timed_sleep.options(num_cpus=1).remote(5 * tick) for _ in range(4)]
+    intervals = tray.get(refs)
+    for a in intervals:
+        for b in intervals:
+            assert _intervals_overlap(a, b), intervals
+
+
+def test_fractional_cpus(one_node):
+    tick = one_node.tick_s
+    # 8 tasks of half a CPU fit at once on 4 CPUs.
+    refs = [timed_sleep.options(num_cpus=0.5).remote(5 * tick) for _ in range(8)]
+    intervals = tray.get(refs)
+    latest_start = max(s for s, _ in intervals)
+    earliest_end = min(e for _, e in intervals)
+    assert latest_start < earliest_end, intervals
+
+
+@pytest.mark.cluster(resources={"widget": 2})
+def test_custom_resource_task(cluster):
+    @tray.remote(resources={"widget": 1})
+    def uses_widget():
+        return "widget ok"
+
+    assert tray.get([uses_widget.remote() for _ in range(4)]) == ["widget ok"] * 4
+
+
+@pytest.mark.cluster(resources={"widget": 1})
+def test_custom_resource_limits_concurrency(one_node):
+    tick = one_node.tick_s
+    refs = [timed_sleep.options(resources={"widget": 1}).remote(5 * tick) for _ in range(2)]
+    a, b = sorted(tray.get(refs))
+    assert not _intervals_overlap(a, b)
+
+
+def test_num_cpus_option_accepted_in_decorator(cluster):
+    @tray.remote(num_cpus=2, memory=10 * 1024 * 1024)
+    def heavy():
+        return "heavy"
+
+    assert tray.get(heavy.remote()) == "heavy"
+
+
+def test_spread_uses_more_than_one_node(three_nodes):
+    refs = [
+        sleep_then_return.options(scheduling_strategy="SPREAD").remote(three_nodes.tick_s, None)
+        for _ in range(6)
+    ]
+    tray.get(refs)
+    node_refs = [current_node_id.options(scheduling_strategy="SPREAD").remote() for _ in range(9)]
+    used = set(tray.get(node_refs))
+    assert len(used) > 1
+    assert used <= {n["NodeID"] for n in tray.nodes()}
+
+
+def test_default_strategy_overflows_to_other_nodes(three_nodes):
+    @tray.remote
+    def hold(duration_s):
+        time.sleep(duration_s)
+        return tray.get_runtime_context().get_node_id()
+
+    # 12 one-CPU tasks at once cannot all fit on one 4-CPU node.
+    used = set(tray.get([hold.remote(5 * three_nodes.tick_s) for _ in range(12)]))
+    assert len(used) > 1
+
+
+def test_node_affinity_hard_places_all_tasks_on_node(cluster):
+    target = tray.nodes()[-1]["NodeID"]
+    strategy = NodeAffinitySchedulingStrategy(target, soft=False)
+    refs = [current_node_id.options(scheduling_strategy=strategy).remote() for _ in range(10)]
+    assert set(tray.get(refs)) == {target}
+
+
+def test_node_affinity_hard_each_node(three_nodes):
+    for node in tray.nodes():
+        node_id = node["NodeID"]
+        strategy = NodeAffinitySchedulingStrategy(node_id=node_id, soft=False)
+        refs = [current_node_id.options(scheduling_strategy=strategy).remote() for _ in range(3)]
+        assert set(tray.get(refs)) == {node_id}
+
+
+def test_node_affinity_soft_runs_on_node_when_free(three_nodes):
+    target = tray.nodes()[1]["NodeID"]
+    strategy = NodeAffinitySchedulingStrategy(target, soft=True)
+    assert tray.get(current_node_id.options(scheduling_strategy=strategy).remote()) == target

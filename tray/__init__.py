@@ -1,0 +1,40 @@
+"""tray: a distributed task-and-actor runtime with Ray's core API.
+
+``import tray`` works like ``import ray`` for the core API; every cluster can
+also run as a deterministic simulation (``tray.init(backend="sim", seed=N)``)."""
+
+from . import backends as _backends  # registers the backends
+from . import exceptions as exceptions
+from . import util as util
+from .core.api import ActorClass as ActorClass
+from .core.api import ActorHandle as ActorHandle
+from .core.api import RemoteFunction as RemoteFunction
+from .core.api import available_resources as available_resources
+from .core.api import cancel as cancel
+from .core.api import cluster_resources as cluster_resources
+from .core.api import get as get
+from .core.api import get_actor as get_actor
+from .core.api import get_gpu_ids as get_gpu_ids
+from .core.api import get_runtime_context as get_runtime_context
+from .core.api import init as init
+from .core.api import is_initialized as is_initialized
+from .core.api import kill as kill
+from .core.api import method as method
+from .core.api import nodes as nodes
+from .core.api import put as put
+from .core.api import remote as remote
+from .core.api import shutdown as shutdown
+from .core.api import wait as wait
+from .core.object_ref import ObjectRef as ObjectRef
+
+__version__ = "0.1.0"
+
+# Show public names in tracebacks and reprs (as trio does).
+for _name in ("ObjectRef", "ActorHandle", "ActorClass", "RemoteFunction"):
+    globals()[_name].__module__ = "tray"
+del _name, _backends
+
+__all__ = ["init", "shutdown", "is_initialized", "remote", "method", "get", "put", "wait",
+           "cancel", "kill", "get_actor", "nodes", "cluster_resources", "available_resources",
+           "get_gpu_ids", "get_runtime_context", "ObjectRef", "ActorHandle", "exceptions",
+           "util", "__version__"]

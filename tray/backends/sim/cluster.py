@@ -1,0 +1,363 @@
+"""Assembling and driving a simulated cluster (see the package docstring)."""
+
+from __future__ import annotations
+
+import collections
+import os
+import random
+import threading
+import time
+
+import greenback
+import outcome
+import trio
+import trio.testing
+
+from ...core import config as config_module
+from ...core.context import current_worker
+from ...core.core_worker import DRIVER, WORKER, CoreWorker
+from ...core.gcs import GcsServer
+from ...core.ids import NodeID
+from ...core.interfaces import ProcessEnv
+from ...core.node_manager import NodeManager
+from ...core.trace import Trace
+from ...exceptions import TrayError
+from ...transports.sim import SimNetwork
+from .stores import MemoryObjectStore, MemoryStorage
+
+# Virtual wall-clock time starts here (2026-01-01 UTC) in simulated user code.
+SIM_EPOCH_S = 1_767_225_600.0
+# A blocking call waiting longer than this in virtual time is a hang.
+HANG_TIMEOUT_S = 7 * 24 * 3600.0
+DEFAULT_OBJECT_STORE_BYTES = 2 * 1024**3
+
+_active: dict = {"cluster": None, "last": None}
+
+
+class SimulatedProcessExit(BaseException):
+    """Raised by ``os._exit`` in simulated user code: ends that simulated
+    process, not the real one."""
+
+
+class SimProcess:
+    def __init__(self, name: str, address: str, node_index: int | None) -> None:
+        self.name = name
+        self.address = address
+        self.node_index = node_index
+        self.scope: trio.CancelScope | None = None
+        self.nursery: trio.Nursery | None = None
+        self.alive = True
+        self.component = None
+
+
+class SimSpawner:
+    def __init__(self, cluster: SimCluster, node_index: int) -> None:
+        self.cluster = cluster
+        self.node_index = node_index
+
+    def start_worker(self, worker_id_hex: str, env: dict) -> None:
+        self.cluster.start_worker(self.node_index, worker_id_hex)
+
+    def kill_worker(self, worker_id_hex: str) -> None:
+        self.cluster.kill_process(f"n{self.node_index}/worker-{worker_id_hex[:12]}")
+
+
+class SimCluster:
+    def __init__(self, *, seed: int, num_nodes: int, num_cpus: float, num_gpus: float,
+                 resources: dict, config=None, object_store_memory: int | None = None,
+                 worker_start_delay_s: float = 0.005) -> None:
+        if num_nodes < 1:
+            raise ValueError(f"num_nodes must be at least 1, got {num_nodes}")
+        self.seed = seed
+        self.num_nodes = num_nodes
+        self.config = config or config_module.DEFAULT_CONFIG
+        self.clock = trio.testing.MockClock(autojump_threshold=0)
+        self.trace = Trace(self.clock.current_time)
+        self.storage = MemoryStorage()
+        self.network = SimNetwork(self._rng("network"), self.trace)
+        node_resources = {"CPU": float(num_cpus), **{k: float(v) for k, v in resources.items()}}
+        if num_gpus:
+            node_resources["GPU"] = float(num_gpus)
+        self.node_resources = node_resources
+        self.object_store_bytes = object_store_memory or DEFAULT_OBJECT_STORE_BYTES
+        self.worker_start_delay_s = worker_start_delay_s
+        self.node_ids = [NodeID.from_random(self._rng(f"node-id-{i}")).hex()
+                         for i in range(num_nodes)]
+        self.stores = [MemoryObjectStore(self.object_store_bytes) for _ in range(num_nodes)]
+        self.processes: dict[str, SimProcess] = {}
+        self.gcs_address = "n0/gcs"
+        self._host_queue: collections.deque = collections.deque()
+        self._finished: outcome.Outcome | None = None
+        self._ready = False
+        self._nursery: trio.Nursery | None = None
+        self._token = None
+        self.driver: CoreWorker | None = None
+        self._scheduler_state = None
+        self._failure_reported = False
+
+    def _rng(self, name: str) -> random.Random:
+        return random.Random(f"{self.seed}:{name}")
+
+    # ----------------------------------------------------------- host loop
+
+    def start(self) -> None:
+        import trio._core._run as trio_run
+
+        self._scheduler_state = (trio_run._ALLOW_DETERMINISTIC_SCHEDULING, trio_run._r.getstate())
+        trio_run._ALLOW_DETERMINISTIC_SCHEDULING = True
+        trio_run._r.seed(f"{self.seed}:trio")
+        trio.lowlevel.start_guest_run(
+            self._main, run_sync_soon_threadsafe=self._host_queue.append,
+            done_callback=self._done, clock=self.clock, host_uses_signal_set_wakeup_fd=True)
+        _install_patches()
+        _active["cluster"] = self
+        _active["last"] = self
+        try:
+            self._pump(lambda: self._ready, "cluster start")
+        except BaseException:
+            self.shutdown()
+            raise
+
+    def _done(self, result: outcome.Outcome) -> None:
+        self._finished = result
+
+    def _pump(self, condition, what: str) -> None:
+        deadline = self.clock.current_time() + HANG_TIMEOUT_S
+        while not condition():
+            if self._finished is not None:
+                self._raise_if_failed()
+                raise TrayError(f"the simulated cluster stopped during {what}")
+            if not self._host_queue:
+                raise TrayError(f"the simulation stalled during {what}")
+            self._host_queue.popleft()()
+            if self.clock.current_time() > deadline:
+                raise TrayError(f"{what} waited {HANG_TIMEOUT_S} s of virtual time: the "
+                                "simulated cluster cannot make progress (a hang)")
+
+    def run(self, async_fn, *args):
+        """Run ``async_fn`` as a task of the driver; block until it returns."""
+        if self._finished is not None:
+            raise TrayError("the simulated cluster has shut down")
+        box: list = []
+
+        async def runner() -> None:
+            box.append(await outcome.acapture(async_fn, *args))
+
+        self.driver.spawn(runner)
+        self._pump(lambda: bool(box), getattr(async_fn, "__name__", "a call"))
+        return box[0].unwrap()
+
+    def call_soon(self, fn) -> None:
+        self._token.run_sync_soon(fn)
+
+    def shutdown(self) -> None:
+        import trio._core._run as trio_run
+
+        try:
+            if self._finished is None and self._token is not None:
+                if self.driver is not None:
+                    self.driver.shutting_down = True
+                self._token.run_sync_soon(self._nursery.cancel_scope.cancel)
+                self._pump(lambda: self._finished is not None, "shutdown")
+        finally:
+            _active["cluster"] = None
+            _remove_patches()
+            if self._scheduler_state is not None:
+                trio_run._ALLOW_DETERMINISTIC_SCHEDULING = self._scheduler_state[0]
+                trio_run._r.setstate(self._scheduler_state[1])
+                self._scheduler_state = None
+        self._raise_if_failed()
+
+    def _raise_if_failed(self) -> None:
+        if isinstance(self._finished, outcome.Error) and not self._failure_reported:
+            self._failure_reported = True
+            raise TrayError("the simulated cluster crashed") from self._finished.error
+
+    # ------------------------------------------------------------ processes
+
+    async def _main(self) -> None:
+        self._token = trio.lowlevel.current_trio_token()
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            await self._start_gcs()
+            for index in range(self.num_nodes):
+                await self._start_process(f"node-{index}", f"n{index}/raylet", index,
+                                          self._node_main)
+            await self._start_process("driver", "n0/driver", 0, self._driver_main)
+            self._ready = True
+            self.trace.record("cluster", "ready", nodes=self.num_nodes, seed=self.seed)
+
+    def _env(self, address: str, node_index: int | None, **extra) -> ProcessEnv:
+        node_id = self.node_ids[node_index] if node_index is not None else None
+        return ProcessEnv(
+            address=address, transport=self.network.transport(address),
+            rng=self._rng(f"process:{address}"), tracer=self.trace, config=self.config,
+            node_id=node_id, gcs_address=self.gcs_address,
+            object_store=self.stores[node_index] if node_index is not None else None,
+            node_manager_address=f"n{node_index}/raylet" if node_index is not None else "",
+            **extra)
+
+    async def _start_process(self, name: str, address: str, node_index: int | None, main):
+        process = SimProcess(name, address, node_index)
+        self.processes[address] = process
+        await self._nursery.start(self._run_process, process, main)
+        return process
+
+    async def _run_process(self, process: SimProcess, main, task_status) -> None:
+        self.trace.record("cluster", "process_start", process=process.address)
+        started = False
+        try:
+            with trio.CancelScope() as scope:
+                process.scope = scope
+                async with trio.open_nursery() as nursery:
+                    process.nursery = nursery
+                    await main(process, nursery)
+                    started = True
+                    task_status.started(process)
+        except SimulatedProcessExit as exit_:
+            self.trace.record("cluster", "process_exit", process=process.address,
+                              code=exit_.args[0] if exit_.args else None)
+        finally:
+            process.alive = False
+            self.network.close_all(process.address)
+            if self.processes.get(process.address) is process:
+                del self.processes[process.address]
+        if not started:
+            task_status.started(process)
+
+    def kill_process(self, address: str) -> None:
+        process = self.processes.get(address)
+        if process is None or not process.alive:
+            return
+        self.trace.record("cluster", "process_kill", process=address)
+        process.alive = False
+        self.network.close_all(address)
+        process.scope.cancel()
+
+    async def _start_gcs(self) -> None:
+        async def gcs_main(process: SimProcess, nursery: trio.Nursery) -> None:
+            env = self._env(self.gcs_address, None, storage=self.storage)
+            process.component = GcsServer(env, nursery)
+            await process.component.run()
+        await self._start_process("gcs", self.gcs_address, None, gcs_main)
+
+    async def _node_main(self, process: SimProcess, nursery: trio.Nursery) -> None:
+        index = process.node_index
+        env = self._env(process.address, index, spawner=SimSpawner(self, index),
+                        resources=self.node_resources)
+        process.component = NodeManager(env, nursery)
+        await process.component.run()
+
+    async def _driver_main(self, process: SimProcess, nursery: trio.Nursery) -> None:
+        env = self._env(process.address, 0)
+        worker = CoreWorker(env, DRIVER, nursery, spawn_from_outside=self.call_soon)
+        process.component = worker
+        current_worker.set(worker)
+        await worker.start()
+        self.driver = worker
+
+    def start_worker(self, node_index: int, worker_id: str) -> None:
+        address = f"n{node_index}/worker-{worker_id[:12]}"
+
+        async def worker_main(process: SimProcess, nursery: trio.Nursery) -> None:
+            env = self._env(address, node_index,
+                            extra={"exit_process": lambda: self.kill_process(address)})
+            worker = CoreWorker(env, WORKER, nursery, worker_id=worker_id)
+            process.component = worker
+            current_worker.set(worker)
+            await trio.sleep(self.worker_start_delay_s)
+            await worker.start()
+
+        self._nursery.start_soon(self._start_process, f"worker-{worker_id[:12]}", address,
+                                 node_index, worker_main)
+
+    # ------------------------------------------------------------ inspection
+
+    def node_ids_hex(self) -> list[str]:
+        return list(self.node_ids)
+
+    def digest(self) -> str:
+        return self.trace.digest()
+
+
+class SimRuntime:
+    """What ``tray.init(backend="sim")`` hands the API layer."""
+
+    def __init__(self, cluster: SimCluster) -> None:
+        self.cluster = cluster
+        self.driver = cluster.driver
+        self.namespace = ""
+        self.info = {"backend": "sim", "seed": cluster.seed, "num_nodes": cluster.num_nodes,
+                     "node_id": cluster.node_ids[0]}
+
+    def run(self, async_fn, *args):
+        return self.cluster.run(async_fn, *args)
+
+    def shutdown(self) -> None:
+        self.cluster.shutdown()
+
+
+def start(*, address=None, num_cpus=None, num_gpus=None, resources=None, seed: int = 0,
+          num_nodes: int = 1, object_store_memory: int | None = None, config=None,
+          **unknown) -> SimRuntime:
+    if unknown:
+        raise ValueError(f"unknown option(s) for the sim backend: {', '.join(sorted(unknown))}")
+    if address is not None:
+        raise ValueError("the sim backend starts its own cluster; it takes no address")
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise ValueError(f"seed must be an integer, got {seed!r}")
+    if isinstance(num_nodes, bool) or not isinstance(num_nodes, int) or num_nodes < 1:
+        raise ValueError(f"num_nodes must be a positive integer, got {num_nodes!r}")
+    cluster = SimCluster(seed=seed, num_nodes=num_nodes,
+                         num_cpus=4 if num_cpus is None else num_cpus,
+                         num_gpus=num_gpus or 0, resources=resources or {}, config=config,
+                         object_store_memory=object_store_memory)
+    cluster.start()
+    return SimRuntime(cluster)
+
+
+# ============================================== time and exit in user code
+# Simulated user code sees virtual time: time.sleep and time.time follow
+# the cluster's clock inside simulated tasks and actors, and os._exit ends
+# the simulated worker. Outside simulated code (the real process's other
+# threads, the test runner) they behave as usual; the driver's own
+# time.sleep advances the simulation.
+
+_real = {"sleep": time.sleep, "time": time.time, "_exit": os._exit}
+
+
+def _sim_sleep(seconds: float) -> None:
+    cluster = _active["cluster"]
+    if cluster is not None:
+        if current_worker.get(None) is not None:
+            greenback.await_(trio.sleep(seconds))
+            return
+        if threading.current_thread() is threading.main_thread():
+            cluster.run(trio.sleep, seconds)
+            return
+    _real["sleep"](seconds)
+
+
+def _sim_time() -> float:
+    cluster = _active["cluster"]
+    if cluster is not None and current_worker.get(None) is not None:
+        return SIM_EPOCH_S + cluster.clock.current_time()
+    return _real["time"]()
+
+
+def _sim_exit(code: int) -> None:
+    if _active["cluster"] is not None and current_worker.get(None) is not None:
+        raise SimulatedProcessExit(code)
+    _real["_exit"](code)
+
+
+def _install_patches() -> None:
+    time.sleep = _sim_sleep
+    time.time = _sim_time
+    os._exit = _sim_exit
+
+
+def _remove_patches() -> None:
+    time.sleep = _real["sleep"]
+    time.time = _real["time"]
+    os._exit = _real["_exit"]

@@ -1,0 +1,68 @@
+"""The simulator's stores: GCS storage that outlives a simulated GCS crash
+(it models Redis), and a node object store of in-process bytes with the
+same capacity accounting as the shared-memory store."""
+
+from __future__ import annotations
+
+from ...exceptions import ObjectStoreFullError
+
+
+class MemoryStorage:
+    def __init__(self) -> None:
+        self._tables: dict[str, dict[str, bytes]] = {}
+
+    def put(self, table: str, key: str, value: bytes) -> None:
+        self._tables.setdefault(table, {})[key] = value
+
+    def get(self, table: str, key: str) -> bytes | None:
+        return self._tables.get(table, {}).get(key)
+
+    def delete(self, table: str, key: str) -> None:
+        self._tables.get(table, {}).pop(key, None)
+
+    def scan(self, table: str) -> list[tuple[str, bytes]]:
+        return sorted(self._tables.get(table, {}).items())
+
+
+class MemoryObjectStore:
+    """Immutable objects as bytes; ``get`` hands out read-only views, so a
+    NumPy array read back is read-only, as from shared memory."""
+
+    def __init__(self, capacity_bytes: int) -> None:
+        self.capacity_bytes = capacity_bytes
+        self._objects: dict[bytes, tuple[bytes, list[bytes]]] = {}
+        self._used_bytes = 0
+
+    def contains(self, object_id: bytes) -> bool:
+        return object_id in self._objects
+
+    def put(self, object_id: bytes, data: bytes, buffers: list) -> None:
+        if object_id in self._objects:
+            return
+        copies = [bytes(memoryview(b).cast("B")) for b in buffers]
+        size = len(data) + sum(len(c) for c in copies)
+        if self._used_bytes + size > self.capacity_bytes:
+            raise ObjectStoreFullError(
+                f"the object store is full: {size} bytes requested, "
+                f"{self.capacity_bytes - self._used_bytes} of {self.capacity_bytes} free")
+        self._objects[object_id] = (bytes(data), copies)
+        self._used_bytes += size
+
+    def get(self, object_id: bytes):
+        entry = self._objects.get(object_id)
+        if entry is None:
+            return None
+        data, buffers = entry
+        return data, [memoryview(b) for b in buffers]
+
+    def delete(self, object_id: bytes) -> None:
+        entry = self._objects.pop(object_id, None)
+        if entry is not None:
+            self._used_bytes -= len(entry[0]) + sum(len(b) for b in entry[1])
+
+    def used_bytes(self) -> int:
+        return self._used_bytes
+
+    def statistics(self) -> dict:
+        return {"objects": len(self._objects), "used_bytes": self._used_bytes,
+                "capacity_bytes": self.capacity_bytes}

@@ -1,0 +1,516 @@
+"""The public API, implemented against whatever runtime ``init`` started.
+
+Calls from the user's own thread (the driver script) block through the
+runtime (which runs the cluster's event loop until the answer is there);
+calls from inside a task or actor — already on a trio task — block through
+greenback, never a thread."""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import inspect
+import logging
+import numbers
+
+import cloudpickle
+import greenback
+
+from .. import exceptions
+from . import options as opts
+from .context import _global_state, get_worker
+from .core_worker import current_task, function_id_of
+from .object_ref import ObjectRef
+
+logger = logging.getLogger("tray")
+
+# name -> "module:function" starting that backend; filled in by tray.backends.
+_backends: dict[str, str] = {}
+
+
+def register_backend(name: str, target: str) -> None:
+    _backends[name] = target
+
+
+def _block(worker, async_fn, *args):
+    if worker.in_user_thread():
+        return _global_state["runtime"].run(async_fn, *args)
+    return greenback.await_(async_fn(*args))
+
+
+# ============================================================ init/shutdown
+
+def init(address: str | None = None, *, backend: str | None = None, num_cpus=None,
+         num_gpus=None, resources: dict | None = None, namespace: str | None = None,
+         ignore_reinit_error: bool = False, **backend_options):
+    """Start (or connect to) a cluster and make this process its driver.
+
+    ``backend="local"`` (the default) runs real processes on this machine;
+    ``backend="sim"`` runs a simulated cluster in this process on virtual
+    time (options: ``seed``, ``num_nodes``, fault settings)."""
+    if _global_state["runtime"] is not None:
+        if ignore_reinit_error:
+            return _global_state["runtime"].info
+        raise RuntimeError("tray.init() was already called; call tray.shutdown() first "
+                           "or pass ignore_reinit_error=True")
+    backend = backend or "local"
+    if backend not in _backends:
+        raise ValueError(f"unknown backend {backend!r}; known backends: "
+                         f"{', '.join(sorted(_backends))}")
+    if num_cpus is not None:
+        opts._non_negative_number("num_cpus", num_cpus)
+    if num_gpus is not None:
+        opts._non_negative_number("num_gpus", num_gpus)
+    if resources is not None:
+        opts.validate({"resources": resources}, {"resources"}, "init()")
+    module_name, _, function_name = _backends[backend].partition(":")
+    start = getattr(importlib.import_module(module_name), function_name)
+    runtime = start(address=address, num_cpus=num_cpus, num_gpus=num_gpus,
+                    resources=resources or {}, **backend_options)
+    runtime.namespace = namespace or f"_anonymous_{runtime.driver.job_id.hex()}"
+    _global_state["runtime"] = runtime
+    _global_state["driver"] = runtime.driver
+    return runtime.info
+
+
+def shutdown() -> None:
+    runtime = _global_state["runtime"]
+    if runtime is None:
+        return
+    try:
+        runtime.shutdown()
+    finally:
+        _global_state["runtime"] = None
+        _global_state["driver"] = None
+
+
+def is_initialized() -> bool:
+    return _global_state["runtime"] is not None
+
+
+def _namespace() -> str:
+    runtime = _global_state["runtime"]
+    if runtime is None:
+        get_worker()  # raises NotInitializedError
+    return runtime.namespace
+
+
+# ==================================================================== tasks
+
+class RemoteFunction:
+    """What ``@tray.remote`` makes of a function."""
+
+    def __init__(self, function, options: dict) -> None:
+        self._function = function
+        self._options = opts.validate(dict(options), opts.TASK_OPTIONS, "a remote function")
+        self._signature = _signature_of(function)
+        self._blob: bytes | None = None
+        self._function_id: str | None = None
+        functools.update_wrapper(self, function)
+
+    def __call__(self, *args, **kwargs):
+        raise TypeError(f"Remote functions cannot be called directly. Instead of running "
+                        f"'{self._function.__name__}()', try '{self._function.__name__}.remote()'.")
+
+    def options(self, **options) -> RemoteFunction:
+        merged = dict(self._options)
+        merged.update(opts.validate(options, opts.TASK_OPTIONS, "a remote function"))
+        clone = RemoteFunction(self._function, merged)
+        clone._blob, clone._function_id = self._blob, self._function_id
+        return clone
+
+    def remote(self, *args, **kwargs):
+        worker = get_worker()
+        if self._signature is not None:
+            try:
+                self._signature.bind(*args, **kwargs)
+            except TypeError as error:
+                raise TypeError(f"{self._function.__name__}.remote(): {error}") from None
+        if self._blob is None:
+            self._blob = cloudpickle.dumps(self._function)
+            self._function_id = function_id_of(self._blob)
+        worker.export_function(self._function_id, self._blob)
+        options = self._options
+        num_returns = options.get("num_returns", 1)
+        max_retries = options.get("max_retries")
+        refs = worker.submit_task(
+            name=getattr(self._function, "__qualname__", "task"),
+            function_id=self._function_id, args=args, kwargs=kwargs, num_returns=num_returns,
+            resources=opts.resources_of(options, 1.0),
+            strategy=opts.to_strategy(options.get("scheduling_strategy")),
+            max_retries=3 if max_retries is None else max_retries,
+            retry_exceptions=options.get("retry_exceptions") or False)
+        return _returns(refs, num_returns)
+
+    def __reduce__(self):
+        return (RemoteFunction, (self._function, self._options))
+
+
+def _returns(refs: list, num_returns: int):
+    if num_returns == 1:
+        return refs[0]
+    if num_returns == 0:
+        return None
+    return refs
+
+
+def _signature_of(function):
+    try:
+        return inspect.signature(function)
+    except (TypeError, ValueError):
+        return None
+
+
+# =================================================================== actors
+
+def method(*, num_returns: int = 1, **other):
+    """Options for one actor method: ``@tray.method(num_returns=2)``."""
+    options = opts.validate(dict(other, num_returns=num_returns), opts.METHOD_OPTIONS,
+                            "an actor method")
+
+    def decorate(function):
+        function.__tray_method_options__ = options
+        return function
+    return decorate
+
+
+def _method_meta(cls) -> dict:
+    meta = {}
+    for name, member in inspect.getmembers(cls, inspect.isfunction):
+        options = getattr(member, "__tray_method_options__", {})
+        meta[name] = {"num_returns": options.get("num_returns", 1),
+                      "signature": _signature_of(member)}
+    return meta
+
+
+class ActorClass:
+    """What ``@tray.remote`` makes of a class."""
+
+    def __init__(self, cls, options: dict) -> None:
+        self._cls = cls
+        self._options = opts.validate(dict(options), opts.ACTOR_OPTIONS, "an actor class")
+        self._blob: bytes | None = None
+        self._function_id: str | None = None
+        self.__name__ = cls.__name__
+        self.__qualname__ = cls.__qualname__
+        self.__doc__ = cls.__doc__
+
+    def __call__(self, *args, **kwargs):
+        raise TypeError(f"Actors cannot be instantiated directly. Instead of "
+                        f"'{self._cls.__name__}()', use '{self._cls.__name__}.remote()'.")
+
+    def options(self, **options) -> ActorClass:
+        merged = dict(self._options)
+        merged.update(opts.validate(options, opts.ACTOR_OPTIONS, "an actor class"))
+        clone = ActorClass(self._cls, merged)
+        clone._blob, clone._function_id = self._blob, self._function_id
+        return clone
+
+    def remote(self, *args, **kwargs) -> ActorHandle:
+        worker = get_worker()
+        init_signature = _signature_of(self._cls)
+        if init_signature is not None:
+            try:
+                init_signature.bind(*args, **kwargs)
+            except TypeError as error:
+                raise TypeError(f"{self._cls.__name__}.remote(): {error}") from None
+        if self._blob is None:
+            self._blob = cloudpickle.dumps(self._cls)
+            self._function_id = function_id_of(self._blob)
+        worker.export_function(self._function_id, self._blob)
+        options = self._options
+        namespace = options.get("namespace") or _namespace()
+        meta = {name: {"num_returns": m["num_returns"]} for name, m in
+                _method_meta(self._cls).items()}
+        is_async = any(inspect.iscoroutinefunction(member) for _, member in
+                       inspect.getmembers(self._cls, inspect.isfunction))
+        actor, holds = worker.prepare_actor(
+            class_name=self._cls.__name__, function_id=self._function_id, args=args,
+            kwargs=kwargs, resources=opts.resources_of(options, 0.0),
+            strategy=opts.to_strategy(options.get("scheduling_strategy")), options=options,
+            namespace=namespace, method_meta=meta, is_async=is_async)
+        existing = _block(worker, worker.register_actor, actor, holds)
+        info = existing or actor
+        return ActorHandle(info["actor_id"], info["class_name"], info["method_meta"],
+                           info["max_task_retries"], _signatures(self._cls))
+
+    def __reduce__(self):
+        return (ActorClass, (self._cls, self._options))
+
+
+def _signatures(cls) -> dict:
+    return {name: m["signature"] for name, m in _method_meta(cls).items()}
+
+
+class ActorMethod:
+    def __init__(self, handle: ActorHandle, name: str, num_returns: int,
+                 max_task_retries: int | None = None) -> None:
+        self._handle = handle
+        self._name = name
+        self._num_returns = num_returns
+        self._max_task_retries = max_task_retries
+
+    def __call__(self, *args, **kwargs):
+        raise TypeError(f"Actor methods cannot be called directly. Instead of running "
+                        f"'{self._name}()', try '{self._name}.remote()'.")
+
+    def options(self, **options) -> ActorMethod:
+        options = opts.validate(options, opts.METHOD_OPTIONS, "an actor method")
+        return ActorMethod(self._handle, self._name,
+                           options.get("num_returns", self._num_returns),
+                           options.get("max_task_retries", self._max_task_retries))
+
+    def remote(self, *args, **kwargs):
+        worker = get_worker()
+        handle = self._handle
+        signature = (handle._signatures or {}).get(self._name)
+        if signature is not None:
+            try:
+                signature.bind(None, *args, **kwargs)
+            except TypeError as error:
+                raise TypeError(f"{self._name}.remote(): {error}") from None
+        retries = self._max_task_retries
+        refs = worker.submit_task(
+            name=f"{handle._class_name}.{self._name}", function_id="", args=args,
+            kwargs=kwargs, num_returns=self._num_returns, resources={},
+            strategy=opts.to_strategy(None), max_retries=0, retry_exceptions=False,
+            actor=worker.actor_state(handle._actor_id), method=self._name,
+            max_task_retries=handle._max_task_retries if retries is None else retries)
+        return _returns(refs, self._num_returns)
+
+
+class ActorHandle:
+    """A reference to an actor; pass it to tasks and call its methods."""
+
+    def __init__(self, actor_id: str, class_name: str, method_meta: dict,
+                 max_task_retries: int, signatures: dict | None = None) -> None:
+        self._actor_id = actor_id
+        self._class_name = class_name
+        self._method_meta = method_meta
+        self._max_task_retries = max_task_retries
+        self._signatures = signatures
+
+    def __getattr__(self, name: str) -> ActorMethod:
+        if name.startswith("__") or name not in self.__dict__.get("_method_meta", {}):
+            raise AttributeError(f"actor {self.__dict__.get('_class_name', '?')} has no "
+                                 f"method {name!r}")
+        return ActorMethod(self, name, self._method_meta[name]["num_returns"])
+
+    def __reduce__(self):
+        return (ActorHandle, (self._actor_id, self._class_name, self._method_meta,
+                              self._max_task_retries))
+
+    def __repr__(self) -> str:
+        return f"Actor({self._class_name}, {self._actor_id})"
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, ActorHandle) and other._actor_id == self._actor_id
+
+    def __hash__(self) -> int:
+        return hash(self._actor_id)
+
+
+def remote(*args, **options):
+    """``@tray.remote`` or ``@tray.remote(num_cpus=..., ...)`` on a function
+    or class."""
+    def decorate(target):
+        if inspect.isclass(target):
+            return ActorClass(target, options)
+        if callable(target):
+            return RemoteFunction(target, options)
+        raise TypeError(f"@tray.remote applies to functions and classes, not {target!r}")
+
+    if len(args) == 1 and not options and callable(args[0]):
+        return decorate(args[0])
+    if args:
+        raise TypeError("@tray.remote takes keyword options only, e.g. @tray.remote(num_cpus=2)")
+    return decorate
+
+
+# ========================================================== get/put/wait
+
+def _check_timeout(timeout) -> None:
+    if timeout is not None and (isinstance(timeout, bool) or
+                                not isinstance(timeout, numbers.Real) or timeout < 0):
+        raise ValueError(f"timeout must be None or a non-negative number of seconds, "
+                         f"got {timeout!r}")
+
+
+def get(object_refs, *, timeout: float | None = None):
+    """The value(s) of one ref or a list of refs; raises the task's error."""
+    worker = get_worker()
+    _check_timeout(timeout)
+    if isinstance(object_refs, ObjectRef):
+        return _block(worker, worker.get_async, [object_refs], timeout, True)
+    if not isinstance(object_refs, (list, tuple)):
+        raise TypeError(f"get() expects an ObjectRef or a list of ObjectRefs, "
+                        f"got {type(object_refs).__name__}")
+    for ref in object_refs:
+        if not isinstance(ref, ObjectRef):
+            raise TypeError(f"get() expects a list of ObjectRefs, but it contains "
+                            f"a {type(ref).__name__}: {ref!r}")
+    if not object_refs:
+        return []
+    return _block(worker, worker.get_async, list(object_refs), timeout)
+
+
+def put(value) -> ObjectRef:
+    """Store ``value`` in the object store; returns its ref."""
+    worker = get_worker()
+    return worker.put(value)
+
+
+def wait(object_refs, *, num_returns: int = 1, timeout: float | None = None,
+         fetch_local: bool = True):
+    """(ready, not_ready): the first ``num_returns`` refs to be ready, in
+    the input order, within ``timeout`` seconds."""
+    worker = get_worker()
+    if isinstance(object_refs, ObjectRef):
+        raise TypeError("wait() expects a list of ObjectRefs, got a single ObjectRef; "
+                        "wrap it in a list")
+    if not isinstance(object_refs, (list, tuple)):
+        raise TypeError(f"wait() expects a list of ObjectRefs, got {type(object_refs).__name__}")
+    for ref in object_refs:
+        if not isinstance(ref, ObjectRef):
+            raise TypeError(f"wait() expects a list of ObjectRefs, but it contains a "
+                            f"{type(ref).__name__}: {ref!r}")
+    if len(set(object_refs)) != len(object_refs):
+        raise ValueError("wait() requires a list of unique ObjectRefs")
+    if isinstance(num_returns, bool) or not isinstance(num_returns, int) or num_returns <= 0:
+        raise ValueError(f"num_returns must be a positive integer, got {num_returns!r}")
+    if num_returns > len(object_refs):
+        raise ValueError(f"num_returns ({num_returns}) cannot exceed the number of refs "
+                         f"({len(object_refs)})")
+    _check_timeout(timeout)
+    return _block(worker, worker.wait_async, list(object_refs), num_returns, timeout,
+                  bool(fetch_local))
+
+
+def cancel(object_ref: ObjectRef, *, force: bool = False, recursive: bool = True) -> None:
+    """Cancel the task that creates ``object_ref``; ``get`` then raises
+    TaskCancelledError. ``force=True`` kills the worker running it."""
+    worker = get_worker()
+    if not isinstance(object_ref, ObjectRef):
+        raise TypeError(f"cancel() expects an ObjectRef, got {type(object_ref).__name__}")
+    _block(worker, worker.cancel_async, object_ref, force, recursive)
+
+
+# ================================================================== actors
+
+def _gcs_call(method_name: str, *args):
+    worker = get_worker()
+
+    async def call():
+        return await worker.endpoint.call(worker.env.gcs_address, method_name, *args)
+    return _block(worker, call)
+
+
+def kill(actor: ActorHandle, *, no_restart: bool = True) -> None:
+    """Kill an actor; with ``no_restart=False`` it restarts (within its
+    ``max_restarts``)."""
+    if not isinstance(actor, ActorHandle):
+        raise TypeError(f"kill() expects an actor handle, got {type(actor).__name__}")
+    _gcs_call("kill_actor", actor._actor_id, no_restart)
+
+
+def get_actor(name: str, namespace: str | None = None) -> ActorHandle:
+    """The handle of the live actor called ``name``; ValueError if none."""
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"get_actor() needs a non-empty name, got {name!r}")
+    namespace = namespace if namespace is not None else _namespace()
+    info = _gcs_call("get_named_actor", name, namespace)
+    if info is None:
+        raise ValueError(f"Failed to look up actor with name {name!r} in namespace "
+                         f"{namespace!r}: no live actor has that name")
+    return ActorHandle(info["actor_id"], info["class_name"], info["method_meta"],
+                       info["max_task_retries"])
+
+
+# ================================================================= cluster
+
+def nodes() -> list[dict]:
+    """Every node the cluster has known, alive or dead, as in ``ray.nodes()``."""
+    return [{"NodeID": node["node_id"], "Alive": node["alive"], "alive": node["alive"],
+             "NodeManagerAddress": node["address"], "Resources": dict(node["resources"])}
+            for node in _gcs_call("get_all_nodes")]
+
+
+def cluster_resources() -> dict:
+    total: dict[str, float] = {}
+    for node in nodes():
+        if node["Alive"]:
+            for name, amount in node["Resources"].items():
+                total[name] = total.get(name, 0.0) + amount
+    return total
+
+
+def available_resources() -> dict:
+    """Free resources summed over live nodes, asked of each node directly."""
+    worker = get_worker()
+    alive = [node for node in nodes() if node["Alive"]]
+
+    async def gather():
+        stats = []
+        for node in alive:
+            stats.append(await worker.endpoint.call(node["NodeManagerAddress"],
+                                                    "get_node_stats"))
+        return stats
+
+    total: dict[str, float] = {}
+    for stats in _block(worker, gather):
+        for name, amount in stats["available"].items():
+            if amount > 0:
+                total[name] = total.get(name, 0.0) + amount
+    return total
+
+
+def get_gpu_ids() -> list[int]:
+    """The GPU device ids reserved for the running task or actor."""
+    worker = get_worker()
+    context = current_task.get(None)
+    if context is None:
+        return list(worker.actor_gpu_ids)
+    return list(context.gpu_ids)
+
+
+class RuntimeContext:
+    """Ids of what is running here, as hex strings (``None`` where absent)."""
+
+    def __init__(self, worker) -> None:
+        self._worker = worker
+        self._task = current_task.get(None)
+
+    def get_job_id(self) -> str:
+        return self._worker.job_id.hex()
+
+    def get_node_id(self) -> str:
+        return self._worker.node_id
+
+    def get_task_id(self) -> str | None:
+        return self._task.task_id.hex() if self._task is not None else None
+
+    def get_actor_id(self) -> str | None:
+        if self._task is not None and self._task.actor_id is not None:
+            return self._task.actor_id.hex()
+        return None
+
+    def get_worker_id(self) -> str:
+        return self._worker.worker_id or self._worker.address
+
+    @property
+    def namespace(self) -> str:
+        return _namespace()
+
+    job_id = property(get_job_id)
+    node_id = property(get_node_id)
+    task_id = property(get_task_id)
+    actor_id = property(get_actor_id)
+
+
+def get_runtime_context() -> RuntimeContext:
+    return RuntimeContext(get_worker())
+
+
+__all__ = ["init", "shutdown", "is_initialized", "remote", "method", "get", "put", "wait",
+           "cancel", "kill", "get_actor", "nodes", "cluster_resources", "available_resources",
+           "get_gpu_ids", "get_runtime_context", "ObjectRef", "ActorHandle", "register_backend"]

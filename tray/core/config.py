@@ -1,0 +1,38 @@
+"""Tunables of the runtime, each with its unit in its name.
+
+Every queue and buffer in the core is bounded by one of these (TigerBeetle's
+"put a limit on everything")."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Config:
+    # Objects at most this large travel inside messages and live in the
+    # owner's in-process memory store; larger ones go to the node's store.
+    inline_object_max_bytes: int = 100 * 1024
+    # Objects move between node stores in chunks of at most this size.
+    object_chunk_bytes: int = 4 * 1024 * 1024
+    heartbeat_period_s: float = 0.5
+    # A node that has not heartbeated for this long is declared dead.
+    node_death_timeout_s: float = 10.0
+    # Pack tasks on the local node until it is this busy, then spread.
+    local_utilization_threshold: float = 0.5
+    # Lease requests an owner keeps outstanding per scheduling class.
+    pending_lease_requests_max: int = 16
+    # How often an owner re-asks for a lease that no node can satisfy.
+    infeasible_retry_period_s: float = 1.0
+    # Spillback hops before a node queues a request locally.
+    spillback_hops_max: int = 1
+    # Workers per node, whatever the requests say.
+    workers_per_node_max: int = 256
+    # Calls buffered per caller at an actor while waiting for a gap to fill.
+    actor_pending_calls_max: int = 100_000
+    default_max_concurrency_async: int = 1000
+    # A request on a connection waiting longer than this is a bug or a hang.
+    rpc_pending_calls_max: int = 1_000_000
+
+
+DEFAULT_CONFIG = Config()

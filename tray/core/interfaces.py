@@ -1,0 +1,122 @@
+"""The narrow interfaces through which the core reaches the world.
+
+The core never opens a socket, starts a thread or process, reads the wall
+clock or draws global randomness (ARCHITECTURE.md, "The rule"). Backends hand
+it implementations of these protocols instead: real ones (TCP, shared
+memory, subprocesses, Redis) or simulated ones (virtual network, in-process
+bytes, trio task groups, memory that survives a simulated GCS crash).
+
+Time is trio's clock (``trio.current_time``/``trio.sleep``): the real clock
+in real processes, ``MockClock(autojump_threshold=0)`` in the simulator.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+
+class ConnectionClosed(Exception):
+    """The peer of a stream went away (closed, crashed, or the link broke)."""
+
+
+class Stream(Protocol):
+    """An ordered, reliable, bidirectional message stream.
+
+    Messages are Python objects made of plain data (bytes, str, numbers,
+    tuples, lists, dicts and the core's dataclasses); the transport encodes
+    them, so nothing is ever shared by reference between processes."""
+
+    async def send(self, message: Any) -> None: ...
+
+    async def receive(self) -> Any:
+        """The next message; raises ConnectionClosed when the stream ends."""
+
+    async def aclose(self) -> None: ...
+
+
+class Transport(Protocol):
+    async def serve(self, address: str, on_stream: Callable[[Stream], Awaitable[None]],
+                    *, task_status: Any) -> None:
+        """Accept streams at ``address`` until cancelled, calling
+        ``on_stream`` for each in a new task; report readiness through
+        ``task_status``."""
+
+    async def connect(self, address: str) -> Stream:
+        """Open a stream to ``address``; raises ConnectionClosed if nobody
+        listens there."""
+
+
+class Storage(Protocol):
+    """The GCS's durable tables: key -> bytes per table."""
+
+    def put(self, table: str, key: str, value: bytes) -> None: ...
+
+    def get(self, table: str, key: str) -> bytes | None: ...
+
+    def delete(self, table: str, key: str) -> None: ...
+
+    def scan(self, table: str) -> list[tuple[str, bytes]]:
+        """Every (key, value) of ``table``, sorted by key."""
+
+
+class ObjectStore(Protocol):
+    """A node's store of large immutable objects.
+
+    ``get`` returns the pickle stream and the out-of-band buffers as
+    read-only memoryviews (zero-copy where the store is shared memory)."""
+
+    capacity_bytes: int
+
+    def contains(self, object_id: bytes) -> bool: ...
+
+    def put(self, object_id: bytes, data: bytes, buffers: list) -> None:
+        """Create and seal the object; raises ObjectStoreFullError."""
+
+    def get(self, object_id: bytes) -> tuple[bytes, list[memoryview]] | None: ...
+
+    def delete(self, object_id: bytes) -> None: ...
+
+    def used_bytes(self) -> int: ...
+
+
+class Spawner(Protocol):
+    """Starts and kills worker processes of one node."""
+
+    def start_worker(self, worker_id_hex: str, env: dict[str, str]) -> None:
+        """Start a worker; it registers with its node manager when ready."""
+
+    def kill_worker(self, worker_id_hex: str) -> None: ...
+
+
+class Tracer(Protocol):
+    def record(self, component: str, event: str, **fields: Any) -> None: ...
+
+
+class NullTracer:
+    def record(self, component: str, event: str, **fields: Any) -> None:
+        pass
+
+
+class ProcessEnv:
+    """What a component process is handed by its backend."""
+
+    def __init__(self, *, address: str, transport: Transport, rng: random.Random,
+                 tracer: Tracer, config, node_id=None, object_store: ObjectStore | None = None,
+                 spawner: Spawner | None = None, gcs_address: str = "",
+                 node_manager_address: str = "", storage: Storage | None = None,
+                 resources: dict[str, float] | None = None, extra: dict | None = None):
+        self.address = address
+        self.transport = transport
+        self.rng = rng
+        self.tracer = tracer
+        self.config = config
+        self.node_id = node_id
+        self.object_store = object_store
+        self.spawner = spawner
+        self.gcs_address = gcs_address
+        self.node_manager_address = node_manager_address
+        self.storage = storage
+        self.resources = resources or {}
+        self.extra = extra or {}

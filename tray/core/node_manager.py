@@ -1,0 +1,364 @@
+"""The node manager (Ray's "raylet"): one per node.
+
+It owns the node's resources and worker pool and grants *leases*: an owner
+asks for a worker fit for a scheduling class, and the node manager either
+grants a local worker (allocating the resources, GPU device ids included),
+answers "spill back to node N" when the shared policy prefers another node,
+or says the request is infeasible. Requests that fit the node but not its
+free resources wait in a FIFO queue; each time resources are released the
+queue is scanned for the first requests that fit.
+
+It also owns the node's object store and moves objects between nodes: a
+worker that needs an object it does not have locally asks its node manager
+to *pull* it, and the node manager reads it from a node that holds a copy in
+chunks of ``object_chunk_bytes``."""
+
+from __future__ import annotations
+
+import logging
+import pickle
+import struct
+from dataclasses import dataclass, field
+
+import trio
+
+from . import scheduling
+from .ids import WorkerID
+from .rpc import Endpoint, PeerDisconnected
+
+logger = logging.getLogger("tray.node")
+
+
+@dataclass
+class WorkerInfo:
+    worker_id: str
+    address: str = ""
+    state: str = "starting"  # starting | idle | leased | actor | dead
+    lease_id: int = 0
+
+
+@dataclass
+class Lease:
+    lease_id: int
+    worker_id: str
+    owner: str
+    resources: dict
+    gpu_allocation: list
+    for_actor: str | None = None
+
+
+@dataclass
+class _Waiter:
+    request: dict
+    event: trio.Event = field(default_factory=trio.Event)
+    grant: dict | None = None
+
+
+def pack_object(data: bytes, buffers: list) -> bytes:
+    parts = [bytes(memoryview(b).cast("B")) for b in buffers]
+    header = struct.pack(f"<II{len(parts)}Q", len(data), len(parts), *(len(p) for p in parts))
+    return header + data + b"".join(parts)
+
+
+def unpack_object(blob: bytes) -> tuple[bytes, list]:
+    view = memoryview(blob)
+    data_len, count = struct.unpack_from("<II", view, 0)
+    sizes = struct.unpack_from(f"<{count}Q", view, 8)
+    offset = 8 + 8 * count
+    data = bytes(view[offset:offset + data_len])
+    offset += data_len
+    buffers = []
+    for size in sizes:
+        buffers.append(view[offset:offset + size])
+        offset += size
+    return data, buffers
+
+
+class NodeManager:
+    def __init__(self, env, nursery: trio.Nursery) -> None:
+        self.env = env
+        self.config = env.config
+        self.node_id: str = env.node_id
+        self.nursery = nursery
+        self.tracer = env.tracer
+        self.store = env.object_store
+        self.total = scheduling.normalize_resources(env.resources)
+        self.available = dict(self.total)
+        self.gpus = scheduling.GpuAllocator(int(self.total.get("GPU", 0)))
+        self.workers: dict[str, WorkerInfo] = {}
+        self.idle: list[str] = []
+        self.leases: dict[int, Lease] = {}
+        self._next_lease_id = 1
+        self.waiting: list[_Waiter] = []
+        self.worker_registered = trio.Event()
+        self.view: dict[str, scheduling.NodeView] = {}
+        self.policy_state = scheduling.PolicyState(rng=env.rng)
+        self._pulls: dict[bytes, trio.Event] = {}
+        self.endpoint = Endpoint(env, {name[len("handle_"):]: getattr(self, name)
+                                       for name in dir(self) if name.startswith("handle_")},
+                                 nursery)
+        self.endpoint.on_peer_closed = self._peer_closed
+
+    async def run(self) -> None:
+        await self.endpoint.serve()
+        reply = await self.endpoint.call(self.env.gcs_address, "register_node", {
+            "node_id": self.node_id, "address": self.env.address,
+            "resources": self.total, "available": dict(self.available),
+            "object_store_bytes": self.store.capacity_bytes,
+        })
+        self._update_view(reply["view"])
+        self.tracer.record(self.node_id[:8], "node_started", resources=self.total)
+        self.nursery.start_soon(self._heartbeat_loop)
+
+    # ------------------------------------------------------------ membership
+
+    def _update_view(self, view: dict) -> None:
+        self.view = {node_id: scheduling.NodeView(node_id, address, total, available, alive)
+                     for node_id, (address, total, available, alive) in view.items()}
+        mine = self.view.get(self.node_id)
+        if mine is not None:
+            mine.available = dict(self.available)
+
+    async def _heartbeat_loop(self) -> None:
+        while True:
+            await trio.sleep(self.config.heartbeat_period_s)
+            try:
+                reply = await self.endpoint.call(self.env.gcs_address, "heartbeat",
+                                                 self.node_id, dict(self.available))
+            except PeerDisconnected:
+                continue  # the GCS is restarting; try again next period
+            self._update_view(reply["view"])
+
+    def handle_get_node_stats(self, conn) -> dict:
+        return {"node_id": self.node_id, "total": dict(self.total),
+                "available": dict(self.available),
+                "workers": len([w for w in self.workers.values() if w.state != "dead"]),
+                "leases": len(self.leases), "store_used_bytes": self.store.used_bytes()}
+
+    # --------------------------------------------------------------- workers
+
+    def handle_register_worker(self, conn, worker_id: str, address: str) -> dict:
+        worker = self.workers.get(worker_id)
+        if worker is None or worker.state == "dead":
+            raise ValueError(f"unknown worker {worker_id}")
+        worker.address = address
+        worker.state = "idle"
+        self.idle.append(worker_id)
+        self.tracer.record(self.node_id[:8], "worker_registered", worker=worker_id)
+        self.worker_registered.set()
+        self.worker_registered = trio.Event()
+        return {"node_id": self.node_id}
+
+    def _start_worker(self) -> None:
+        live = [w for w in self.workers.values() if w.state != "dead"]
+        if len(live) >= self.config.workers_per_node_max:
+            raise RuntimeError(f"node {self.node_id} has {len(live)} workers, the maximum")
+        worker_id = WorkerID.from_random(self.env.rng).hex()
+        self.workers[worker_id] = WorkerInfo(worker_id)
+        self.tracer.record(self.node_id[:8], "worker_start", worker=worker_id)
+        self.env.spawner.start_worker(worker_id, {})
+
+    async def _take_worker(self) -> WorkerInfo:
+        while True:
+            while self.idle:
+                worker = self.workers[self.idle.pop(0)]
+                if worker.state == "idle":
+                    return worker
+            starting = [w for w in self.workers.values() if w.state == "starting"]
+            if not starting:
+                self._start_worker()
+            await self.worker_registered.wait()
+
+    def _peer_closed(self, address: str) -> None:
+        for worker in sorted(self.workers.values(), key=lambda w: w.worker_id):
+            if worker.address == address and worker.state != "dead":
+                self._worker_died(worker, "its connection closed")
+        for lease in sorted(self.leases.values(), key=lambda lease: lease.lease_id):
+            if lease.owner == address and lease.for_actor is None:
+                self._release_lease(lease.lease_id, worker_ok=True)
+
+    def _worker_died(self, worker: WorkerInfo, reason: str) -> None:
+        previous = worker.state
+        worker.state = "dead"
+        if worker.worker_id in self.idle:
+            self.idle.remove(worker.worker_id)
+        self.tracer.record(self.node_id[:8], "worker_died", worker=worker.worker_id,
+                           reason=reason)
+        for lease in list(self.leases.values()):
+            if lease.worker_id == worker.worker_id:
+                self._release_lease(lease.lease_id, worker_ok=False)
+        if previous in ("leased", "actor"):
+            self.nursery.start_soon(self._report_worker_death, worker.worker_id, reason)
+
+    async def _report_worker_death(self, worker_id: str, reason: str) -> None:
+        try:
+            await self.endpoint.notify(self.env.gcs_address, "worker_died", worker_id,
+                                       self.node_id, reason)
+        except PeerDisconnected:
+            pass
+
+    def handle_kill_worker(self, conn, worker_id: str) -> None:
+        worker = self.workers.get(worker_id)
+        if worker is None or worker.state == "dead":
+            return
+        self.env.spawner.kill_worker(worker_id)
+        self._worker_died(worker, "killed")
+
+    # ---------------------------------------------------------------- leases
+
+    async def handle_request_lease(self, conn, request: dict) -> dict:
+        resources = request["resources"]
+        hops = request.get("hops", 0)
+        strategy = request["strategy"]
+        if hops >= self.config.spillback_hops_max and scheduling.fits(resources, self.total):
+            target = self.node_id
+        else:
+            self._refresh_local_view()
+            target = scheduling.pick_node(resources, strategy, self.node_id, self.view,
+                                          self.policy_state,
+                                          self.config.local_utilization_threshold)
+        if target == scheduling.INFEASIBLE:
+            return {"infeasible": self._infeasible_reason(resources, strategy)}
+        if target != self.node_id:
+            node = self.view[target]
+            return {"spillback": node.address, "node_id": target}
+        waiter = _Waiter(request)
+        self.waiting.append(waiter)
+        self._dispatch()
+        await waiter.event.wait()
+        grant = waiter.grant
+        assert grant is not None
+        try:
+            worker = await self._take_worker()
+        except BaseException:
+            self._release_lease(grant["lease_id"], worker_ok=True)
+            raise
+        lease = self.leases[grant["lease_id"]]
+        lease.worker_id = worker.worker_id
+        worker.state = "actor" if lease.for_actor else "leased"
+        worker.lease_id = lease.lease_id
+        grant.update(worker_id=worker.worker_id, worker_address=worker.address)
+        self.tracer.record(self.node_id[:8], "lease_granted", lease=lease.lease_id,
+                           worker=worker.worker_id)
+        return grant
+
+    def _refresh_local_view(self) -> None:
+        mine = self.view.get(self.node_id)
+        if mine is not None:
+            mine.available = dict(self.available)
+
+    def _infeasible_reason(self, resources: dict, strategy) -> str:
+        if strategy.kind == "NODE_AFFINITY" and not strategy.soft:
+            node = self.view.get(strategy.node_id or "")
+            if node is None or not node.alive:
+                return f"node {strategy.node_id} (hard node affinity) is not alive"
+            return (f"node {strategy.node_id} (hard node affinity) has only {node.total}, "
+                    f"the request needs {resources}")
+        totals = [n.total for n in self.view.values() if n.alive]
+        best = min(totals, key=lambda t: len(scheduling.missing(resources, t)), default={})
+        return (f"no node in the cluster has {scheduling.missing(resources, best) or resources} "
+                f"(requested {resources})")
+
+    def _dispatch(self) -> None:
+        for waiter in list(self.waiting):
+            resources = waiter.request["resources"]
+            if not scheduling.fits(resources, self.available):
+                continue
+            gpus = resources.get("GPU", 0.0)
+            if not self.gpus.can_allocate(gpus):
+                continue
+            self.waiting.remove(waiter)
+            for name, amount in resources.items():
+                self.available[name] = self.available.get(name, 0.0) - amount
+            allocation = self.gpus.allocate(gpus)
+            lease_id = self._next_lease_id
+            self._next_lease_id += 1
+            self.leases[lease_id] = Lease(lease_id, "", waiter.request["owner"], resources,
+                                          allocation, waiter.request.get("for_actor"))
+            waiter.grant = {"lease_id": lease_id, "node_id": self.node_id,
+                            "gpu_ids": [i for i, _ in allocation]}
+            waiter.event.set()
+
+    def handle_return_lease(self, conn, lease_id: int, worker_ok: bool) -> None:
+        self._release_lease(lease_id, worker_ok)
+
+    def _release_lease(self, lease_id: int, worker_ok: bool) -> None:
+        lease = self.leases.pop(lease_id, None)
+        if lease is None:
+            return
+        for name, amount in lease.resources.items():
+            self.available[name] = self.available.get(name, 0.0) + amount
+            assert self.available[name] <= self.total.get(name, 0.0) + scheduling.EPSILON
+        self.gpus.release(lease.gpu_allocation)
+        worker = self.workers.get(lease.worker_id)
+        if worker is not None and worker.state in ("leased", "actor"):
+            if worker_ok and lease.for_actor is None:
+                worker.state = "idle"
+                self.idle.append(worker.worker_id)
+                self.worker_registered.set()
+                self.worker_registered = trio.Event()
+            elif not worker_ok:
+                self.env.spawner.kill_worker(worker.worker_id)
+                self._worker_died(worker, "returned as broken")
+        self.tracer.record(self.node_id[:8], "lease_returned", lease=lease_id)
+        self._dispatch()
+
+    # --------------------------------------------------------------- objects
+
+    async def handle_pull_object(self, conn, object_id: bytes, locations: list) -> bool:
+        """Make ``object_id`` local, copying it from one of ``locations``
+        (node ids); False if no copy could be read."""
+        while not self.store.contains(object_id):
+            event = self._pulls.get(object_id)
+            if event is not None:
+                await event.wait()
+                continue
+            event = self._pulls[object_id] = trio.Event()
+            try:
+                for node_id in sorted(locations, key=lambda n: n != self.node_id):
+                    node = self.view.get(node_id)
+                    if node is None or node_id == self.node_id:
+                        continue
+                    try:
+                        blob = await self._read_remote(node.address, object_id)
+                    except PeerDisconnected:
+                        continue
+                    if blob is not None:
+                        data, buffers = unpack_object(blob)
+                        self.store.put(object_id, data, buffers)
+                        self.tracer.record(self.node_id[:8], "object_pulled",
+                                           object=object_id, source=node_id, size=len(blob))
+                        break
+                else:
+                    return False
+            finally:
+                del self._pulls[object_id]
+                event.set()
+        return True
+
+    async def _read_remote(self, address: str, object_id: bytes) -> bytes | None:
+        chunks, offset = [], 0
+        while True:
+            reply = await self.endpoint.call(address, "read_object_chunk", object_id, offset,
+                                             self.config.object_chunk_bytes)
+            if reply is None:
+                return None
+            total, chunk = reply
+            chunks.append(chunk)
+            offset += len(chunk)
+            if offset >= total:
+                return b"".join(chunks)
+
+    def handle_read_object_chunk(self, conn, object_id: bytes, offset: int, size: int):
+        entry = self.store.get(object_id)
+        if entry is None:
+            return None
+        blob = pack_object(*entry)  # TODO(local backend): cache the packed form per pull
+        return len(blob), blob[offset:offset + size]
+
+    def handle_free_objects(self, conn, object_ids: list) -> None:
+        for object_id in object_ids:
+            self.store.delete(object_id)
+
+    def handle_has_object(self, conn, object_id: bytes) -> bool:
+        return self.store.contains(object_id)

@@ -1,0 +1,87 @@
+"""ObjectRef: a future for an immutable object, counted by its owner.
+
+Creating an ObjectRef adds a local reference in the process's core worker;
+its ``__del__`` removes it. Pickling a ref (into task arguments, return
+values or ``put`` objects) reports it to the serialization context so the
+owner keeps it alive; unpickling it in another process makes that process a
+*borrower*."""
+
+from __future__ import annotations
+
+import contextvars
+
+from .context import get_worker
+from .ids import ObjectID
+from .serialization import report_contained_ref
+
+# Refs created while deserializing; the deserializing call registers them
+# with their owners before handing the value to user code.
+_new_borrows: contextvars.ContextVar = contextvars.ContextVar("tray_new_borrows")
+
+
+class ObjectRef:
+    __slots__ = ("_id", "_owner", "_worker", "__weakref__")
+
+    def __init__(self, object_id: ObjectID, owner: str, worker=None) -> None:
+        self._id = object_id
+        self._owner = owner
+        self._worker = worker
+        if worker is not None:
+            worker.add_local_ref(object_id, owner)
+
+    def __del__(self) -> None:
+        worker = self._worker
+        if worker is not None:
+            self._worker = None
+            worker.remove_local_ref(self._id)
+
+    def __reduce__(self):
+        report_contained_ref(self._id.binary(), self._owner)
+        return (_rebuild_ref, (self._id.binary(), self._owner))
+
+    def object_id(self) -> ObjectID:
+        return self._id
+
+    def binary(self) -> bytes:
+        return self._id.binary()
+
+    def hex(self) -> str:
+        return self._id.hex()
+
+    def task_id(self):
+        return self._id.task_id()
+
+    def owner_address(self) -> str:
+        return self._owner
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, ObjectRef) and other._id == self._id
+
+    def __hash__(self) -> int:
+        return hash(self._id)
+
+    def __repr__(self) -> str:
+        return f"ObjectRef({self._id.hex()})"
+
+    def __await__(self):
+        worker = self._worker or get_worker()
+        return worker.get_async([self], None, single=True).__await__()
+
+    def future(self):
+        raise NotImplementedError("ObjectRef.future() is not supported; use `await ref`")
+
+
+def _rebuild_ref(object_id: bytes, owner: str) -> ObjectRef:
+    worker = get_worker(required=False)
+    oid = ObjectID(object_id)
+    if worker is None:
+        return ObjectRef(oid, owner, None)
+    is_new = owner != worker.address and oid not in worker.refs
+    ref = ObjectRef(oid, owner, worker)
+    if is_new:
+        pending = _new_borrows.get(None)
+        if pending is not None:
+            pending.append(ref)
+        else:
+            worker.register_borrow_later(oid, owner)
+    return ref

@@ -1,0 +1,105 @@
+"""Serialization: cloudpickle with pickle-5 out-of-band buffers.
+
+NumPy arrays and Arrow buffers are handed to ``buffer_callback`` rather than
+copied into the pickle stream; the store keeps them as separate buffers and
+``get`` rebuilds the value on read-only views of them (zero-copy where the
+store is shared memory).
+
+While a value is pickled, every ObjectRef (and actor handle) inside it
+reports itself to the active ``SerializationContext``; the owner keeps those
+*contained* refs alive as long as the outer object lives, and a process that
+unpickles them becomes a borrower (see ``core_worker``)."""
+
+from __future__ import annotations
+
+import contextvars
+import pickle
+from dataclasses import dataclass, field
+
+import cloudpickle
+
+_serialization_context: contextvars.ContextVar = contextvars.ContextVar("tray_serialization")
+
+KIND_VALUE = 0
+KIND_ERROR = 1
+
+
+@dataclass(slots=True)
+class SerializedObject:
+    data: bytes
+    buffers: list = field(default_factory=list)
+    # (object id bytes, owner address) of every ref inside the value.
+    contained: list = field(default_factory=list)
+    kind: int = KIND_VALUE
+
+    def size_bytes(self) -> int:
+        return len(self.data) + sum(memoryview(b).nbytes for b in self.buffers)
+
+    def __reduce__(self):
+        # Crossing a process boundary: buffers become bytes (the real
+        # transport sends them out of band as separate frames instead).
+        return (
+            SerializedObject,
+            (self.data, [bytes(memoryview(b).cast("B")) if not isinstance(b, bytes) else b
+                         for b in self.buffers], self.contained, self.kind),
+        )
+
+
+class SerializationContext:
+    def __init__(self) -> None:
+        self.contained: list[tuple[bytes, str]] = []
+
+
+def serialize(value) -> SerializedObject:
+    """Pickle ``value``; raises TypeError naming what could not be pickled."""
+    context = SerializationContext()
+    token = _serialization_context.set(context)
+    buffers: list = []
+    try:
+        data = cloudpickle.dumps(value, protocol=5, buffer_callback=buffers.append)
+    except Exception as error:
+        raise TypeError(
+            f"Could not serialize {_describe(value)}: {type(error).__name__}: {error}. "
+            "Values passed to and returned from tasks must be picklable."
+        ) from error
+    finally:
+        _serialization_context.reset(token)
+    return SerializedObject(
+        data=data,
+        buffers=[b.raw() if isinstance(b, pickle.PickleBuffer) else b for b in buffers],
+        contained=context.contained,
+    )
+
+
+def _describe(value) -> str:
+    text = repr(value)
+    if len(text) > 200:
+        text = text[:200] + "..."
+    return f"{text} (of type {type(value).__qualname__})"
+
+
+def report_contained_ref(object_id: bytes, owner_address: str) -> None:
+    context = _serialization_context.get(None)
+    if context is not None:
+        context.contained.append((object_id, owner_address))
+
+
+def deserialize(serialized: SerializedObject):
+    return pickle.loads(serialized.data, buffers=serialized.buffers)
+
+
+def serialize_error(error: BaseException) -> SerializedObject:
+    """Serialize an exception to be raised by ``get``; never fails."""
+    try:
+        serialized = serialize(error)
+    except TypeError:
+        from ..exceptions import TaskError
+
+        substitute = TaskError(
+            getattr(error, "function_name", ""),
+            f"{type(error).__name__}: {error} (the exception itself could not be pickled)",
+            None,
+        )
+        serialized = serialize(substitute)
+    serialized.kind = KIND_ERROR
+    return serialized

@@ -1,0 +1,1 @@
+"""Transports: how messages move (``sim``: virtual network; ``tcp``: sockets)."""

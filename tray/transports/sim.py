@@ -1,0 +1,188 @@
+"""The simulated network: ordered, reliable streams on virtual time.
+
+Each message is pickled on send and unpickled on delivery, so simulated
+processes never share an object by reference. Every message gets a latency
+from the network's seeded RNG; a stream delivers in order (a message is
+never delivered before the one sent ahead of it), so faults follow the
+semantics of a real stream — it can stall or break, but never reorder or
+drop a message in the middle.
+
+A stream's end closes when its process ends: messages already sent still
+arrive, then the peer's ``receive`` raises ConnectionClosed, and sends to a
+closed stream raise it at once."""
+
+from __future__ import annotations
+
+import math
+import pickle
+import random
+from collections import deque
+
+import trio
+
+from ..core.interfaces import ConnectionClosed
+
+
+class _Pipe:
+    """One direction of a stream."""
+
+    __slots__ = ("items", "closed", "event", "last_delivery")
+
+    def __init__(self) -> None:
+        self.items: deque = deque()
+        self.closed = False
+        self.event: trio.Event | None = None
+        self.last_delivery = 0.0
+
+    def wake(self) -> None:
+        if self.event is not None:
+            self.event.set()
+            self.event = None
+
+
+class SimStream:
+    def __init__(self, network: SimNetwork, owner: str, peer: str, outgoing: _Pipe,
+                 incoming: _Pipe, remote: bool) -> None:
+        self._network = network
+        self.owner = owner
+        self.peer = peer
+        self._out = outgoing
+        self._in = incoming
+        self._remote = remote
+        self.closed = False
+
+    def send_nowait(self, message) -> None:
+        if self.closed or self._out.closed:
+            raise ConnectionClosed(f"{self.owner} -> {self.peer}: stream closed")
+        data = pickle.dumps(message, protocol=5)
+        now = trio.current_time()
+        deliver_at = max(self._out.last_delivery, now + self._network.latency(self._remote))
+        self._out.last_delivery = deliver_at
+        self._out.items.append((deliver_at, data))
+        self._out.wake()
+
+    async def send(self, message) -> None:
+        self.send_nowait(message)
+
+    async def receive(self):
+        pipe = self._in
+        while True:
+            if self.closed:
+                raise ConnectionClosed(f"{self.owner}: stream closed")
+            if pipe.items:
+                deliver_at, data = pipe.items[0]
+                if deliver_at <= trio.current_time():
+                    pipe.items.popleft()
+                    message = pickle.loads(data)
+                    self._network.delivered(self.owner, self.peer, message)
+                    return message
+                pipe.event = trio.Event()
+                with trio.move_on_at(deliver_at):
+                    await pipe.event.wait()
+                continue
+            if pipe.closed:
+                raise ConnectionClosed(f"{self.peer} closed the stream to {self.owner}")
+            pipe.event = trio.Event()
+            await pipe.event.wait()
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self._out.closed = True
+        self._out.wake()
+        self._in.wake()
+
+    async def aclose(self) -> None:
+        self.close()
+
+
+class SimNetwork:
+    """Listeners by address, and the latency model."""
+
+    def __init__(self, rng: random.Random, tracer, latency_local_s: tuple = (20e-6, 100e-6),
+                 latency_remote_s: tuple = (100e-6, 1e-3)) -> None:
+        self.rng = rng
+        self.tracer = tracer
+        self.latency_local_s = latency_local_s
+        self.latency_remote_s = latency_remote_s
+        self._listeners: dict[str, trio.MemorySendChannel] = {}
+        self._streams: dict[str, list[SimStream]] = {}
+        self.messages_delivered = 0
+
+    def latency(self, remote: bool) -> float:
+        low, high = self.latency_remote_s if remote else self.latency_local_s
+        return low + (high - low) * self.rng.random()
+
+    def delivered(self, receiver: str, sender: str, message) -> None:
+        self.messages_delivered += 1
+        if len(message) == 4:
+            kind, call_id, method, _ = message
+            summary = method if kind != 1 else f"reply#{call_id}"
+        else:
+            summary = str(message[0])
+        self.tracer.record(receiver, "recv", peer=sender, msg=summary)
+
+    def transport(self, owner: str) -> SimTransport:
+        return SimTransport(self, owner)
+
+    def close_all(self, owner: str) -> None:
+        """The process at ``owner`` died: close every stream end it held."""
+        for stream in self._streams.pop(owner, []):
+            stream.close()
+        channel = self._listeners.pop(owner, None)
+        if channel is not None:
+            channel.close()
+
+    def _track(self, stream: SimStream) -> None:
+        streams = self._streams.setdefault(stream.owner, [])
+        if len(streams) > 64 and len(streams) % 64 == 0:
+            streams[:] = [s for s in streams if not s.closed]
+        streams.append(stream)
+
+    @staticmethod
+    def node_of(address: str) -> str:
+        return address.split("/", 1)[0]
+
+
+class SimTransport:
+    def __init__(self, network: SimNetwork, owner: str) -> None:
+        self.network = network
+        self.owner = owner
+
+    async def serve(self, address: str, on_stream, *, task_status=trio.TASK_STATUS_IGNORED):
+        if address in self.network._listeners:
+            raise OSError(f"address {address} is already in use")
+        send, receive = trio.open_memory_channel(math.inf)
+        self.network._listeners[address] = send
+        task_status.started()
+        try:
+            async with trio.open_nursery() as nursery:
+                async for stream in receive:
+                    nursery.start_soon(self._handle, on_stream, stream)
+        finally:
+            if self.network._listeners.get(address) is send:
+                del self.network._listeners[address]
+
+    @staticmethod
+    async def _handle(on_stream, stream: SimStream) -> None:
+        try:
+            await on_stream(stream)
+        finally:
+            stream.close()
+
+    async def connect(self, address: str) -> SimStream:
+        channel = self.network._listeners.get(address)
+        if channel is None:
+            raise ConnectionClosed(f"nothing listens at {address}")
+        remote = SimNetwork.node_of(address) != SimNetwork.node_of(self.owner)
+        forward, backward = _Pipe(), _Pipe()
+        mine = SimStream(self.network, self.owner, address, forward, backward, remote)
+        theirs = SimStream(self.network, address, self.owner, backward, forward, remote)
+        self.network._track(mine)
+        self.network._track(theirs)
+        try:
+            channel.send_nowait(theirs)
+        except (trio.ClosedResourceError, trio.BrokenResourceError):
+            raise ConnectionClosed(f"nothing listens at {address}") from None
+        return mine

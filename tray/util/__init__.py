@@ -1,0 +1,3 @@
+"""Utilities with Ray's names (``tray.util.scheduling_strategies``)."""
+
+from . import scheduling_strategies as scheduling_strategies
