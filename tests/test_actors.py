@@ -505,7 +505,7 @@ def test_actor_on_custom_resource(cluster):
             return tray.get_runtime_context().get_node_id()
 
     actors = [Special.remote() for _ in range(cluster.num_nodes)]
-    nodes = tray.get([a.where.remote() for a in actors])
+    nodes = tray.get([a.where.remote() for a in actors], timeout=100 * cluster.tick_s)
     # One unit of "special" per node: the actors must land on different nodes.
     assert len(set(nodes)) == cluster.num_nodes
 

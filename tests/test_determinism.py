@@ -110,8 +110,12 @@ def test_in_process_repeat_gives_same_digest(program):
         tray.shutdown()
     first = program.run_workload(11)
     assert not tray.is_initialized()
-    # trace_digest() after shutdown is the digest of the run just shut down.
-    assert tray.simtest.trace_digest() == first[2]
+    # trace_digest() after shutdown is the digest of the run just shut down,
+    # frozen: dropping the run's leftover ObjectRefs (here, when run_workload
+    # returned) must not add events to a finished trace.
+    assert tray.simtest.trace_digest() == first[2], (
+        "the trace of a shut-down run changed after shutdown"
+    )
     assert tray.simtest.trace_digest() == first[2], "trace_digest() is not idempotent"
     second = program.run_workload(11)
     assert second[0] == first[0]

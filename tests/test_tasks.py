@@ -547,11 +547,21 @@ def test_custom_resource_limits_concurrency(one_node):
 
 
 def test_num_cpus_option_accepted_in_decorator(cluster):
-    @tray.remote(num_cpus=2, memory=10 * 1024 * 1024)
+    @tray.remote(num_cpus=2)
     def heavy():
         return "heavy"
 
-    assert tray.get(heavy.remote()) == "heavy"
+    assert tray.get(heavy.remote(), timeout=100 * cluster.tick_s) == "heavy"
+
+
+def test_memory_option_schedules_on_default_cluster(cluster):
+    # Ray gives every node a "memory" resource by default, so a modest memory
+    # request is feasible without configuring anything.
+    @tray.remote(memory=10 * 1024 * 1024)
+    def needs_memory():
+        return "fits"
+
+    assert tray.get(needs_memory.remote(), timeout=100 * cluster.tick_s) == "fits"
 
 
 def test_spread_uses_more_than_one_node(three_nodes):

@@ -27,7 +27,8 @@ class TaskError(TrayError):
         self.function_name = function_name
         self.traceback_str = traceback_str
         self.cause = cause
-        super().__init__(function_name, traceback_str, cause)
+        # Not super(): in the dual class the next __init__ is the user's.
+        BaseException.__init__(self, function_name, traceback_str)
 
     def __str__(self) -> str:
         return (
@@ -36,7 +37,8 @@ class TaskError(TrayError):
         )
 
     def __reduce__(self):
-        return (_rebuild_task_error, (self.function_name, self.traceback_str, self.cause))
+        return (_rebuild_task_error,
+                (self.function_name, self.traceback_str, _portable_cause(self.cause)))
 
     def as_instanceof_cause(self) -> TaskError:
         """This error as an instance of both TaskError and the cause's class."""
@@ -75,7 +77,26 @@ def _can_subclass(cls: type) -> bool:
 
 
 def _rebuild_task_error(function_name, traceback_str, cause):
+    if isinstance(cause, tuple):
+        cause = _rebuild_cause(*cause)
     return TaskError(function_name, traceback_str, cause).as_instanceof_cause()
+
+
+def _portable_cause(cause):
+    """The user's exception in a form that unpickles even when its class's
+    constructor does not take its ``args`` back (a common pattern)."""
+    if cause is None:
+        return None
+    state = dict(getattr(cause, "__dict__", {}))
+    state.pop("__traceback__", None)
+    return (type(cause), tuple(cause.args), state)
+
+
+def _rebuild_cause(cls, args, state):
+    cause = cls.__new__(cls, *args)
+    cause.args = args
+    cause.__dict__.update(state)
+    return cause
 
 
 class _MessageError(TrayError):

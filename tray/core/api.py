@@ -20,6 +20,7 @@ from .. import exceptions
 from . import options as opts
 from .context import _global_state, get_worker
 from .core_worker import current_task, function_id_of
+from .ids import JobID
 from .object_ref import ObjectRef
 
 logger = logging.getLogger("tray")
@@ -374,6 +375,8 @@ def wait(object_refs, *, num_returns: int = 1, timeout: float | None = None,
         if not isinstance(ref, ObjectRef):
             raise TypeError(f"wait() expects a list of ObjectRefs, but it contains a "
                             f"{type(ref).__name__}: {ref!r}")
+    if not object_refs:
+        return [], []
     if len(set(object_refs)) != len(object_refs):
         raise ValueError("wait() requires a list of unique ObjectRefs")
     if isinstance(num_returns, bool) or not isinstance(num_returns, int) or num_returns <= 0:
@@ -481,7 +484,7 @@ class RuntimeContext:
         self._task = current_task.get(None)
 
     def get_job_id(self) -> str:
-        return self._worker.job_id.hex()
+        return JobID.from_int(self._worker.current_job()).hex()
 
     def get_node_id(self) -> str:
         return self._worker.node_id

@@ -62,6 +62,7 @@ class TaskContext:
     actor_id: ActorID | None = None
     gpu_ids: list = field(default_factory=list)
     name: str = ""
+    job_id: int = 0
     children: int = 0
     puts: int = 0
 
@@ -229,6 +230,12 @@ class CoreWorker:
         if context is None:
             raise exceptions.TrayError("no task is running in this worker")
         return context
+
+    def current_job(self) -> int:
+        context = current_task.get(None)
+        if context is not None:
+            return context.job_id
+        return int.from_bytes(self.job_id.binary(), "big")
 
     def in_user_thread(self) -> bool:
         """True when called from the driver's own thread, outside trio."""
@@ -433,11 +440,20 @@ class CoreWorker:
             await event.wait()
 
     def _serialize_args(self, args: tuple, kwargs: dict, name: str) -> tuple[list, dict, list]:
+        """Pack arguments; returns them with the oids whose ``submitted``
+        count now holds them (released when the task finishes)."""
         holds: list = []
+
+        def hold(oid: ObjectID, owner: str) -> None:
+            entry = self.refs.get(oid)
+            if entry is None:
+                entry = self.refs[oid] = RefEntry(owner=owner, owned=owner == self.address)
+            entry.submitted += 1
+            holds.append(oid)
 
         def one(value, label: str):
             if isinstance(value, ObjectRef):
-                holds.append(value.object_id())
+                hold(value.object_id(), value._owner)
                 return ("r", value.binary(), value._owner)
             try:
                 serialized = serialize(value)
@@ -445,24 +461,23 @@ class CoreWorker:
                 raise TypeError(f"Could not serialize the argument {label} of {name}: "
                                 f"{error}") from error.__cause__
             if serialized.size_bytes() > self.config.inline_object_max_bytes:
-                ref = self.put(value)
-                holds.append(ref.object_id())
-                return ("r", ref.binary(), self.address)
-            holds.extend(ObjectID(oid) for oid, _ in serialized.contained)
-            self._hold_contained_owners(serialized.contained)
+                object_id = self.current_context().next_put_id()
+                entry = self.refs[object_id] = RefEntry(owner=self.address, owned=True)
+                hold(object_id, self.address)
+                self._store_value(object_id, entry, serialized)
+                return ("r", object_id.binary(), self.address)
+            for oid_bytes, owner in serialized.contained:
+                hold(ObjectID(oid_bytes), owner)
             return ("v", serialized)
 
-        packed_args = [one(value, f"#{i} ({_short(value)})") for i, value in enumerate(args)]
-        packed_kwargs = {key: one(value, f"{key!r} ({_short(value)})")
-                         for key, value in kwargs.items()}
+        try:
+            packed_args = [one(value, f"#{i} ({_short(value)})") for i, value in enumerate(args)]
+            packed_kwargs = {key: one(value, f"{key!r} ({_short(value)})")
+                             for key, value in kwargs.items()}
+        except BaseException:
+            self._release_holds(holds)
+            raise
         return packed_args, packed_kwargs, holds
-
-    def _hold_contained_owners(self, contained: list) -> None:
-        # Make sure every contained ref has an entry to hold a submitted count.
-        for oid_bytes, owner in contained:
-            oid = ObjectID(oid_bytes)
-            if oid not in self.refs:
-                self.refs[oid] = RefEntry(owner=owner, owned=owner == self.address)
 
     def submit_task(self, *, name: str, function_id: str, args: tuple, kwargs: dict,
                     num_returns: int, resources: dict, strategy: Strategy, max_retries: int,
@@ -473,15 +488,12 @@ class CoreWorker:
         task_id = context.next_child_id()
         packed_args, packed_kwargs, holds = self._serialize_args(args, kwargs, name)
         return_ids = [ObjectID.for_return(task_id, i + 1) for i in range(num_returns)]
-        spec = TaskSpec(task_id=task_id.binary(), job_id=int.from_bytes(self.job_id.binary(),
-                                                                          "big"),
+        spec = TaskSpec(task_id=task_id.binary(), job_id=self.current_job(),
                         name=name, function_id=function_id, args=packed_args,
                         kwargs=packed_kwargs, num_returns=num_returns,
                         return_ids=[oid.binary() for oid in return_ids], caller=self.address,
                         resources=resources, strategy=strategy, max_retries=max_retries,
                         retry_exceptions=retry_exceptions, parent_task_id=context.task_id.binary())
-        for oid in holds:
-            self.refs[oid].submitted += 1
         if actor is not None:
             spec.actor_id = actor.actor_id
             spec.method = method
@@ -598,17 +610,19 @@ class CoreWorker:
                         self._fail_queue(queue, exceptions.TaskError(
                             spec.name, f"the task cannot be scheduled: {reply['infeasible']}",
                             None))
-                        return
+                        break
                     manager, hops = self.env.node_manager_address, 0
                     await trio.sleep(self.config.infeasible_retry_period_s)
                     continue
                 lease = LeaseState(reply["lease_id"], reply["worker_address"], manager,
                                    reply["node_id"], reply["gpu_ids"])
                 queue.leases.append(lease)
-                return
-        finally:
-            queue.pending_requests -= 1
-            self._pump(key, queue)
+                break
+        except BaseException:
+            queue.pending_requests -= 1  # cancelled: the process is going away
+            raise
+        queue.pending_requests -= 1
+        self._pump(key, queue)
 
     def _fail_queue(self, queue: ClassQueue, error: Exception) -> None:
         while queue.tasks:
@@ -630,6 +644,9 @@ class CoreWorker:
             return
         task.pushed_to = None
         lease.busy = False
+        if spec.strategy.kind == "SPREAD":
+            # Each SPREAD task takes a fresh lease, so the policy spreads it.
+            self._return_lease(queue, lease, worker_ok=True)
         results, app_error = reply
         if app_error and not task.cancelled and self._should_retry_exception(task, results):
             task.retries_left -= 1 if task.retries_left > 0 else 0
@@ -893,7 +910,8 @@ class CoreWorker:
         return args, kwargs
 
     async def handle_push_task(self, conn, spec: TaskSpec, gpu_ids: list):
-        context = TaskContext(TaskID(spec.task_id), gpu_ids=gpu_ids, name=spec.name)
+        context = TaskContext(TaskID(spec.task_id), gpu_ids=gpu_ids, name=spec.name,
+                              job_id=spec.job_id)
         return await self._execute(spec, context,
                                    lambda: self._load_function(spec.function_id))
 
@@ -969,7 +987,7 @@ class CoreWorker:
         self.actor_id = creation["actor_id"]
         self.actor_gpu_ids = gpu_ids
         context = TaskContext(TaskID(spec.task_id), ActorID.from_hex(self.actor_id), gpu_ids,
-                              name=spec.name)
+                              name=spec.name, job_id=spec.job_id)
         cls = await self._load_function(spec.function_id)
         self.actor_is_async = any(inspect.iscoroutinefunction(member) for _, member in
                                   inspect.getmembers(cls, inspect.isfunction))
@@ -1018,7 +1036,7 @@ class CoreWorker:
         finally:
             queue.waiting -= 1
         context = TaskContext(TaskID(spec.task_id), ActorID.from_hex(self.actor_id),
-                              self.actor_gpu_ids, name=spec.name)
+                              self.actor_gpu_ids, name=spec.name, job_id=spec.job_id)
         async with self.actor_slots:
             if spec.seq >= queue.next_seq:
                 queue.next_seq = spec.seq + 1
@@ -1137,15 +1155,20 @@ def _task_error(name: str, error: Exception) -> SerializedObject:
     if isinstance(error, exceptions.TaskError):
         return serialize_error(error)  # an upstream failure: keep its story
     text = "".join(traceback.format_exception(type(error), error, error.__traceback__))
-    return serialize_error(exceptions.TaskError(name, text, error).as_instanceof_cause())
+    try:
+        task_error = exceptions.TaskError(name, text, error).as_instanceof_cause()
+    except Exception:  # the user's exception class resists subclassing
+        task_error = exceptions.TaskError(name, text, error)
+    return serialize_error(task_error)
 
 
 def _actor_died_error(info: dict, call_name: str) -> Exception:
     reason, cause = info["death_cause"] or ("it died", None)
     cause_error = deserialize(cause) if cause is not None else None
+    detail = f"\n{cause_error}" if cause_error is not None else ""
     return exceptions.ActorDiedError(
         f"the actor {info['class_name']} ({info['actor_id']}) is dead, so {call_name} "
-        f"cannot run: {reason}", info["actor_id"], cause_error)
+        f"cannot run: {reason}{detail}", info["actor_id"], cause_error)
 
 
 def function_id_of(blob: bytes) -> str:
@@ -1165,10 +1188,8 @@ def _prepare_actor(worker: CoreWorker, *, class_name: str, function_id: str, arg
     actor_id = ActorID.of_creation_task(task_id)
     packed_args, packed_kwargs, holds = worker._serialize_args(args, kwargs,
                                                                f"{class_name}.__init__")
-    for oid in holds:
-        worker.refs[oid].submitted += 1
     spec = TaskSpec(task_id=task_id.binary(),
-                    job_id=int.from_bytes(worker.job_id.binary(), "big"),
+                    job_id=worker.current_job(),
                     name=f"{class_name}.__init__", function_id=function_id, args=packed_args,
                     kwargs=packed_kwargs, num_returns=0, return_ids=[], caller=worker.address,
                     resources=resources, strategy=strategy,

@@ -280,6 +280,12 @@ class GcsServer:
                 await trio.sleep(self.config.infeasible_retry_period_s)
                 continue
             node = self.nodes[target]
+            # Count the placement now: until the node's next heartbeat says
+            # otherwise, the next actor must not be placed on the same room.
+            available = dict(node.get("available", node["resources"]))
+            for name, amount in actor["resources"].items():
+                available[name] = available.get(name, 0.0) - amount
+            node["available"] = available
             request = {"resources": actor["resources"], "owner": self.env.address,
                        "strategy": scheduling.Strategy("NODE_AFFINITY", target, False),
                        "for_actor": actor_id, "hops": self.config.spillback_hops_max}

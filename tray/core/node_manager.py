@@ -16,7 +16,6 @@ chunks of ``object_chunk_bytes``."""
 from __future__ import annotations
 
 import logging
-import pickle
 import struct
 from dataclasses import dataclass, field
 
@@ -307,7 +306,7 @@ class NodeManager:
 
     async def handle_pull_object(self, conn, object_id: bytes, locations: list) -> bool:
         """Make ``object_id`` local, copying it from one of ``locations``
-        (node ids); False if no copy could be read."""
+        ((node id, node manager address) pairs); False if no copy could be read."""
         while not self.store.contains(object_id):
             event = self._pulls.get(object_id)
             if event is not None:
@@ -315,12 +314,11 @@ class NodeManager:
                 continue
             event = self._pulls[object_id] = trio.Event()
             try:
-                for node_id in sorted(locations, key=lambda n: n != self.node_id):
-                    node = self.view.get(node_id)
-                    if node is None or node_id == self.node_id:
+                for node_id, address in sorted(locations):
+                    if node_id == self.node_id:
                         continue
                     try:
-                        blob = await self._read_remote(node.address, object_id)
+                        blob = await self._read_remote(address, object_id)
                     except PeerDisconnected:
                         continue
                     if blob is not None:

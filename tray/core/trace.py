@@ -35,8 +35,15 @@ class Trace:
         self._hash = hashlib.blake2b(digest_size=16)
         self.events: deque[dict] = deque(maxlen=events_kept_max)
         self.event_count = 0
+        self.closed = False
+
+    def close(self) -> None:
+        """Freeze the digest: the run is over (late ``__del__``s record nothing)."""
+        self.closed = True
 
     def record(self, component: str, event: str, **fields: Any) -> None:
+        if self.closed:
+            return
         entry = {"t": round(self._now(), 9), "component": component, "event": event}
         entry.update(_canonical(fields))
         line = json.dumps(entry, sort_keys=True, default=str)

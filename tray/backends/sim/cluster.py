@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import gc
 import os
 import random
 import threading
@@ -28,7 +29,12 @@ from .stores import MemoryObjectStore, MemoryStorage
 # Virtual wall-clock time starts here (2026-01-01 UTC) in simulated user code.
 SIM_EPOCH_S = 1_767_225_600.0
 # A blocking call waiting longer than this in virtual time is a hang.
-HANG_TIMEOUT_S = 7 * 24 * 3600.0
+HANG_TIMEOUT_S = 24 * 3600.0
+# The cyclic garbage collector is off during a run (when it runs would
+# depend on allocation counts, which differ between a cold and a warm
+# process, and collecting a cycle holding an ObjectRef frees an object);
+# it runs instead at deterministic points: every this many host ticks.
+GC_EVERY_TICKS = 200_000
 DEFAULT_OBJECT_STORE_BYTES = 2 * 1024**3
 
 _active: dict = {"cluster": None, "last": None}
@@ -110,6 +116,10 @@ class SimCluster:
             self._main, run_sync_soon_threadsafe=self._host_queue.append,
             done_callback=self._done, clock=self.clock, host_uses_signal_set_wakeup_fd=True)
         _install_patches()
+        self._gc_was_enabled = gc.isenabled()
+        gc.collect()
+        gc.disable()
+        self._ticks = 0
         _active["cluster"] = self
         _active["last"] = self
         try:
@@ -130,6 +140,9 @@ class SimCluster:
             if not self._host_queue:
                 raise TrayError(f"the simulation stalled during {what}")
             self._host_queue.popleft()()
+            self._ticks += 1
+            if self._ticks % GC_EVERY_TICKS == 0:
+                gc.collect()
             if self.clock.current_time() > deadline:
                 raise TrayError(f"{what} waited {HANG_TIMEOUT_S} s of virtual time: the "
                                 "simulated cluster cannot make progress (a hang)")
@@ -160,8 +173,11 @@ class SimCluster:
                 self._token.run_sync_soon(self._nursery.cancel_scope.cancel)
                 self._pump(lambda: self._finished is not None, "shutdown")
         finally:
+            self.trace.close()
             _active["cluster"] = None
             _remove_patches()
+            if getattr(self, "_gc_was_enabled", False):
+                gc.enable()
             if self._scheduler_state is not None:
                 trio_run._ALLOW_DETERMINISTIC_SCHEDULING = self._scheduler_state[0]
                 trio_run._r.setstate(self._scheduler_state[1])
