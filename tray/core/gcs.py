@@ -88,7 +88,17 @@ class GcsServer:
         self.heartbeat_at[node["node_id"]] = trio.current_time()
         self._save_node(node)
         self.tracer.record("gcs", "node_registered", node=node["node_id"])
+        self._publish_view(exclude=node["node_id"])
         return {"view": self._view()}
+
+    def _publish_view(self, exclude: str | None = None) -> None:
+        """Tell every live node manager about a membership change now,
+        rather than at its next heartbeat."""
+        view = self._view()
+        for node_id, other in sorted(self.nodes.items()):
+            if other["alive"] and node_id != exclude:
+                self.nursery.start_soon(self.endpoint.notify, other["address"], "update_view",
+                                        view)
 
     def handle_heartbeat(self, conn, node_id: str, available: dict) -> dict:
         node = self.nodes.get(node_id)
@@ -125,6 +135,7 @@ class GcsServer:
         node["alive"] = False
         self._save_node(node)
         self.tracer.record("gcs", "node_dead", node=node_id, reason=reason)
+        self._publish_view()
         logger.warning("node %s is dead: %s", node_id, reason)
         for actor in sorted(self.actors.values(), key=lambda a: a["actor_id"]):
             if actor["node_id"] == node_id and actor["state"] in (ALIVE, PENDING):

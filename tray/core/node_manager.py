@@ -118,6 +118,9 @@ class NodeManager:
         if mine is not None:
             mine.available = dict(self.available)
 
+    def handle_update_view(self, conn, view: dict) -> None:
+        self._update_view(view)
+
     async def _heartbeat_loop(self) -> None:
         while True:
             await trio.sleep(self.config.heartbeat_period_s)

@@ -36,6 +36,9 @@ HANG_TIMEOUT_S = 24 * 3600.0
 # it runs instead at deterministic points: every this many host ticks.
 GC_EVERY_TICKS = 200_000
 DEFAULT_OBJECT_STORE_BYTES = 2 * 1024**3
+# Every simulated node has this much schedulable "memory", as Ray gives each
+# node a memory resource by default.
+DEFAULT_NODE_MEMORY_BYTES = 8 * 1024**3
 
 _active: dict = {"cluster": None, "last": None}
 
@@ -43,6 +46,23 @@ _active: dict = {"cluster": None, "last": None}
 class SimulatedProcessExit(BaseException):
     """Raised by ``os._exit`` in simulated user code: ends that simulated
     process, not the real one."""
+
+
+def _refresh_stale_poll(tick) -> None:
+    """Let trio see work the driver queued since its last I/O poll.
+
+    In guest mode trio polls for I/O at the *end* of a tick and hands the
+    result to the next one. A callback the driver queues in between (through
+    the wakeup socket) is therefore missed by the next tick, which finds
+    nothing to do and auto-jumps the MockClock to the next deadline: every
+    driver call would start up to a heartbeat period late. Polling again
+    right before such a tick fixes that. This uses trio's private guest
+    state (``unrolled_run_next_send``); trio's version is pinned and a canary
+    test watches it."""
+    state = getattr(tick, "__self__", None)
+    pending = getattr(state, "unrolled_run_next_send", None)
+    if isinstance(pending, outcome.Value) and not pending.value:
+        state.unrolled_run_next_send = outcome.capture(state.runner.io_manager.get_events, 0)
 
 
 class SimProcess:
@@ -78,10 +98,12 @@ class SimCluster:
         self.num_nodes = num_nodes
         self.config = config or config_module.DEFAULT_CONFIG
         self.clock = trio.testing.MockClock(autojump_threshold=0)
+        self._pending_host_callbacks = 0
         self.trace = Trace(self.clock.current_time)
         self.storage = MemoryStorage()
         self.network = SimNetwork(self._rng("network"), self.trace)
-        node_resources = {"CPU": float(num_cpus), **{k: float(v) for k, v in resources.items()}}
+        node_resources = {"CPU": float(num_cpus), "memory": float(DEFAULT_NODE_MEMORY_BYTES),
+                          **{k: float(v) for k, v in resources.items()}}
         if num_gpus:
             node_resources["GPU"] = float(num_gpus)
         self.node_resources = node_resources
@@ -139,7 +161,10 @@ class SimCluster:
                 raise TrayError(f"the simulated cluster stopped during {what}")
             if not self._host_queue:
                 raise TrayError(f"the simulation stalled during {what}")
-            self._host_queue.popleft()()
+            tick = self._host_queue.popleft()
+            if self._pending_host_callbacks:
+                _refresh_stale_poll(tick)
+            tick()
             self._ticks += 1
             if self._ticks % GC_EVERY_TICKS == 0:
                 gc.collect()
@@ -161,7 +186,14 @@ class SimCluster:
         return box[0].unwrap()
 
     def call_soon(self, fn) -> None:
-        self._token.run_sync_soon(fn)
+        """Run ``fn`` in the trio run soon; callable from the driver's thread."""
+        self._pending_host_callbacks += 1
+
+        def picked_up() -> None:
+            self._pending_host_callbacks -= 1
+            fn()
+
+        self._token.run_sync_soon(picked_up)
 
     def shutdown(self) -> None:
         import trio._core._run as trio_run
