@@ -16,7 +16,6 @@ import numbers
 import cloudpickle
 import greenback
 
-from .. import exceptions
 from . import options as opts
 from .context import _global_state, get_worker
 from .core_worker import current_task, function_id_of

@@ -700,7 +700,7 @@ class CoreWorker:
         spec = task.spec
         task_id = TaskID(spec.task_id)
         self.tasks.pop(task_id, None)
-        for oid_bytes, (kind, payload) in zip(spec.return_ids, results):
+        for oid_bytes, (kind, payload) in zip(spec.return_ids, results, strict=True):
             oid = ObjectID(oid_bytes)
             entry = self.refs.get(oid)
             if entry is None:
@@ -943,7 +943,7 @@ class CoreWorker:
             return self._error_results(spec, serialize_error(error)), False
         try:
             results = [await self._store_result(ObjectID(oid), value, spec.caller)
-                       for oid, value in zip(spec.return_ids, values)]
+                       for oid, value in zip(spec.return_ids, values, strict=True)]
         except Exception as error:
             return self._error_results(spec, _task_error(spec.name, error)), True
         self.tracer.record(self.name, "task_done", task=spec.task_id)
