@@ -775,6 +775,14 @@ class CoreWorker:
                 "cannot be retrieved")
             return ("error", serialize_error(error))
 
+    def handle_add_location(self, conn, object_id: bytes, node_id: str, manager: str) -> None:
+        entry = self.refs.get(ObjectID(object_id))
+        if entry is None or not entry.owned:
+            self._send_now(manager, "free_objects", [object_id])  # freed meanwhile
+            return
+        if (node_id, manager) not in entry.locations:
+            entry.locations.append((node_id, manager))
+
     async def handle_object_status(self, conn, object_id: bytes) -> tuple:
         return await self._object_status(ObjectID(object_id), self.address)
 
@@ -786,7 +794,7 @@ class CoreWorker:
         entry = self.store.get(key)
         if entry is None:
             ok = await self.endpoint.call(self.env.node_manager_address, "pull_object", key,
-                                          status[1])
+                                          status[1], owner)
             entry = self.store.get(key) if ok else None
             if entry is None:
                 error = exceptions.ObjectLostError(

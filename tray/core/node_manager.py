@@ -307,7 +307,8 @@ class NodeManager:
 
     # --------------------------------------------------------------- objects
 
-    async def handle_pull_object(self, conn, object_id: bytes, locations: list) -> bool:
+    async def handle_pull_object(self, conn, object_id: bytes, locations: list,
+                                 owner: str) -> bool:
         """Make ``object_id`` local, copying it from one of ``locations``
         ((node id, node manager address) pairs); False if no copy could be read."""
         while not self.store.contains(object_id):
@@ -329,6 +330,9 @@ class NodeManager:
                         self.store.put(object_id, data, buffers)
                         self.tracer.record(self.node_id[:8], "object_pulled",
                                            object=object_id, source=node_id, size=len(blob))
+                        # The owner frees every copy, so it must know of this one.
+                        await self.endpoint.notify(owner, "add_location", object_id,
+                                                   self.node_id, self.env.address)
                         break
                 else:
                     return False

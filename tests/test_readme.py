@@ -1,0 +1,41 @@
+"""The README's tutorial and the first example program must keep working."""
+
+import pathlib
+import re
+import subprocess
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def _python_blocks(text: str) -> list[str]:
+    return re.findall(r"```python\n(.*?)```", text, flags=re.S)
+
+
+def test_readme_tutorial_runs(tmp_path):
+    blocks = _python_blocks((ROOT / "README.md").read_text())
+    assert blocks, "README has no python example"
+    script = tmp_path / "tutorial.py"
+    script.write_text(blocks[0])
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                            timeout=120, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "bad input" in result.stdout
+
+
+def test_first_example_program_runs():
+    result = subprocess.run([sys.executable, str(ROOT / "examples" / "hello.py")],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "sum of 16 arrays of ones: 16000.0" in result.stdout
+    assert "counter: [1, 2, 3, 4, 5]" in result.stdout
+
+
+def test_cli_sim_prints_a_reproducible_digest():
+    command = [sys.executable, "-m", "tray.scripts.cli", "sim", str(ROOT / "examples" / "hello.py")]
+    first = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    second = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert first.returncode == 0, first.stderr
+    digest_lines = [line for line in first.stdout.splitlines() if line.startswith("trace digest")]
+    assert len(digest_lines) == 1
+    assert first.stdout == second.stdout
