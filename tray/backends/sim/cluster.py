@@ -262,7 +262,8 @@ class SimCluster:
                     await main(process, nursery)
                     started = True
                     task_status.started(process)
-        except SimulatedProcessExit as exit_:
+        except* SimulatedProcessExit as group:
+            exit_ = group.exceptions[0]
             self.trace.record("cluster", "process_exit", process=process.address,
                               code=exit_.args[0] if exit_.args else None)
         finally:
