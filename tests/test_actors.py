@@ -271,7 +271,10 @@ def test_namespaces_separate_names(cluster):
 
 
 def test_named_actor_not_visible_from_other_namespace(cluster):
-    Counter.options(name="only-here", namespace="ns-1").remote()
+    # Keep the handle: as in Ray, a non-detached actor whose handles are all
+    # gone may be destroyed, name and all.
+    handle = Counter.options(name="only-here", namespace="ns-1").remote()
+    assert tray.get(handle.read.remote()) == 0
     assert tray.get(tray.get_actor("only-here", namespace="ns-1").read.remote()) == 0
     with pytest.raises(ValueError):
         tray.get_actor("only-here", namespace="ns-2")

@@ -606,3 +606,108 @@ def test_node_affinity_soft_runs_on_node_when_free(three_nodes):
     target = tray.nodes()[1]["NodeID"]
     strategy = NodeAffinitySchedulingStrategy(target, soft=True)
     assert tray.get(current_node_id.options(scheduling_strategy=strategy).remote()) == target
+
+
+# ---------------------------------------------------------------------------
+# Retries and cancellation
+# ---------------------------------------------------------------------------
+
+
+@tray.remote
+class Attempts:
+    def __init__(self):
+        self.count = 0
+
+    def next(self):
+        self.count += 1
+        return self.count
+
+
+def test_retry_exceptions_retries_application_errors(cluster):
+    @tray.remote
+    def flaky(attempts, fail_times):
+        n = tray.get(attempts.next.remote())
+        if n <= fail_times:
+            raise ValueError(f"attempt {n} fails")
+        return n
+
+    attempts = Attempts.remote()
+    ref = flaky.options(max_retries=3, retry_exceptions=True).remote(attempts, 2)
+    assert tray.get(ref) == 3
+
+
+def test_application_errors_not_retried_by_default(cluster):
+    @tray.remote
+    def flaky(attempts):
+        n = tray.get(attempts.next.remote())
+        raise ValueError(f"attempt {n} fails")
+
+    attempts = Attempts.remote()
+    with pytest.raises(ValueError, match="attempt 1 fails"):
+        tray.get(flaky.options(max_retries=3).remote(attempts))
+    assert tray.get(attempts.next.remote()) == 2
+
+
+def test_retries_exhausted_raise_last_error(cluster):
+    @tray.remote(max_retries=2, retry_exceptions=True)
+    def always_fails(attempts):
+        n = tray.get(attempts.next.remote())
+        raise RuntimeError(f"attempt {n} fails")
+
+    attempts = Attempts.remote()
+    with pytest.raises(RuntimeError, match="attempt 3 fails"):
+        tray.get(always_fails.remote(attempts))
+
+
+def test_retry_exceptions_list_only_retries_listed_types(cluster):
+    @tray.remote
+    def fails_with_key_error(attempts):
+        n = tray.get(attempts.next.remote())
+        raise KeyError(f"attempt {n}")
+
+    attempts = Attempts.remote()
+    ref = fails_with_key_error.options(max_retries=3, retry_exceptions=[ValueError]).remote(
+        attempts
+    )
+    with pytest.raises(KeyError):
+        tray.get(ref)
+    assert tray.get(attempts.next.remote()) == 2
+
+
+def test_cancel_pending_task(cluster):
+    from tray.exceptions import TaskCancelledError
+
+    # Infeasible, so it is certainly still pending when cancelled.
+    ref = identity.options(resources={"unobtainium": 1}).remote(1)
+    tray.cancel(ref)
+    with pytest.raises(TaskCancelledError):
+        tray.get(ref, timeout=100 * cluster.tick_s)
+
+
+def test_cancel_running_task(cluster):
+    from tray.exceptions import TaskCancelledError
+
+    ref = sleep_then_return.remote(1000 * cluster.tick_s, "never")
+    # Make sure it has started before cancelling.
+    tray.wait([ref], timeout=cluster.tick_s)
+    tray.cancel(ref)
+    with pytest.raises(TaskCancelledError):
+        tray.get(ref, timeout=100 * cluster.tick_s)
+
+
+def test_cancel_does_not_affect_other_tasks(cluster):
+    from tray.exceptions import TaskCancelledError
+
+    victim = sleep_then_return.remote(1000 * cluster.tick_s, "never")
+    survivor = sleep_then_return.remote(cluster.tick_s, "survived")
+    tray.cancel(victim)
+    assert tray.get(survivor, timeout=100 * cluster.tick_s) == "survived"
+    with pytest.raises(TaskCancelledError):
+        tray.get(victim, timeout=100 * cluster.tick_s)
+
+
+def test_wait_fetch_local_false(cluster):
+    refs = [identity.remote(i) for i in range(3)]
+    ready, not_ready = tray.wait(refs, num_returns=3, fetch_local=False, timeout=100)
+    assert ready == refs
+    assert not_ready == []
