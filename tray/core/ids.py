@@ -1,6 +1,6 @@
 """Identifiers: compact bytes with readable hex reprs.
 
-IDs are derived, never drawn from ``uuid4``/``os.urandom``/wall time, so that
+IDs are derived, never drawn from uuid4, the OS entropy pool or wall time, so that
 a simulated run produces the same IDs from the same seed:
 
 * ``JobID`` (4 bytes) is a counter kept by the GCS.
