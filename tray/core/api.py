@@ -32,6 +32,14 @@ def register_backend(name: str, target: str) -> None:
     _backends[name] = target
 
 
+def _in_loop(worker, fn, *args):
+    """Run the synchronous ``fn`` where the worker's loop runs (the local
+    backend's driver loop has a thread of its own)."""
+    if worker.in_user_thread():
+        return _global_state["runtime"].run_sync(fn, *args)
+    return fn(*args)
+
+
 def _block(worker, async_fn, *args):
     if worker.in_user_thread():
         return _global_state["runtime"].run(async_fn, *args)
@@ -129,18 +137,20 @@ class RemoteFunction:
         if self._blob is None:
             self._blob = cloudpickle.dumps(self._function)
             self._function_id = function_id_of(self._blob)
-        worker.export_function(self._function_id, self._blob)
         options = self._options
         num_returns = options.get("num_returns", 1)
         max_retries = options.get("max_retries")
-        refs = worker.submit_task(
-            name=getattr(self._function, "__qualname__", "task"),
-            function_id=self._function_id, args=args, kwargs=kwargs, num_returns=num_returns,
-            resources=opts.resources_of(options, 1.0),
-            strategy=opts.to_strategy(options.get("scheduling_strategy")),
-            max_retries=3 if max_retries is None else max_retries,
-            retry_exceptions=options.get("retry_exceptions") or False)
-        return _returns(refs, num_returns)
+
+        def submit():
+            worker.export_function(self._function_id, self._blob)
+            return worker.submit_task(
+                name=getattr(self._function, "__qualname__", "task"),
+                function_id=self._function_id, args=args, kwargs=kwargs,
+                num_returns=num_returns, resources=opts.resources_of(options, 1.0),
+                strategy=opts.to_strategy(options.get("scheduling_strategy")),
+                max_retries=3 if max_retries is None else max_retries,
+                retry_exceptions=options.get("retry_exceptions") or False)
+        return _returns(_in_loop(worker, submit), num_returns)
 
     def __reduce__(self):
         return (RemoteFunction, (self._function, self._options))
@@ -217,18 +227,20 @@ class ActorClass:
         if self._blob is None:
             self._blob = cloudpickle.dumps(self._cls)
             self._function_id = function_id_of(self._blob)
-        worker.export_function(self._function_id, self._blob)
         options = self._options
         namespace = options.get("namespace") or _namespace()
         meta = {name: {"num_returns": m["num_returns"]} for name, m in
                 _method_meta(self._cls).items()}
         is_async = any(inspect.iscoroutinefunction(member) for _, member in
                        inspect.getmembers(self._cls, inspect.isfunction))
-        actor, holds = worker.prepare_actor(
-            class_name=self._cls.__name__, function_id=self._function_id, args=args,
-            kwargs=kwargs, resources=opts.resources_of(options, 0.0),
-            strategy=opts.to_strategy(options.get("scheduling_strategy")), options=options,
-            namespace=namespace, method_meta=meta, is_async=is_async)
+        def prepare():
+            worker.export_function(self._function_id, self._blob)
+            return worker.prepare_actor(
+                class_name=self._cls.__name__, function_id=self._function_id, args=args,
+                kwargs=kwargs, resources=opts.resources_of(options, 0.0),
+                strategy=opts.to_strategy(options.get("scheduling_strategy")),
+                options=options, namespace=namespace, method_meta=meta, is_async=is_async)
+        actor, holds = _in_loop(worker, prepare)
         existing = _block(worker, worker.register_actor, actor, holds)
         info = existing or actor
         return ActorHandle(info["actor_id"], info["class_name"], info["method_meta"],
@@ -270,13 +282,15 @@ class ActorMethod:
             except TypeError as error:
                 raise TypeError(f"{self._name}.remote(): {error}") from None
         retries = self._max_task_retries
-        refs = worker.submit_task(
-            name=f"{handle._class_name}.{self._name}", function_id="", args=args,
-            kwargs=kwargs, num_returns=self._num_returns, resources={},
-            strategy=opts.to_strategy(None), max_retries=0, retry_exceptions=False,
-            actor=worker.actor_state(handle._actor_id), method=self._name,
-            max_task_retries=handle._max_task_retries if retries is None else retries)
-        return _returns(refs, self._num_returns)
+
+        def submit():
+            return worker.submit_task(
+                name=f"{handle._class_name}.{self._name}", function_id="", args=args,
+                kwargs=kwargs, num_returns=self._num_returns, resources={},
+                strategy=opts.to_strategy(None), max_retries=0, retry_exceptions=False,
+                actor=worker.actor_state(handle._actor_id), method=self._name,
+                max_task_retries=handle._max_task_retries if retries is None else retries)
+        return _returns(_in_loop(worker, submit), self._num_returns)
 
 
 class ActorHandle:
@@ -357,7 +371,7 @@ def get(object_refs, *, timeout: float | None = None):
 def put(value) -> ObjectRef:
     """Store ``value`` in the object store; returns its ref."""
     worker = get_worker()
-    return worker.put(value)
+    return _in_loop(worker, worker.put, value)
 
 
 def wait(object_refs, *, num_returns: int = 1, timeout: float | None = None,

@@ -210,6 +210,9 @@ class CoreWorker:
         self.actor_is_async = False
         self.callers: dict[str, CallerQueue] = {}
         self.shutting_down = False
+        # The local backend's driver runs its loop in a thread of its own;
+        # the simulator's runs in the user's thread.
+        self.loop_in_other_thread = False
 
     # ------------------------------------------------------------ lifecycle
 
@@ -262,6 +265,17 @@ class CoreWorker:
         entry.local += 1
 
     def remove_local_ref(self, object_id: ObjectID) -> None:
+        if self.loop_in_other_thread and self.in_user_thread():
+            # A ref dropped in the user's thread while the loop runs in its
+            # own: count it down there.
+            try:
+                self._spawn_from_outside(lambda: self._release_local_ref(object_id))
+            except Exception:  # the loop has ended
+                pass
+            return
+        self._release_local_ref(object_id)
+
+    def _release_local_ref(self, object_id: ObjectID) -> None:
         entry = self.refs.get(object_id)
         if entry is None:
             return
@@ -932,6 +946,9 @@ class CoreWorker:
         with trio.CancelScope() as scope:
             self._running[spec.task_id] = scope
             try:
+                on_gpu_ids = self.env.extra.get("on_gpu_ids")
+                if on_gpu_ids is not None:
+                    on_gpu_ids(context.gpu_ids)
                 function = await load()
                 args, kwargs = await self._resolve_args(spec)
                 if inspect.iscoroutinefunction(function):

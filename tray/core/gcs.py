@@ -36,6 +36,7 @@ class GcsServer:
         self.storage = env.storage
         self.nursery = nursery
         self.endpoint = Endpoint(env, self._handlers(), nursery)
+        self.endpoint.on_peer_closed = self._peer_closed
         self.tracer = env.tracer
         self.policy_state = scheduling.PolicyState(rng=env.rng)
         self.nodes: dict[str, dict] = {}
@@ -246,6 +247,11 @@ class GcsServer:
                 self._set_dead(actor, "its owner exited")
                 if actor["worker_id"] and actor["node_id"] in self.nodes:
                     self.nursery.start_soon(self._kill_worker, actor["node_id"], actor["worker_id"])
+
+    def _peer_closed(self, address: str) -> None:
+        # A process that owned actors went away: its non-detached actors die.
+        if any(actor["owner_address"] == address for actor in self.actors.values()):
+            self.handle_owner_died(None, address)
 
     async def _kill_worker(self, node_id: str, worker_id: str) -> None:
         try:

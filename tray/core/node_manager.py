@@ -107,6 +107,9 @@ class NodeManager:
         })
         self._update_view(reply["view"])
         self.tracer.record(self.node_id[:8], "node_started", resources=self.total)
+        for _ in range(min(self.env.extra.get("prestart_workers", 0),
+                           self.config.workers_per_node_max)):
+            self._start_worker()
         self.nursery.start_soon(self._heartbeat_loop)
 
     # ------------------------------------------------------------ membership
@@ -147,6 +150,7 @@ class NodeManager:
         worker.state = "idle"
         self.idle.append(worker_id)
         self.tracer.record(self.node_id[:8], "worker_registered", worker=worker_id)
+        logger.debug("worker %s registered at %s", worker_id[:8], address)
         self.worker_registered.set()
         self.worker_registered = trio.Event()
         return {"node_id": self.node_id}
@@ -158,6 +162,7 @@ class NodeManager:
         worker_id = WorkerID.from_random(self.env.rng).hex()
         self.workers[worker_id] = WorkerInfo(worker_id)
         self.tracer.record(self.node_id[:8], "worker_start", worker=worker_id)
+        logger.debug("starting worker %s", worker_id[:8])
         self.env.spawner.start_worker(worker_id, {})
 
     async def _take_worker(self) -> WorkerInfo:
@@ -186,6 +191,7 @@ class NodeManager:
             self.idle.remove(worker.worker_id)
         self.tracer.record(self.node_id[:8], "worker_died", worker=worker.worker_id,
                            reason=reason)
+        logger.debug("worker %s died: %s", worker.worker_id[:8], reason)
         for lease in list(self.leases.values()):
             if lease.worker_id == worker.worker_id:
                 self._release_lease(lease.lease_id, worker_ok=False)
@@ -242,6 +248,8 @@ class NodeManager:
         grant.update(worker_id=worker.worker_id, worker_address=worker.address)
         self.tracer.record(self.node_id[:8], "lease_granted", lease=lease.lease_id,
                            worker=worker.worker_id)
+        logger.debug("lease %d granted: worker %s to %s", lease.lease_id, worker.worker_id[:8],
+                     lease.owner)
         return grant
 
     def _refresh_local_view(self) -> None:
@@ -303,6 +311,8 @@ class NodeManager:
                 self.env.spawner.kill_worker(worker.worker_id)
                 self._worker_died(worker, "returned as broken")
         self.tracer.record(self.node_id[:8], "lease_returned", lease=lease_id)
+        logger.debug("lease %d returned (worker %s ok=%s)", lease_id, lease.worker_id[:8],
+                     worker_ok)
         self._dispatch()
 
     # --------------------------------------------------------------- objects

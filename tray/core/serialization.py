@@ -35,13 +35,14 @@ class SerializedObject:
     def size_bytes(self) -> int:
         return len(self.data) + sum(memoryview(b).nbytes for b in self.buffers)
 
-    def __reduce__(self):
-        # Crossing a process boundary: buffers become bytes (the real
-        # transport sends them out of band as separate frames instead).
+    def __reduce_ex__(self, protocol):
+        # Crossing a process boundary: the buffers go as pickle-5 buffers, so
+        # a transport with a buffer_callback sends them out of band without
+        # a copy (and one without copies them in band).
         return (
             SerializedObject,
-            (self.data, [bytes(memoryview(b).cast("B")) if not isinstance(b, bytes) else b
-                         for b in self.buffers], self.contained, self.kind),
+            (self.data, [pickle.PickleBuffer(memoryview(b).cast("B")) for b in self.buffers],
+             self.contained, self.kind),
         )
 
 

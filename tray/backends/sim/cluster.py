@@ -342,6 +342,9 @@ class SimRuntime:
     def run(self, async_fn, *args):
         return self.cluster.run(async_fn, *args)
 
+    def run_sync(self, fn, *args):
+        return fn(*args)  # the loop runs in the user's thread
+
     def shutdown(self) -> None:
         self.cluster.shutdown()
 

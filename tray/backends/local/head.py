@@ -1,0 +1,147 @@
+"""The head process of a local cluster: the GCS and this node's manager,
+which starts worker processes on demand (and prestarts some).
+
+Run by ``tray.init()`` (backend "local"); exits on SIGTERM/SIGINT, when the
+driver it serves dies (``--exit-with-driver``), killing its workers."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import random
+import signal
+import subprocess
+import sys
+
+import trio
+
+from ...core.config import DEFAULT_CONFIG
+from ...core.gcs import GcsServer
+from ...core.ids import NodeID
+from ...core.interfaces import NullTracer, ProcessEnv
+from ...core.node_manager import NodeManager
+from ...transports.tcp import TcpTransport
+from ..sim.stores import MemoryStorage
+from .session import Session
+from .store import ShmObjectStore
+
+logger = logging.getLogger("tray.head")
+
+
+class ProcessSpawner:
+    """Worker processes of this node, as subprocesses of the head."""
+
+    def __init__(self, session: Session, node_id: str, gcs: str, node_manager: str,
+                 object_store_bytes: int) -> None:
+        self.session = session
+        self.node_id = node_id
+        self.gcs = gcs
+        self.node_manager = node_manager
+        self.object_store_bytes = object_store_bytes
+        self.processes: dict[str, subprocess.Popen] = {}
+
+    def start_worker(self, worker_id_hex: str, env: dict) -> None:
+        command = [sys.executable, "-P", "-m", "tray.backends.local.worker",
+                   "--session", self.session.directory, "--worker-id", worker_id_hex,
+                   "--node-id", self.node_id, "--gcs", self.gcs,
+                   "--node-manager", self.node_manager,
+                   "--object-store-bytes", str(self.object_store_bytes)]
+        self.processes[worker_id_hex] = subprocess.Popen(command, stdin=subprocess.DEVNULL,
+                                                         env={**os.environ, **env})
+
+    def kill_worker(self, worker_id_hex: str) -> None:
+        process = self.processes.pop(worker_id_hex, None)
+        if process is not None and process.poll() is None:
+            process.kill()
+            process.wait()
+
+    def kill_all(self) -> None:
+        for worker_id in list(self.processes):
+            self.kill_worker(worker_id)
+
+    def reap(self) -> None:
+        for worker_id, process in list(self.processes.items()):
+            if process.poll() is not None:
+                del self.processes[worker_id]
+
+
+async def _watch_driver(pid: int, cancel_scope: trio.CancelScope) -> None:
+    while True:
+        await trio.sleep(0.2)
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            logger.warning("driver %d is gone: stopping the cluster", pid)
+            cancel_scope.cancel()
+            return
+
+
+async def _reap(spawner: ProcessSpawner) -> None:
+    while True:
+        await trio.sleep(1.0)
+        spawner.reap()
+
+
+async def run_head(args) -> None:
+    session = Session(args.session)
+    transport = TcpTransport(session.token())
+    resources = {"CPU": float(args.num_cpus), "memory": float(args.memory_bytes),
+                 **json.loads(args.resources)}
+    if args.num_gpus:
+        resources["GPU"] = float(args.num_gpus)
+    rng = random.Random()
+    node_id = NodeID.from_random(rng).hex()
+    gcs_address, node_address = session.address("gcs"), session.address("raylet")
+    spawner = ProcessSpawner(session, node_id, gcs_address, node_address,
+                             args.object_store_bytes)
+    try:
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async with trio.open_nursery() as nursery:
+                gcs_env = ProcessEnv(address=gcs_address, transport=transport,
+                                     rng=random.Random(), tracer=NullTracer(),
+                                     config=DEFAULT_CONFIG, storage=MemoryStorage())
+                await GcsServer(gcs_env, nursery).run()
+                store = ShmObjectStore(session.shm_directory, args.object_store_bytes)
+                node_env = ProcessEnv(
+                    address=node_address, transport=transport, rng=rng, tracer=NullTracer(),
+                    config=DEFAULT_CONFIG, node_id=node_id, object_store=store,
+                    spawner=spawner, gcs_address=gcs_address, resources=resources,
+                    extra={"prestart_workers": args.prestart})
+                await NodeManager(node_env, nursery).run()
+                session.write_info({"pid": os.getpid(), "node_id": node_id,
+                                    "gcs_address": gcs_address,
+                                    "node_manager_address": node_address,
+                                    "object_store_bytes": args.object_store_bytes,
+                                    "resources": resources})
+                if args.exit_with_driver:
+                    nursery.start_soon(_watch_driver, args.exit_with_driver,
+                                       nursery.cancel_scope)
+                nursery.start_soon(_reap, spawner)
+                async for _ in signals:
+                    nursery.cancel_scope.cancel()
+                    break
+    finally:
+        spawner.kill_all()
+        if args.exit_with_driver:
+            session.remove()  # the driver may be gone: nobody else will
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="tray-head")
+    parser.add_argument("--session", required=True)
+    parser.add_argument("--num-cpus", type=float, required=True)
+    parser.add_argument("--num-gpus", type=float, default=0)
+    parser.add_argument("--resources", default="{}")
+    parser.add_argument("--memory-bytes", type=int, required=True)
+    parser.add_argument("--object-store-bytes", type=int, required=True)
+    parser.add_argument("--prestart", type=int, default=0)
+    parser.add_argument("--exit-with-driver", type=int, default=0)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=os.environ.get("TRAY_LOG_LEVEL", "WARNING"), format="(tray head) %(levelname)s %(message)s")
+    trio.run(run_head, args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,80 @@
+"""A worker process of a local cluster: a core worker that runs tasks (and
+hosts at most one actor) inline on its trio task; a blocking ``tray.get``
+or ``time.sleep`` inside user code suspends through greenback, so the
+worker keeps serving its peers meanwhile. It exits when its node manager
+goes away."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import random
+import sys
+import time
+
+import greenback
+import trio
+
+from ...core.config import DEFAULT_CONFIG
+from ...core.context import current_worker
+from ...core.core_worker import WORKER, CoreWorker
+from ...core.interfaces import NullTracer, ProcessEnv
+from ...transports.tcp import TcpTransport
+from .session import Session
+from .store import ShmObjectStore
+
+_real_sleep = time.sleep
+
+
+def _sleep(seconds: float) -> None:
+    """time.sleep that lets the worker serve messages while user code sleeps."""
+    if current_worker.get(None) is not None and greenback.has_portal():
+        greenback.await_(trio.sleep(seconds))
+    else:
+        _real_sleep(seconds)
+
+
+def _set_gpu_ids(gpu_ids: list) -> None:
+    os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in gpu_ids)
+
+
+async def run_worker(args) -> None:
+    session = Session(args.session)
+    address = session.address(f"worker-{args.worker_id[:12]}")
+    env = ProcessEnv(
+        address=address, transport=TcpTransport(session.token()), rng=random.Random(),
+        tracer=NullTracer(), config=DEFAULT_CONFIG, node_id=args.node_id,
+        object_store=ShmObjectStore(session.shm_directory, args.object_store_bytes),
+        gcs_address=args.gcs, node_manager_address=args.node_manager,
+        extra={"exit_process": lambda: os._exit(1), "on_gpu_ids": _set_gpu_ids})
+    async with trio.open_nursery() as nursery:
+        worker = CoreWorker(env, WORKER, nursery, worker_id=args.worker_id)
+        current_worker.set(worker)
+
+        def peer_closed(peer: str) -> None:
+            if peer == args.node_manager:
+                sys.stdout.flush()
+                os._exit(0)
+
+        worker.endpoint.on_peer_closed = peer_closed
+        await worker.start()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="tray-worker")
+    parser.add_argument("--session", required=True)
+    parser.add_argument("--worker-id", required=True)
+    parser.add_argument("--node-id", required=True)
+    parser.add_argument("--gcs", required=True)
+    parser.add_argument("--node-manager", required=True)
+    parser.add_argument("--object-store-bytes", type=int, required=True)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=os.environ.get("TRAY_LOG_LEVEL", "WARNING"),
+                        format=f"(worker {args.worker_id[:8]}) %(levelname)s %(message)s")
+    time.sleep = _sleep
+    trio.run(run_worker, args)
+
+
+if __name__ == "__main__":
+    main()
