@@ -19,12 +19,14 @@ defaults are ``num_cpus=4`` and (sim only) ``seed=0``.
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import pytest
 
 import tray
 
-BACKENDS = ["sim"]
+# TRAY_TEST_BACKENDS=sim (or local) narrows a run to one backend.
+BACKENDS = [b for b in os.environ.get("TRAY_TEST_BACKENDS", "sim,local").split(",") if b]
 
 DEFAULT_INIT_KWARGS = {"num_cpus": 4}
 

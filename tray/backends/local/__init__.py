@@ -1,18 +1,23 @@
 """The local backend: a real cluster on this machine.
 
-``tray.init()`` starts a head process (the GCS and the node manager, which
-starts worker processes), connected by Unix sockets and authenticated with
-the session's token; objects live in shared memory under /dev/shm. The
-driver's core worker runs a trio loop in a background thread of the user's
-process; API calls from the user's thread hand their work to that loop.
+``tray.init()`` starts a head node process (the GCS and a node manager,
+which starts worker processes) and, with ``num_nodes=K``, K-1 more node
+processes on this machine, each with its own resources, workers and object
+store: a multi-node cluster on one machine, as Ray's ``cluster_utils``
+builds. Processes talk over Unix sockets, authenticated with the session's
+token; objects live in shared memory under /dev/shm. The driver's core
+worker runs a trio loop in a background thread of the user's process; API
+calls from the user's thread hand their work to that loop.
 
-``tray.shutdown()`` stops the head (which kills its workers) and removes the
-session's sockets and shared memory. If the driver dies without shutting
-down, the head notices within a fraction of a second and does the same."""
+``tray.shutdown()`` stops the node processes (which kill their workers) and
+removes the session's sockets and shared memory. If the driver dies without
+shutting down, the nodes notice within a fraction of a second and do the
+same."""
 
 from __future__ import annotations
 
 import atexit
+import json
 import os
 import random
 import signal
@@ -41,9 +46,9 @@ MEMORY_FRACTION = 0.7
 
 
 class LocalRuntime:
-    def __init__(self, session: Session, head: subprocess.Popen, info: dict) -> None:
+    def __init__(self, session: Session, nodes: list[subprocess.Popen], info: dict) -> None:
         self.session = session
-        self.head = head
+        self.nodes = nodes
         self.node_info = info
         self.namespace = ""
         self.driver: CoreWorker | None = None
@@ -77,7 +82,7 @@ class LocalRuntime:
             address=self.session.address(f"driver-{os.getpid()}"),
             transport=TcpTransport(self.session.token()), rng=random.Random(),
             tracer=NullTracer(), config=DEFAULT_CONFIG, node_id=self.node_info["node_id"],
-            object_store=ShmObjectStore(self.session.shm_directory,
+            object_store=ShmObjectStore(self.node_info["store_directory"],
                                         self.node_info["object_store_bytes"]),
             gcs_address=self.node_info["gcs_address"],
             node_manager_address=self.node_info["node_manager_address"])
@@ -128,72 +133,84 @@ class LocalRuntime:
             except trio.RunFinishedError:
                 pass
             self._thread.join(SHUTDOWN_TIMEOUT_S)
-        _stop_head(self.head)
+        _stop_nodes(self.nodes)
         self.session.remove()
 
 
-def _stop_head(head: subprocess.Popen) -> None:
-    if head.poll() is None:
-        head.send_signal(signal.SIGTERM)
+def _stop_nodes(nodes: list[subprocess.Popen]) -> None:
+    for node in reversed(nodes):
+        if node.poll() is None:
+            node.send_signal(signal.SIGTERM)
+    for node in reversed(nodes):
         try:
-            head.wait(SHUTDOWN_TIMEOUT_S)
+            node.wait(SHUTDOWN_TIMEOUT_S)
         except subprocess.TimeoutExpired:
             pass
-    # Whatever is left of the head's process group (workers) goes too.
-    try:
-        os.killpg(head.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    if head.poll() is None:
-        head.wait()
+        # Whatever is left of the node's process group (its workers) goes too.
+        try:
+            os.killpg(node.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        if node.poll() is None:
+            node.wait()
 
 
-def _wait_for_head(session: Session, head: subprocess.Popen) -> dict:
+def _wait_for_node(session: Session, index: int, node: subprocess.Popen) -> dict:
     deadline = time.monotonic() + HEAD_START_TIMEOUT_S
     while time.monotonic() < deadline:
-        info = session.read_info()
+        info = session.read_info(index)
         if info is not None:
             return info
-        if head.poll() is not None:
-            raise TrayError(f"the head process exited with code {head.returncode} while "
-                            f"starting; see the output above")
+        if node.poll() is not None:
+            raise TrayError(f"node process {index} exited with code {node.returncode} while "
+                            "starting; see its output above")
         time.sleep(0.005)
-    raise TrayError(f"the head process did not start within {HEAD_START_TIMEOUT_S} s")
+    raise TrayError(f"node process {index} did not start within {HEAD_START_TIMEOUT_S} s")
+
+
+def _start_node(session: Session, index: int, gcs: str, *, cpus, gpus, resources,
+                memory_bytes: int, store_bytes: int) -> subprocess.Popen:
+    command = [sys.executable, "-P", "-m", "tray.backends.local.node",
+               "--session", session.directory, "--node-index", str(index),
+               "--num-cpus", str(cpus), "--num-gpus", str(gpus),
+               "--resources", json.dumps(resources), "--memory-bytes", str(memory_bytes),
+               "--object-store-bytes", str(store_bytes), "--prestart", str(int(cpus)),
+               "--exit-with-driver", str(os.getpid())]
+    command += ["--gcs", gcs] if gcs else ["--head"]
+    return subprocess.Popen(command, stdin=subprocess.DEVNULL, start_new_session=True)
 
 
 def start(*, address=None, num_cpus=None, num_gpus=None, resources=None,
-          object_store_memory: int | None = None, **unknown) -> LocalRuntime:
+          object_store_memory: int | None = None, num_nodes: int = 1,
+          **unknown) -> LocalRuntime:
     if unknown:
         raise ValueError(f"unknown option(s) for the local backend: "
                          f"{', '.join(sorted(unknown))}")
     if address is not None:
         raise TrayError("connecting to an existing cluster (address=...) is not available "
                         "yet; tray.init() starts a new local cluster")
+    if isinstance(num_nodes, bool) or not isinstance(num_nodes, int) or num_nodes < 1:
+        raise ValueError(f"num_nodes must be a positive integer, got {num_nodes!r}")
     cpus = (os.cpu_count() or 1) if num_cpus is None else num_cpus
     gpus = detect_gpu_count() if num_gpus is None else num_gpus
     total_memory = psutil.virtual_memory().total
-    store_bytes = object_store_memory or int(total_memory * OBJECT_STORE_FRACTION)
+    store_bytes = object_store_memory or int(total_memory * OBJECT_STORE_FRACTION / num_nodes)
+    node_options = {"cpus": cpus, "gpus": gpus, "resources": resources or {},
+                    "memory_bytes": int(total_memory * MEMORY_FRACTION / num_nodes),
+                    "store_bytes": store_bytes}
     session = Session.create()
-    command = [sys.executable, "-P", "-m", "tray.backends.local.head",
-               "--session", session.directory, "--num-cpus", str(cpus),
-               "--num-gpus", str(gpus), "--resources", _json(resources or {}),
-               "--memory-bytes", str(int(total_memory * MEMORY_FRACTION)),
-               "--object-store-bytes", str(store_bytes),
-               "--prestart", str(int(cpus)), "--exit-with-driver", str(os.getpid())]
-    head = subprocess.Popen(command, stdin=subprocess.DEVNULL, start_new_session=True)
+    nodes = [_start_node(session, 0, "", **node_options)]
     try:
-        info = _wait_for_head(session, head)
-        runtime = LocalRuntime(session, head, info)
+        head_info = _wait_for_node(session, 0, nodes[0])
+        nodes += [_start_node(session, index, head_info["gcs_address"], **node_options)
+                  for index in range(1, num_nodes)]
+        for index in range(1, num_nodes):
+            _wait_for_node(session, index, nodes[index])
+        runtime = LocalRuntime(session, nodes, head_info)
         runtime.start()
     except BaseException:
-        _stop_head(head)
+        _stop_nodes(nodes)
         session.remove()
         raise
     atexit.register(runtime.shutdown)
     return runtime
-
-
-def _json(value: dict) -> str:
-    import json
-
-    return json.dumps(value)

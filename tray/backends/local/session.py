@@ -51,15 +51,18 @@ class Session:
     def address(self, name: str) -> str:
         return f"unix:{self.path(name + '.sock')}"
 
-    def write_info(self, info: dict) -> None:
-        temporary = self.path("info.json.tmp")
+    def node_store_directory(self, node_index: int) -> str:
+        return os.path.join(self.shm_directory, f"node-{node_index}")
+
+    def write_info(self, node_index: int, info: dict) -> None:
+        temporary = self.path(f"node-{node_index}.json.tmp")
         with open(temporary, "w") as file:
             json.dump(info, file)
-        os.rename(temporary, self.path("info.json"))
+        os.rename(temporary, self.path(f"node-{node_index}.json"))
 
-    def read_info(self) -> dict | None:
+    def read_info(self, node_index: int) -> dict | None:
         try:
-            with open(self.path("info.json")) as file:
+            with open(self.path(f"node-{node_index}.json")) as file:
                 return json.load(file)
         except FileNotFoundError:
             return None

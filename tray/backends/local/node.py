@@ -1,8 +1,9 @@
-"""The head process of a local cluster: the GCS and this node's manager,
-which starts worker processes on demand (and prestarts some).
+"""A node process of a local cluster: the node manager, which starts worker
+processes on demand (and prestarts some), plus the GCS on the head node
+(``--head``).
 
-Run by ``tray.init()`` (backend "local"); exits on SIGTERM/SIGINT, when the
-driver it serves dies (``--exit-with-driver``), killing its workers."""
+Run by ``tray.init()`` (backend "local"); exits on SIGTERM/SIGINT, or when
+the driver it serves dies (``--exit-with-driver``), killing its workers."""
 
 from __future__ import annotations
 
@@ -27,15 +28,16 @@ from ..sim.stores import MemoryStorage
 from .session import Session
 from .store import ShmObjectStore
 
-logger = logging.getLogger("tray.head")
+logger = logging.getLogger("tray.node")
 
 
 class ProcessSpawner:
     """Worker processes of this node, as subprocesses of the head."""
 
     def __init__(self, session: Session, node_id: str, gcs: str, node_manager: str,
-                 object_store_bytes: int) -> None:
+                 object_store_bytes: int, store_directory: str) -> None:
         self.session = session
+        self.store_directory = store_directory
         self.node_id = node_id
         self.gcs = gcs
         self.node_manager = node_manager
@@ -46,7 +48,7 @@ class ProcessSpawner:
         command = [sys.executable, "-P", "-m", "tray.backends.local.worker",
                    "--session", self.session.directory, "--worker-id", worker_id_hex,
                    "--node-id", self.node_id, "--gcs", self.gcs,
-                   "--node-manager", self.node_manager,
+                   "--node-manager", self.node_manager, "--store-dir", self.store_directory,
                    "--object-store-bytes", str(self.object_store_bytes)]
         self.processes[worker_id_hex] = subprocess.Popen(command, stdin=subprocess.DEVNULL,
                                                          env={**os.environ, **env})
@@ -84,7 +86,7 @@ async def _reap(spawner: ProcessSpawner) -> None:
         spawner.reap()
 
 
-async def run_head(args) -> None:
+async def run_node(args) -> None:
     session = Session(args.session)
     transport = TcpTransport(session.token())
     resources = {"CPU": float(args.num_cpus), "memory": float(args.memory_bytes),
@@ -93,28 +95,30 @@ async def run_head(args) -> None:
         resources["GPU"] = float(args.num_gpus)
     rng = random.Random()
     node_id = NodeID.from_random(rng).hex()
-    gcs_address, node_address = session.address("gcs"), session.address("raylet")
+    gcs_address = session.address("gcs") if args.head else args.gcs
+    node_address = session.address(f"raylet-{args.node_index}")
+    store_directory = session.node_store_directory(args.node_index)
     spawner = ProcessSpawner(session, node_id, gcs_address, node_address,
-                             args.object_store_bytes)
+                             args.object_store_bytes, store_directory)
     try:
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             async with trio.open_nursery() as nursery:
-                gcs_env = ProcessEnv(address=gcs_address, transport=transport,
-                                     rng=random.Random(), tracer=NullTracer(),
-                                     config=DEFAULT_CONFIG, storage=MemoryStorage())
-                await GcsServer(gcs_env, nursery).run()
-                store = ShmObjectStore(session.shm_directory, args.object_store_bytes)
+                if args.head:
+                    gcs_env = ProcessEnv(address=gcs_address, transport=transport,
+                                         rng=random.Random(), tracer=NullTracer(),
+                                         config=DEFAULT_CONFIG, storage=MemoryStorage())
+                    await GcsServer(gcs_env, nursery).run()
+                store = ShmObjectStore(store_directory, args.object_store_bytes)
                 node_env = ProcessEnv(
                     address=node_address, transport=transport, rng=rng, tracer=NullTracer(),
                     config=DEFAULT_CONFIG, node_id=node_id, object_store=store,
                     spawner=spawner, gcs_address=gcs_address, resources=resources,
                     extra={"prestart_workers": args.prestart})
                 await NodeManager(node_env, nursery).run()
-                session.write_info({"pid": os.getpid(), "node_id": node_id,
-                                    "gcs_address": gcs_address,
-                                    "node_manager_address": node_address,
-                                    "object_store_bytes": args.object_store_bytes,
-                                    "resources": resources})
+                session.write_info(args.node_index, {
+                    "pid": os.getpid(), "node_id": node_id, "gcs_address": gcs_address,
+                    "node_manager_address": node_address, "store_directory": store_directory,
+                    "object_store_bytes": args.object_store_bytes, "resources": resources})
                 if args.exit_with_driver:
                     nursery.start_soon(_watch_driver, args.exit_with_driver,
                                        nursery.cancel_scope)
@@ -124,13 +128,16 @@ async def run_head(args) -> None:
                     break
     finally:
         spawner.kill_all()
-        if args.exit_with_driver:
+        if args.exit_with_driver and args.head:
             session.remove()  # the driver may be gone: nobody else will
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="tray-head")
+    parser = argparse.ArgumentParser(prog="tray-node")
     parser.add_argument("--session", required=True)
+    parser.add_argument("--head", action="store_true")
+    parser.add_argument("--node-index", type=int, default=0)
+    parser.add_argument("--gcs", default="")
     parser.add_argument("--num-cpus", type=float, required=True)
     parser.add_argument("--num-gpus", type=float, default=0)
     parser.add_argument("--resources", default="{}")
@@ -139,8 +146,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--prestart", type=int, default=0)
     parser.add_argument("--exit-with-driver", type=int, default=0)
     args = parser.parse_args(argv)
-    logging.basicConfig(level=os.environ.get("TRAY_LOG_LEVEL", "WARNING"), format="(tray head) %(levelname)s %(message)s")
-    trio.run(run_head, args)
+    logging.basicConfig(level=os.environ.get("TRAY_LOG_LEVEL", "WARNING"), format=f"(tray node {args.node_index}) %(levelname)s %(message)s")
+    trio.run(run_node, args)
 
 
 if __name__ == "__main__":
