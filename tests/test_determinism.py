@@ -147,7 +147,8 @@ def test_unrelated_runs_in_between_do_not_change_digest(program, backend):
     if tray.is_initialized():
         tray.shutdown()
     first = program.run_workload(5)
-    tray.init(backend=backend, seed=99, num_nodes=1, num_cpus=1)
+    options = {"seed": 99} if backend == "sim" else {}
+    tray.init(backend=backend, num_nodes=1, num_cpus=1, **options)
     try:
 
         @tray.remote

@@ -76,6 +76,7 @@ def init(address: str | None = None, *, backend: str | None = None, num_cpus=Non
     runtime = start(address=address, num_cpus=num_cpus, num_gpus=num_gpus,
                     resources=resources or {}, **backend_options)
     runtime.namespace = namespace or f"_anonymous_{runtime.driver.job_id.hex()}"
+    runtime.driver.driver_context.namespace = runtime.namespace
     _global_state["runtime"] = runtime
     _global_state["driver"] = runtime.driver
     return runtime.info
@@ -97,10 +98,9 @@ def is_initialized() -> bool:
 
 
 def _namespace() -> str:
-    runtime = _global_state["runtime"]
-    if runtime is None:
-        get_worker()  # raises NotInitializedError
-    return runtime.namespace
+    """The job's namespace: tasks and actors carry their job's along."""
+    worker = get_worker()  # raises NotInitializedError
+    return worker.current_context().namespace
 
 
 # ==================================================================== tasks

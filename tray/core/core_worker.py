@@ -63,6 +63,7 @@ class TaskContext:
     gpu_ids: list = field(default_factory=list)
     name: str = ""
     job_id: int = 0
+    namespace: str = ""
     children: int = 0
     puts: int = 0
 
@@ -116,6 +117,7 @@ class TaskSpec:
     retry_exceptions: object = False
     attempt: int = 0
     parent_task_id: bytes = b""
+    namespace: str = ""
     actor_id: str | None = None
     method: str | None = None
     seq: int = 0
@@ -503,6 +505,7 @@ class CoreWorker:
         packed_args, packed_kwargs, holds = self._serialize_args(args, kwargs, name)
         return_ids = [ObjectID.for_return(task_id, i + 1) for i in range(num_returns)]
         spec = TaskSpec(task_id=task_id.binary(), job_id=self.current_job(),
+                        namespace=context.namespace,
                         name=name, function_id=function_id, args=packed_args,
                         kwargs=packed_kwargs, num_returns=num_returns,
                         return_ids=[oid.binary() for oid in return_ids], caller=self.address,
@@ -933,7 +936,7 @@ class CoreWorker:
 
     async def handle_push_task(self, conn, spec: TaskSpec, gpu_ids: list):
         context = TaskContext(TaskID(spec.task_id), gpu_ids=gpu_ids, name=spec.name,
-                              job_id=spec.job_id)
+                              job_id=spec.job_id, namespace=spec.namespace)
         return await self._execute(spec, context,
                                    lambda: self._load_function(spec.function_id))
 
@@ -1012,7 +1015,7 @@ class CoreWorker:
         self.actor_id = creation["actor_id"]
         self.actor_gpu_ids = gpu_ids
         context = TaskContext(TaskID(spec.task_id), ActorID.from_hex(self.actor_id), gpu_ids,
-                              name=spec.name, job_id=spec.job_id)
+                              name=spec.name, job_id=spec.job_id, namespace=spec.namespace)
         cls = await self._load_function(spec.function_id)
         self.actor_is_async = any(inspect.iscoroutinefunction(member) for _, member in
                                   inspect.getmembers(cls, inspect.isfunction))
@@ -1061,7 +1064,8 @@ class CoreWorker:
         finally:
             queue.waiting -= 1
         context = TaskContext(TaskID(spec.task_id), ActorID.from_hex(self.actor_id),
-                              self.actor_gpu_ids, name=spec.name, job_id=spec.job_id)
+                              self.actor_gpu_ids, name=spec.name, job_id=spec.job_id,
+                              namespace=spec.namespace)
         async with self.actor_slots:
             if spec.seq >= queue.next_seq:
                 queue.next_seq = spec.seq + 1
@@ -1214,7 +1218,7 @@ def _prepare_actor(worker: CoreWorker, *, class_name: str, function_id: str, arg
     packed_args, packed_kwargs, holds = worker._serialize_args(args, kwargs,
                                                                f"{class_name}.__init__")
     spec = TaskSpec(task_id=task_id.binary(),
-                    job_id=worker.current_job(),
+                    job_id=worker.current_job(), namespace=context.namespace,
                     name=f"{class_name}.__init__", function_id=function_id, args=packed_args,
                     kwargs=packed_kwargs, num_returns=0, return_ids=[], caller=worker.address,
                     resources=resources, strategy=strategy,

@@ -177,7 +177,11 @@ def _start_node(session: Session, index: int, gcs: str, *, cpus, gpus, resources
                "--object-store-bytes", str(store_bytes), "--prestart", str(int(cpus)),
                "--exit-with-driver", str(os.getpid())]
     command += ["--gcs", gcs] if gcs else ["--head"]
-    return subprocess.Popen(command, stdin=subprocess.DEVNULL, start_new_session=True)
+    # Workers import what the driver can import (functions defined in the
+    # driver's modules are pickled by reference), as Ray's workers do.
+    env = {**os.environ, "TRAY_DRIVER_SYS_PATH": json.dumps([p for p in sys.path if p])}
+    return subprocess.Popen(command, stdin=subprocess.DEVNULL, start_new_session=True,
+                            env=env)
 
 
 def start(*, address=None, num_cpus=None, num_gpus=None, resources=None,

@@ -7,6 +7,7 @@ goes away."""
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import random
@@ -74,6 +75,8 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=os.environ.get("TRAY_LOG_LEVEL", "WARNING"),
                         format=f"(worker {args.worker_id[:8]}) %(levelname)s %(message)s")
     time.sleep = _sleep
+    driver_path = json.loads(os.environ.get("TRAY_DRIVER_SYS_PATH", "[]"))
+    sys.path[:0] = [entry for entry in driver_path if entry not in sys.path]
     trio.run(run_worker, args)
 
 
