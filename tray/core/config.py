@@ -26,6 +26,9 @@ class Config:
     infeasible_retry_period_s: float = 1.0
     # Spillback hops before a node queues a request locally.
     spillback_hops_max: int = 1
+    # Worker processes that may fail to start in a row before lease
+    # requests fail with the reason.
+    worker_start_failures_max: int = 5
     # Workers per node, whatever the requests say.
     workers_per_node_max: int = 256
     # Calls buffered per caller at an actor while waiting for a gap to fill.

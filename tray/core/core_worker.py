@@ -613,6 +613,10 @@ class CoreWorker:
                     manager, hops = self.env.node_manager_address, 0
                     await trio.sleep(self.config.heartbeat_period_s)
                     continue
+                except exceptions.TrayError as error:  # the node cannot run workers
+                    self._fail_queue(queue, exceptions.TaskError(
+                        spec.name, f"the task cannot be scheduled: {error}", None))
+                    break
                 if "spillback" in reply:
                     manager, hops = reply["spillback"], hops + 1
                     continue

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import trio
 
+from .. import exceptions
 from . import scheduling
 from .ids import WorkerID
 from .rpc import Endpoint, PeerDisconnected
@@ -90,6 +91,8 @@ class NodeManager:
         self._next_lease_id = 1
         self.waiting: list[_Waiter] = []
         self.worker_registered = trio.Event()
+        self.failed_worker_starts = 0
+        self.last_start_failure = ""
         self.view: dict[str, scheduling.NodeView] = {}
         self.policy_state = scheduling.PolicyState(rng=env.rng)
         self._pulls: dict[bytes, trio.Event] = {}
@@ -151,8 +154,8 @@ class NodeManager:
         self.idle.append(worker_id)
         self.tracer.record(self.node_id[:8], "worker_registered", worker=worker_id)
         logger.debug("worker %s registered at %s", worker_id[:8], address)
-        self.worker_registered.set()
-        self.worker_registered = trio.Event()
+        self.failed_worker_starts = 0
+        self._wake_worker_waiters()
         return {"node_id": self.node_id}
 
     def _start_worker(self) -> None:
@@ -171,10 +174,33 @@ class NodeManager:
                 worker = self.workers[self.idle.pop(0)]
                 if worker.state == "idle":
                     return worker
+            if self.failed_worker_starts >= self.config.worker_start_failures_max:
+                raise exceptions.TrayError(
+                    f"workers fail to start on node {self.node_id} "
+                    f"({self.failed_worker_starts} in a row; last: {self.last_start_failure})")
             starting = [w for w in self.workers.values() if w.state == "starting"]
             if not starting:
                 self._start_worker()
             await self.worker_registered.wait()
+
+    def worker_process_exited(self, worker_id: str, exit_code: int) -> None:
+        """The spawner saw a worker process end (a backend calls this)."""
+        worker = self.workers.get(worker_id)
+        if worker is None or worker.state == "dead":
+            return
+        if worker.state == "starting":
+            self.failed_worker_starts += 1
+            self.last_start_failure = f"worker {worker_id[:8]} exited with code {exit_code} " \
+                                      "before registering"
+            logger.error("%s", self.last_start_failure)
+            self._worker_died(worker, self.last_start_failure)
+            self._wake_worker_waiters()
+            return
+        self._worker_died(worker, f"its process exited with code {exit_code}")
+
+    def _wake_worker_waiters(self) -> None:
+        self.worker_registered.set()
+        self.worker_registered = trio.Event()
 
     def _peer_closed(self, address: str) -> None:
         for worker in sorted(self.workers.values(), key=lambda w: w.worker_id):
@@ -305,8 +331,7 @@ class NodeManager:
             if worker_ok and lease.for_actor is None:
                 worker.state = "idle"
                 self.idle.append(worker.worker_id)
-                self.worker_registered.set()
-                self.worker_registered = trio.Event()
+                self._wake_worker_waiters()
             elif not worker_ok:
                 self.env.spawner.kill_worker(worker.worker_id)
                 self._worker_died(worker, "returned as broken")

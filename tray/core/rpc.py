@@ -185,7 +185,10 @@ class Endpoint:
         await self.nursery.start(self.env.transport.serve, self.env.address, self._on_stream)
 
     async def _on_stream(self, stream: Stream) -> None:
-        hello = await stream.receive()
+        try:
+            hello = await stream.receive()
+        except ConnectionClosed:
+            return  # the peer left (or sent garbage) before introducing itself
         peer = hello[1] if isinstance(hello, tuple) and hello and hello[0] == "hello" else "?"
         connection = Connection(stream, self.handlers, self.nursery, peer,
                                 self.env.config.rpc_pending_calls_max, self._closed)

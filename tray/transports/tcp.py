@@ -184,6 +184,8 @@ class TcpTransport:
         wrapped = TcpStream(stream, "?", reader)
         try:
             await on_stream(wrapped)
+        except ConnectionClosed as error:  # one bad connection never takes the node down
+            logger.warning("connection closed: %s", error)
         finally:
             await wrapped.aclose()
 

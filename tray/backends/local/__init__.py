@@ -83,7 +83,8 @@ class LocalRuntime:
             transport=TcpTransport(self.session.token()), rng=random.Random(),
             tracer=NullTracer(), config=DEFAULT_CONFIG, node_id=self.node_info["node_id"],
             object_store=ShmObjectStore(self.node_info["store_directory"],
-                                        self.node_info["object_store_bytes"]),
+                                        self.node_info["object_store_bytes"],
+                                        self.node_info["spill_directory"]),
             gcs_address=self.node_info["gcs_address"],
             node_manager_address=self.node_info["node_manager_address"])
         async with trio.open_nursery() as nursery:

@@ -35,8 +35,9 @@ class ProcessSpawner:
     """Worker processes of this node, as subprocesses of the head."""
 
     def __init__(self, session: Session, node_id: str, gcs: str, node_manager: str,
-                 object_store_bytes: int, store_directory: str) -> None:
+                 object_store_bytes: int, store_directory: str, node_index: int) -> None:
         self.session = session
+        self.node_index = node_index
         self.store_directory = store_directory
         self.node_id = node_id
         self.gcs = gcs
@@ -45,10 +46,13 @@ class ProcessSpawner:
         self.processes: dict[str, subprocess.Popen] = {}
 
     def start_worker(self, worker_id_hex: str, env: dict) -> None:
-        command = [sys.executable, "-P", "-m", "tray.backends.local.worker",
+        # TRAY_WORKER_PYTHON: the interpreter (or a wrapper, e.g. a profiler) for workers.
+        python = os.environ.get("TRAY_WORKER_PYTHON", sys.executable)
+        command = [python, "-P", "-m", "tray.backends.local.worker",
                    "--session", self.session.directory, "--worker-id", worker_id_hex,
                    "--node-id", self.node_id, "--gcs", self.gcs,
                    "--node-manager", self.node_manager, "--store-dir", self.store_directory,
+                   "--spill-dir", self.session.node_spill_directory(self.node_index),
                    "--object-store-bytes", str(self.object_store_bytes)]
         self.processes[worker_id_hex] = subprocess.Popen(command, stdin=subprocess.DEVNULL,
                                                          env={**os.environ, **env})
@@ -63,10 +67,11 @@ class ProcessSpawner:
         for worker_id in list(self.processes):
             self.kill_worker(worker_id)
 
-    def reap(self) -> None:
+    def reap(self, node_manager: NodeManager) -> None:
         for worker_id, process in list(self.processes.items()):
             if process.poll() is not None:
                 del self.processes[worker_id]
+                node_manager.worker_process_exited(worker_id, process.returncode)
 
 
 async def _watch_driver(pid: int, cancel_scope: trio.CancelScope) -> None:
@@ -80,10 +85,10 @@ async def _watch_driver(pid: int, cancel_scope: trio.CancelScope) -> None:
             return
 
 
-async def _reap(spawner: ProcessSpawner) -> None:
+async def _reap(spawner: ProcessSpawner, node_manager: NodeManager) -> None:
     while True:
-        await trio.sleep(1.0)
-        spawner.reap()
+        await trio.sleep(0.1)
+        spawner.reap(node_manager)
 
 
 async def run_node(args) -> None:
@@ -99,7 +104,7 @@ async def run_node(args) -> None:
     node_address = session.address(f"raylet-{args.node_index}")
     store_directory = session.node_store_directory(args.node_index)
     spawner = ProcessSpawner(session, node_id, gcs_address, node_address,
-                             args.object_store_bytes, store_directory)
+                             args.object_store_bytes, store_directory, args.node_index)
     try:
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             async with trio.open_nursery() as nursery:
@@ -108,21 +113,24 @@ async def run_node(args) -> None:
                                          rng=random.Random(), tracer=NullTracer(),
                                          config=DEFAULT_CONFIG, storage=MemoryStorage())
                     await GcsServer(gcs_env, nursery).run()
-                store = ShmObjectStore(store_directory, args.object_store_bytes)
+                store = ShmObjectStore(store_directory, args.object_store_bytes,
+                                       session.node_spill_directory(args.node_index))
                 node_env = ProcessEnv(
                     address=node_address, transport=transport, rng=rng, tracer=NullTracer(),
                     config=DEFAULT_CONFIG, node_id=node_id, object_store=store,
                     spawner=spawner, gcs_address=gcs_address, resources=resources,
                     extra={"prestart_workers": args.prestart})
-                await NodeManager(node_env, nursery).run()
+                node_manager = NodeManager(node_env, nursery)
+                await node_manager.run()
                 session.write_info(args.node_index, {
                     "pid": os.getpid(), "node_id": node_id, "gcs_address": gcs_address,
                     "node_manager_address": node_address, "store_directory": store_directory,
+                    "spill_directory": session.node_spill_directory(args.node_index),
                     "object_store_bytes": args.object_store_bytes, "resources": resources})
                 if args.exit_with_driver:
                     nursery.start_soon(_watch_driver, args.exit_with_driver,
                                        nursery.cancel_scope)
-                nursery.start_soon(_reap, spawner)
+                nursery.start_soon(_reap, spawner, node_manager)
                 async for _ in signals:
                     nursery.cancel_scope.cancel()
                     break

@@ -54,6 +54,9 @@ class Session:
     def node_store_directory(self, node_index: int) -> str:
         return os.path.join(self.shm_directory, f"node-{node_index}")
 
+    def node_spill_directory(self, node_index: int) -> str:
+        return self.path(f"spill/node-{node_index}")
+
     def write_info(self, node_index: int, info: dict) -> None:
         temporary = self.path(f"node-{node_index}.json.tmp")
         with open(temporary, "w") as file:

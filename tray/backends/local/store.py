@@ -9,13 +9,20 @@ shared memory, read-only, with no copy. Every process of the node opens the
 same directory; deleting a file while it is mapped is safe (the pages stay
 until the last view goes).
 
-Capacity is accounted by summing the directory; ``put`` beyond it raises
-ObjectStoreFullError. Eviction and spilling to disk are not implemented yet."""
+Capacity is accounted by summing the directory. When a ``put`` does not fit,
+the least recently used objects are *spilled*: moved to the node's spill
+directory on disk. ``get`` reads a spilled object transparently (a read-only
+mapping of the file, served from the page cache). ObjectStoreFullError is
+raised only when nothing more can be spilled, or the object alone is larger
+than the store. The owner frees objects as soon as nobody references them,
+so what remains in the store is referenced: spilling, not eviction, is what
+makes room."""
 
 from __future__ import annotations
 
 import mmap
 import os
+import shutil
 import struct
 
 from ...exceptions import ObjectStoreFullError
@@ -28,16 +35,67 @@ def _aligned(offset: int) -> int:
 
 
 class ShmObjectStore:
-    def __init__(self, directory: str, capacity_bytes: int) -> None:
+    def __init__(self, directory: str, capacity_bytes: int, spill_directory: str | None = None
+                 ) -> None:
         self.directory = directory
         self.capacity_bytes = capacity_bytes
+        self.spill_directory = spill_directory
         os.makedirs(directory, exist_ok=True)
+        if spill_directory:
+            os.makedirs(spill_directory, exist_ok=True)
+        self.spilled_objects = 0
 
     def _path(self, object_id: bytes) -> str:
         return os.path.join(self.directory, object_id.hex())
 
+    def _spill_path(self, object_id: bytes) -> str | None:
+        if not self.spill_directory:
+            return None
+        return os.path.join(self.spill_directory, object_id.hex())
+
     def contains(self, object_id: bytes) -> bool:
-        return os.path.exists(self._path(object_id))
+        spill = self._spill_path(object_id)
+        return os.path.exists(self._path(object_id)) or (spill is not None and
+                                                         os.path.exists(spill))
+
+    def _make_room(self, size: int) -> None:
+        """Spill least recently used objects until ``size`` bytes fit."""
+        if size > self.capacity_bytes:
+            raise ObjectStoreFullError(
+                f"an object of {size} bytes is larger than the whole object store "
+                f"({self.capacity_bytes} bytes)")
+        free = self.capacity_bytes - self.used_bytes()
+        if size <= free:
+            return
+        candidates = []
+        with os.scandir(self.directory) as entries:
+            for entry in entries:
+                if not entry.name.startswith("."):
+                    try:
+                        stat = entry.stat()
+                    except FileNotFoundError:
+                        continue
+                    candidates.append((stat.st_mtime_ns, entry.name, stat.st_size))
+        candidates.sort()
+        for _, name, file_size in candidates:
+            if size <= free:
+                break
+            if self.spill_directory is None:
+                break
+            try:
+                shutil.copyfile(os.path.join(self.directory, name),
+                                os.path.join(self.spill_directory, f".{name}.tmp"))
+                os.rename(os.path.join(self.spill_directory, f".{name}.tmp"),
+                          os.path.join(self.spill_directory, name))
+                os.unlink(os.path.join(self.directory, name))
+            except FileNotFoundError:
+                continue  # deleted or spilled by another process meanwhile
+            free += file_size
+            self.spilled_objects += 1
+        if size > free:
+            raise ObjectStoreFullError(
+                f"the object store is full: {size} bytes requested, {free} of "
+                f"{self.capacity_bytes} free, and nothing more can be spilled")
 
     def used_bytes(self) -> int:
         total = 0
@@ -50,9 +108,9 @@ class ShmObjectStore:
         return total
 
     def put(self, object_id: bytes, data: bytes, buffers: list) -> None:
-        path = self._path(object_id)
-        if os.path.exists(path):
+        if self.contains(object_id):
             return
+        path = self._path(object_id)
         views = [memoryview(b).cast("B") for b in buffers]
         header = struct.pack(f"<QI{len(views)}Q", len(data), len(views), *(v.nbytes for v in views))
         offset = _aligned(len(header) + len(data))
@@ -61,11 +119,7 @@ class ShmObjectStore:
             layout.append(offset)
             offset = _aligned(offset + view.nbytes)
         size = offset
-        free = self.capacity_bytes - self.used_bytes()
-        if size > free:
-            raise ObjectStoreFullError(
-                f"the object store is full: {size} bytes requested, {free} of "
-                f"{self.capacity_bytes} free")
+        self._make_room(size)
         temporary = os.path.join(self.directory, f".{object_id.hex()}.{os.getpid()}.tmp")
         fd = os.open(temporary, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o600)
         try:
@@ -80,9 +134,8 @@ class ShmObjectStore:
         os.rename(temporary, path)
 
     def get(self, object_id: bytes):
-        try:
-            fd = os.open(self._path(object_id), os.O_RDONLY)
-        except FileNotFoundError:
+        fd = self._open(object_id)
+        if fd is None:
             return None
         try:
             size = os.fstat(fd).st_size
@@ -101,11 +154,31 @@ class ShmObjectStore:
             offset = _aligned(offset + length)
         return data, buffers
 
-    def delete(self, object_id: bytes) -> None:
+    def _open(self, object_id: bytes) -> int | None:
+        path = self._path(object_id)
         try:
-            os.unlink(self._path(object_id))
+            fd = os.open(path, os.O_RDONLY)
+            os.utime(path)  # recently used: spilled last
+            return fd
         except FileNotFoundError:
             pass
+        spill = self._spill_path(object_id)
+        if spill is None:
+            return None
+        try:
+            return os.open(spill, os.O_RDONLY)
+        except FileNotFoundError:
+            return None
+
+    def delete(self, object_id: bytes) -> None:
+        for path in (self._path(object_id), self._spill_path(object_id)):
+            if path is None:
+                continue
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
 
     def statistics(self) -> dict:
-        return {"used_bytes": self.used_bytes(), "capacity_bytes": self.capacity_bytes}
+        return {"used_bytes": self.used_bytes(), "capacity_bytes": self.capacity_bytes,
+                "spilled_objects": self.spilled_objects}

@@ -46,7 +46,7 @@ async def run_worker(args) -> None:
     env = ProcessEnv(
         address=address, transport=TcpTransport(session.token()), rng=random.Random(),
         tracer=NullTracer(), config=DEFAULT_CONFIG, node_id=args.node_id,
-        object_store=ShmObjectStore(args.store_dir, args.object_store_bytes),
+        object_store=ShmObjectStore(args.store_dir, args.object_store_bytes, args.spill_dir),
         gcs_address=args.gcs, node_manager_address=args.node_manager,
         extra={"exit_process": lambda: os._exit(1), "on_gpu_ids": _set_gpu_ids})
     async with trio.open_nursery() as nursery:
@@ -70,6 +70,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--gcs", required=True)
     parser.add_argument("--node-manager", required=True)
     parser.add_argument("--store-dir", required=True)
+    parser.add_argument("--spill-dir", required=True)
     parser.add_argument("--object-store-bytes", type=int, required=True)
     args = parser.parse_args(argv)
     logging.basicConfig(level=os.environ.get("TRAY_LOG_LEVEL", "WARNING"),
