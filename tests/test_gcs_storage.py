@@ -4,8 +4,8 @@ recovering its tables from it."""
 from __future__ import annotations
 
 import pytest
-
 from redis_server import redis_server
+
 from tray.backends.sim.stores import MemoryStorage
 from tray.backends.storage import RedisStorage
 from tray.exceptions import TrayError

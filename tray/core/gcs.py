@@ -200,6 +200,9 @@ class GcsServer:
             return None
         return self._public_actor(self.actors[actor_id])
 
+    def handle_list_actors(self, conn) -> list[dict]:
+        return [self._public_actor(actor) for _, actor in sorted(self.actors.items())]
+
     def handle_list_named_actors(self, conn, namespace: str | None) -> list:
         return sorted(name for (ns, name), actor_id in self.names.items()
                       if (namespace is None or ns == namespace)

@@ -107,6 +107,7 @@ class NodeManager:
             "node_id": self.node_id, "address": self.env.address,
             "resources": self.total, "available": dict(self.available),
             "object_store_bytes": self.store.capacity_bytes,
+            **self.env.extra.get("node_info", {}),
         })
         self._update_view(reply["view"])
         self.tracer.record(self.node_id[:8], "node_started", resources=self.total)

@@ -21,6 +21,7 @@ import json
 import os
 import random
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -36,7 +37,7 @@ from ...core.interfaces import NullTracer, ProcessEnv
 from ...exceptions import TrayError
 from ...transports.tcp import TcpTransport
 from .gpus import detect_gpu_count
-from .session import Session
+from .session import Session, free_port, read_current_cluster
 from .store import ShmObjectStore
 
 HEAD_START_TIMEOUT_S = 30.0
@@ -46,10 +47,16 @@ MEMORY_FRACTION = 0.7
 
 
 class LocalRuntime:
-    def __init__(self, session: Session, nodes: list[subprocess.Popen], info: dict) -> None:
+    """The driver's side of a local cluster: its trio loop, and the node
+    processes it started (none when it attached to a running cluster)."""
+
+    def __init__(self, *, token: bytes, driver_address: str, node_info: dict,
+                 nodes: list[subprocess.Popen], session: Session | None) -> None:
+        self.token = token
+        self.driver_address = driver_address
         self.session = session
         self.nodes = nodes
-        self.node_info = info
+        self.node_info = node_info
         self.namespace = ""
         self.driver: CoreWorker | None = None
         self._trio_token = None
@@ -58,8 +65,9 @@ class LocalRuntime:
         self._failure: BaseException | None = None
         self._thread = threading.Thread(target=self._thread_main, name="tray-driver",
                                         daemon=True)
-        self.info = {"backend": "local", "node_id": info["node_id"],
-                     "session_dir": session.directory}
+        self.info = {"backend": "local", "node_id": node_info["node_id"],
+                     "gcs_address": node_info["gcs_address"],
+                     "session_dir": session.directory if session else None}
         self._stopped = False
 
     # ------------------------------------------------------------ the loop
@@ -79,8 +87,8 @@ class LocalRuntime:
 
     async def _main(self) -> None:
         env = ProcessEnv(
-            address=self.session.address(f"driver-{os.getpid()}"),
-            transport=TcpTransport(self.session.token()), rng=random.Random(),
+            address=self.driver_address,
+            transport=TcpTransport(self.token), rng=random.Random(),
             tracer=NullTracer(), config=DEFAULT_CONFIG, node_id=self.node_info["node_id"],
             object_store=ShmObjectStore(self.node_info["store_directory"],
                                         self.node_info["object_store_bytes"],
@@ -135,7 +143,8 @@ class LocalRuntime:
                 pass
             self._thread.join(SHUTDOWN_TIMEOUT_S)
         _stop_nodes(self.nodes)
-        self.session.remove()
+        if self.session is not None:
+            self.session.remove()
 
 
 def _stop_nodes(nodes: list[subprocess.Popen]) -> None:
@@ -192,8 +201,11 @@ def start(*, address=None, num_cpus=None, num_gpus=None, resources=None,
         raise ValueError(f"unknown option(s) for the local backend: "
                          f"{', '.join(sorted(unknown))}")
     if address is not None:
-        raise TrayError("connecting to an existing cluster (address=...) is not available "
-                        "yet; tray.init() starts a new local cluster")
+        if num_cpus is not None or num_gpus is not None or resources or object_store_memory \
+                or num_nodes != 1:
+            raise ValueError("resources and num_nodes are set where the cluster starts "
+                             "(tray start), not when a driver connects to it")
+        return attach(address)
     if isinstance(num_nodes, bool) or not isinstance(num_nodes, int) or num_nodes < 1:
         raise ValueError(f"num_nodes must be a positive integer, got {num_nodes!r}")
     cpus = (os.cpu_count() or 1) if num_cpus is None else num_cpus
@@ -211,11 +223,90 @@ def start(*, address=None, num_cpus=None, num_gpus=None, resources=None,
                   for index in range(1, num_nodes)]
         for index in range(1, num_nodes):
             _wait_for_node(session, index, nodes[index])
-        runtime = LocalRuntime(session, nodes, head_info)
+        runtime = LocalRuntime(token=session.token(),
+                               driver_address=session.address(f"driver-{os.getpid()}"),
+                               node_info=head_info, nodes=nodes, session=session)
         runtime.start()
     except BaseException:
         _stop_nodes(nodes)
         session.remove()
         raise
+    atexit.register(runtime.shutdown)
+    return runtime
+
+
+# ======================================================= joining a cluster
+
+CONNECT_TIMEOUT_S = 5.0
+
+
+def resolve_cluster(address: str) -> tuple[str, bytes]:
+    """The GCS address and token of the cluster at ``address`` ("auto": the
+    one started on this machine with ``tray start --head``)."""
+    current = read_current_cluster()
+    if address == "auto":
+        if current is None:
+            raise TrayError("no tray cluster was started on this machine: start one with "
+                            "'tray start --head', or give its address")
+        address = current["address"]
+    host, _, port = address.removeprefix("tcp:").rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"bad cluster address {address!r}: use host:port or 'auto'")
+    token = os.environ.get("TRAY_CLUSTER_TOKEN")
+    if token is None and current is not None and current["address"] == f"{host}:{port}":
+        token = current["token"]
+    if token is None:
+        raise TrayError(f"no token for the cluster at {host}:{port}: set TRAY_CLUSTER_TOKEN "
+                        "to the token 'tray start --head' printed")
+    return f"tcp:{host}:{port}", token.encode()
+
+
+async def query_gcs(gcs: str, token: bytes, method: str, *args):
+    """One call to a cluster's GCS, failing fast with what went wrong."""
+    from ...core.interfaces import ConnectionClosed
+    from ...transports.tcp import AuthenticationError
+
+    transport = TcpTransport(token)
+    try:
+        with trio.fail_after(CONNECT_TIMEOUT_S):
+            stream = await transport.connect(gcs)
+            try:
+                await stream.send(("hello", "tray-client"))
+                await stream.send((0, 1, method, args))
+                while True:
+                    kind, call_id, ok, value = await stream.receive()
+                    if kind == 1 and call_id == 1:
+                        break
+            finally:
+                await stream.aclose()
+    except AuthenticationError:
+        raise TrayError(f"the cluster at {gcs.removeprefix('tcp:')} rejected this token "
+                        "(check TRAY_CLUSTER_TOKEN)") from None
+    except (ConnectionClosed, trio.TooSlowError) as error:
+        raise TrayError(f"no tray cluster answers at {gcs.removeprefix('tcp:')} ({error}); "
+                        "is it running? (tray start --head)") from None
+    if not ok:
+        raise value
+    return value
+
+
+def attach(address: str) -> LocalRuntime:
+    gcs, token = resolve_cluster(address)
+    nodes = trio.run(query_gcs, gcs, token, "get_all_nodes")
+    here = socket.gethostname()
+    local = [node for node in nodes if node["alive"] and node.get("hostname") == here]
+    if not local:
+        raise TrayError(f"no live node of the cluster at {gcs.removeprefix('tcp:')} runs on "
+                        f"this machine ({here}): start one with 'tray start --address ...'")
+    node = local[0]
+    ip = node["ip"] if node["ip"] != "local" else "127.0.0.1"
+    node_info = {"node_id": node["node_id"], "gcs_address": gcs,
+                 "node_manager_address": node["address"],
+                 "store_directory": node["store_directory"],
+                 "spill_directory": node["spill_directory"],
+                 "object_store_bytes": node["object_store_bytes"]}
+    runtime = LocalRuntime(token=token, driver_address=f"tcp:{ip}:{free_port(ip)}",
+                           node_info=node_info, nodes=[], session=None)
+    runtime.start()
     atexit.register(runtime.shutdown)
     return runtime

@@ -13,6 +13,7 @@ import logging
 import os
 import random
 import signal
+import socket
 import subprocess
 import sys
 
@@ -25,6 +26,7 @@ from ...core.interfaces import NullTracer, ProcessEnv
 from ...core.node_manager import NodeManager
 from ...transports.tcp import TcpTransport
 from ..sim.stores import MemoryStorage
+from ..storage import RedisStorage
 from .session import Session
 from .store import ShmObjectStore
 
@@ -35,8 +37,10 @@ class ProcessSpawner:
     """Worker processes of this node, as subprocesses of the head."""
 
     def __init__(self, session: Session, node_id: str, gcs: str, node_manager: str,
-                 object_store_bytes: int, store_directory: str, node_index: int) -> None:
+                 object_store_bytes: int, store_directory: str, node_index: int,
+                 worker_ip: str = "") -> None:
         self.session = session
+        self.worker_ip = worker_ip
         self.node_index = node_index
         self.store_directory = store_directory
         self.node_id = node_id
@@ -54,6 +58,8 @@ class ProcessSpawner:
                    "--node-manager", self.node_manager, "--store-dir", self.store_directory,
                    "--spill-dir", self.session.node_spill_directory(self.node_index),
                    "--object-store-bytes", str(self.object_store_bytes)]
+        if self.worker_ip:
+            command += ["--listen-ip", self.worker_ip]
         self.processes[worker_id_hex] = subprocess.Popen(command, stdin=subprocess.DEVNULL,
                                                          env={**os.environ, **env})
 
@@ -100,32 +106,41 @@ async def run_node(args) -> None:
         resources["GPU"] = float(args.num_gpus)
     rng = random.Random()
     node_id = NodeID.from_random(rng).hex()
-    gcs_address = session.address("gcs") if args.head else args.gcs
-    node_address = session.address(f"raylet-{args.node_index}")
+    if args.head:
+        gcs_address = args.gcs or session.address("gcs")
+    else:
+        gcs_address = args.gcs
+    node_address = args.node_address or session.address(f"raylet-{args.node_index}")
     store_directory = session.node_store_directory(args.node_index)
     spawner = ProcessSpawner(session, node_id, gcs_address, node_address,
-                             args.object_store_bytes, store_directory, args.node_index)
+                             args.object_store_bytes, store_directory, args.node_index,
+                             args.listen_ip)
+    spill_directory = session.node_spill_directory(args.node_index)
+    node_info = {"store_directory": store_directory, "spill_directory": spill_directory,
+                 "session_dir": session.directory, "ip": args.listen_ip or "local",
+                 "hostname": socket.gethostname()}
     try:
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             async with trio.open_nursery() as nursery:
                 if args.head:
+                    storage = RedisStorage(args.redis_address) if args.redis_address \
+                        else MemoryStorage()
                     gcs_env = ProcessEnv(address=gcs_address, transport=transport,
                                          rng=random.Random(), tracer=NullTracer(),
-                                         config=DEFAULT_CONFIG, storage=MemoryStorage())
+                                         config=DEFAULT_CONFIG, storage=storage)
                     await GcsServer(gcs_env, nursery).run()
-                store = ShmObjectStore(store_directory, args.object_store_bytes,
-                                       session.node_spill_directory(args.node_index))
+                store = ShmObjectStore(store_directory, args.object_store_bytes, spill_directory)
                 node_env = ProcessEnv(
                     address=node_address, transport=transport, rng=rng, tracer=NullTracer(),
                     config=DEFAULT_CONFIG, node_id=node_id, object_store=store,
                     spawner=spawner, gcs_address=gcs_address, resources=resources,
-                    extra={"prestart_workers": args.prestart})
+                    extra={"prestart_workers": args.prestart, "node_info": node_info})
                 node_manager = NodeManager(node_env, nursery)
                 await node_manager.run()
                 session.write_info(args.node_index, {
                     "pid": os.getpid(), "node_id": node_id, "gcs_address": gcs_address,
                     "node_manager_address": node_address, "store_directory": store_directory,
-                    "spill_directory": session.node_spill_directory(args.node_index),
+                    "spill_directory": spill_directory,
                     "object_store_bytes": args.object_store_bytes, "resources": resources})
                 if args.exit_with_driver:
                     nursery.start_soon(_watch_driver, args.exit_with_driver,
@@ -145,7 +160,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--session", required=True)
     parser.add_argument("--head", action="store_true")
     parser.add_argument("--node-index", type=int, default=0)
-    parser.add_argument("--gcs", default="")
+    parser.add_argument("--gcs", default="",
+                        help="the GCS address: where the head listens, or where to join")
+    parser.add_argument("--node-address", default="", help="where the node manager listens")
+    parser.add_argument("--listen-ip", default="",
+                        help="workers listen on TCP at this IP (multi-machine clusters)")
+    parser.add_argument("--redis-address", default="", help="keep the GCS tables in Redis")
     parser.add_argument("--num-cpus", type=float, required=True)
     parser.add_argument("--num-gpus", type=float, default=0)
     parser.add_argument("--resources", default="{}")

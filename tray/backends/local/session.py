@@ -10,6 +10,7 @@ import json
 import os
 import secrets
 import shutil
+import socket
 
 ROOT = os.environ.get("TRAY_SESSION_ROOT", "/tmp/tray-sessions")
 SHM_ROOT = "/dev/shm"
@@ -21,7 +22,7 @@ class Session:
         self.name = os.path.basename(directory)
 
     @classmethod
-    def create(cls) -> Session:
+    def create(cls, token: str | None = None) -> Session:
         os.makedirs(ROOT, exist_ok=True)
         for attempt in range(1000):
             directory = os.path.join(ROOT, f"session-{os.getpid()}-{attempt}")
@@ -30,7 +31,7 @@ class Session:
             except FileExistsError:
                 continue
             session = cls(directory)
-            token = secrets.token_hex(32)
+            token = token or secrets.token_hex(32)
             fd = os.open(session.path("token"), os.O_CREAT | os.O_WRONLY | os.O_EXCL, 0o600)
             with os.fdopen(fd, "w") as file:
                 file.write(token)
@@ -73,3 +74,30 @@ class Session:
     def remove(self) -> None:
         shutil.rmtree(self.shm_directory, ignore_errors=True)
         shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def free_port(ip: str = "127.0.0.1") -> int:
+    """A TCP port that was free a moment ago."""
+    with socket.socket() as sock:
+        sock.bind((ip, 0))
+        return sock.getsockname()[1]
+
+
+CURRENT_CLUSTER_FILE = os.path.join(ROOT, "current_cluster.json")
+
+
+def write_current_cluster(info: dict) -> None:
+    os.makedirs(ROOT, exist_ok=True)
+    temporary = CURRENT_CLUSTER_FILE + ".tmp"
+    fd = os.open(temporary, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as file:
+        json.dump(info, file)
+    os.rename(temporary, CURRENT_CLUSTER_FILE)
+
+
+def read_current_cluster() -> dict | None:
+    try:
+        with open(CURRENT_CLUSTER_FILE) as file:
+            return json.load(file)
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None

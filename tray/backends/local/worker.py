@@ -22,7 +22,7 @@ from ...core.context import current_worker
 from ...core.core_worker import WORKER, CoreWorker
 from ...core.interfaces import NullTracer, ProcessEnv
 from ...transports.tcp import TcpTransport
-from .session import Session
+from .session import Session, free_port
 from .store import ShmObjectStore
 
 _real_sleep = time.sleep
@@ -42,7 +42,10 @@ def _set_gpu_ids(gpu_ids: list) -> None:
 
 async def run_worker(args) -> None:
     session = Session(args.session)
-    address = session.address(f"worker-{args.worker_id[:12]}")
+    if args.listen_ip:
+        address = f"tcp:{args.listen_ip}:{free_port(args.listen_ip)}"
+    else:
+        address = session.address(f"worker-{args.worker_id[:12]}")
     env = ProcessEnv(
         address=address, transport=TcpTransport(session.token()), rng=random.Random(),
         tracer=NullTracer(), config=DEFAULT_CONFIG, node_id=args.node_id,
@@ -71,6 +74,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--node-manager", required=True)
     parser.add_argument("--store-dir", required=True)
     parser.add_argument("--spill-dir", required=True)
+    parser.add_argument("--listen-ip", default="")
     parser.add_argument("--object-store-bytes", type=int, required=True)
     args = parser.parse_args(argv)
     logging.basicConfig(level=os.environ.get("TRAY_LOG_LEVEL", "WARNING"),
