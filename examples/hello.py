@@ -1,11 +1,17 @@
 """A first tray program: tasks, a tree reduce over NumPy arrays, and an
-actor, on a simulated three-node cluster (deterministic, virtual time)."""
+actor. It runs on real processes on this machine; with ``--sim`` on a
+simulated three-node cluster instead (deterministic, virtual time)."""
+
+import sys
 
 import numpy as np
 
 import tray
 
-tray.init(backend="sim", num_nodes=3, num_cpus=4, seed=7)
+if "--sim" in sys.argv:
+    tray.init(backend="sim", num_nodes=3, num_cpus=4, seed=7)
+else:
+    tray.init()
 
 
 @tray.remote
@@ -31,5 +37,6 @@ class Counter:
 
 counter = Counter.remote()
 print("counter:", tray.get([counter.increment.remote() for _ in range(5)]))
-print("nodes:", [node["NodeID"][:8] for node in tray.nodes()])
+print("nodes:", [node["NodeID"][:8] for node in tray.nodes()],
+      "backend:", "sim" if "--sim" in sys.argv else "local")
 tray.shutdown()

@@ -169,11 +169,6 @@ def test_malformed_frame_closes_that_connection_only():
         tray.shutdown()
 
 
-def test_connecting_to_an_existing_cluster_says_it_is_not_available_yet():
-    with pytest.raises(tex.TrayError, match="address"):
-        tray.init(address="127.0.0.1:6380")
-
-
 def test_full_object_store_spills_to_disk_and_reads_back():
     info = tray.init(num_cpus=1, object_store_memory=12 * 1024 * 1024)
     try:
@@ -208,5 +203,43 @@ def test_workers_that_cannot_start_fail_the_task_with_the_reason(monkeypatch):
 
         with pytest.raises(tex.TaskError, match="fail to start"):
             tray.get(f.remote(), timeout=60)
+    finally:
+        tray.shutdown()
+
+
+def test_worker_output_reaches_the_driver_prefixed_and_is_logged(capfd):
+    info = tray.init(num_cpus=1)
+    try:
+        @tray.remote
+        def speak():
+            print("hello from a worker", flush=True)
+            return os.getpid()
+
+        pid = tray.get(speak.remote())
+        assert _wait_until(lambda: "hello from a worker" in capfd.readouterr().out or
+                           _logged(info["session_dir"], "hello from a worker"))
+        assert _logged(info["session_dir"], "hello from a worker")
+        del pid
+    finally:
+        tray.shutdown()
+
+
+def _logged(session_dir: str, text: str) -> bool:
+    logs = os.path.join(session_dir, "logs")
+    if not os.path.isdir(logs):
+        return False
+    return any(text in open(os.path.join(logs, name)).read() for name in os.listdir(logs))
+
+
+def test_gpu_ids_are_visible_to_cuda_in_the_worker():
+    tray.init(num_cpus=2, num_gpus=2)
+    try:
+        @tray.remote(num_gpus=1)
+        def visible():
+            return tray.get_gpu_ids(), os.environ.get("CUDA_VISIBLE_DEVICES")
+
+        ids, variable = tray.get(visible.remote())
+        assert len(ids) == 1 and ids[0] in (0, 1)
+        assert variable == str(ids[0])
     finally:
         tray.shutdown()

@@ -5,6 +5,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
@@ -23,8 +25,9 @@ def test_readme_tutorial_runs(tmp_path):
     assert "bad input" in result.stdout
 
 
-def test_first_example_program_runs():
-    result = subprocess.run([sys.executable, str(ROOT / "examples" / "hello.py")],
+@pytest.mark.parametrize("flags", [[], ["--sim"]], ids=["local", "sim"])
+def test_first_example_program_runs(flags):
+    result = subprocess.run([sys.executable, str(ROOT / "examples" / "hello.py"), *flags],
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert "sum of 16 arrays of ones: 16000.0" in result.stdout
@@ -32,7 +35,8 @@ def test_first_example_program_runs():
 
 
 def test_cli_sim_prints_a_reproducible_digest():
-    command = [sys.executable, "-m", "tray.scripts.cli", "sim", str(ROOT / "examples" / "hello.py")]
+    command = [sys.executable, "-m", "tray.scripts.cli", "sim", str(ROOT / "examples" / "hello.py"),
+               "--sim"]
     first = subprocess.run(command, capture_output=True, text=True, timeout=120)
     second = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert first.returncode == 0, first.stderr

@@ -29,6 +29,8 @@ class Config:
     # Worker processes that may fail to start in a row before lease
     # requests fail with the reason.
     worker_start_failures_max: int = 5
+    # Idle workers beyond one per CPU are stopped after this long.
+    idle_worker_timeout_s: float = 10.0
     # Workers per node, whatever the requests say.
     workers_per_node_max: int = 256
     # Calls buffered per caller at an actor while waiting for a gap to fill.

@@ -93,6 +93,7 @@ class NodeManager:
         self.worker_registered = trio.Event()
         self.failed_worker_starts = 0
         self.last_start_failure = ""
+        self.idle_since: dict[str, float] = {}
         self.view: dict[str, scheduling.NodeView] = {}
         self.policy_state = scheduling.PolicyState(rng=env.rng)
         self._pulls: dict[bytes, trio.Event] = {}
@@ -128,9 +129,22 @@ class NodeManager:
     def handle_update_view(self, conn, view: dict) -> None:
         self._update_view(view)
 
+    def _reap_idle_workers(self) -> None:
+        """Idle workers beyond one per CPU go after ``idle_worker_timeout_s``."""
+        keep = max(int(self.total.get("CPU", 0)), self.env.extra.get("prestart_workers", 0))
+        now = trio.current_time()
+        while len(self.idle) > keep:
+            worker = self.workers[self.idle[0]]
+            if now - self.idle_since.get(worker.worker_id, now) < \
+                    self.config.idle_worker_timeout_s:
+                break
+            self.env.spawner.kill_worker(worker.worker_id)
+            self._worker_died(worker, "idle")
+
     async def _heartbeat_loop(self) -> None:
         while True:
             await trio.sleep(self.config.heartbeat_period_s)
+            self._reap_idle_workers()
             try:
                 reply = await self.endpoint.call(self.env.gcs_address, "heartbeat",
                                                  self.node_id, dict(self.available))
@@ -153,6 +167,7 @@ class NodeManager:
         worker.address = address
         worker.state = "idle"
         self.idle.append(worker_id)
+        self.idle_since[worker_id] = trio.current_time()
         self.tracer.record(self.node_id[:8], "worker_registered", worker=worker_id)
         logger.debug("worker %s registered at %s", worker_id[:8], address)
         self.failed_worker_starts = 0
@@ -214,6 +229,7 @@ class NodeManager:
     def _worker_died(self, worker: WorkerInfo, reason: str) -> None:
         previous = worker.state
         worker.state = "dead"
+        self.idle_since.pop(worker.worker_id, None)
         if worker.worker_id in self.idle:
             self.idle.remove(worker.worker_id)
         self.tracer.record(self.node_id[:8], "worker_died", worker=worker.worker_id,
@@ -332,6 +348,7 @@ class NodeManager:
             if worker_ok and lease.for_actor is None:
                 worker.state = "idle"
                 self.idle.append(worker.worker_id)
+                self.idle_since[worker.worker_id] = trio.current_time()
                 self._wake_worker_waiters()
             elif not worker_ok:
                 self.env.spawner.kill_worker(worker.worker_id)

@@ -48,6 +48,7 @@ class ProcessSpawner:
         self.node_manager = node_manager
         self.object_store_bytes = object_store_bytes
         self.processes: dict[str, subprocess.Popen] = {}
+        self.nursery: trio.Nursery | None = None
 
     def start_worker(self, worker_id_hex: str, env: dict) -> None:
         # TRAY_WORKER_PYTHON: the interpreter (or a wrapper, e.g. a profiler) for workers.
@@ -60,8 +61,20 @@ class ProcessSpawner:
                    "--object-store-bytes", str(self.object_store_bytes)]
         if self.worker_ip:
             command += ["--listen-ip", self.worker_ip]
-        self.processes[worker_id_hex] = subprocess.Popen(command, stdin=subprocess.DEVNULL,
-                                                         env={**os.environ, **env})
+        process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, env={**os.environ, **env})
+        self.processes[worker_id_hex] = process
+        # The worker's output goes to the node's own output (the driver's
+        # terminal for tray.init clusters), each line prefixed as Ray does,
+        # and to log files in the session.
+        os.makedirs(self.session.path("logs"), exist_ok=True)
+        prefix = f"(worker pid={process.pid}) ".encode()
+        for pipe, target, suffix in ((process.stdout, sys.stdout, "out"),
+                                     (process.stderr, sys.stderr, "err")):
+            log_path = self.session.path(f"logs/worker-{worker_id_hex[:12]}.{suffix}")
+            self.nursery.start_soon(_forward_output, os.dup(pipe.fileno()), target, prefix,
+                                    log_path)
+            pipe.close()
 
     def kill_worker(self, worker_id_hex: str) -> None:
         process = self.processes.pop(worker_id_hex, None)
@@ -78,6 +91,29 @@ class ProcessSpawner:
             if process.poll() is not None:
                 del self.processes[worker_id]
                 node_manager.worker_process_exited(worker_id, process.returncode)
+
+
+async def _forward_output(fd: int, target, prefix: bytes, log_path: str) -> None:
+    stream = trio.lowlevel.FdStream(fd)
+    pending = b""
+    with open(log_path, "ab") as log:
+        async with stream:
+            while True:
+                try:
+                    chunk = await stream.receive_some(65536)
+                except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                    break
+                if not chunk:
+                    break
+                log.write(chunk)
+                log.flush()
+                *lines, pending = (pending + chunk).split(b"\n")
+                if lines:
+                    target.buffer.write(b"".join(prefix + line + b"\n" for line in lines))
+                    target.flush()
+    if pending:
+        target.buffer.write(prefix + pending + b"\n")
+        target.flush()
 
 
 async def _watch_driver(pid: int, cancel_scope: trio.CancelScope) -> None:
@@ -122,6 +158,7 @@ async def run_node(args) -> None:
     try:
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             async with trio.open_nursery() as nursery:
+                spawner.nursery = nursery
                 if args.head:
                     storage = RedisStorage(args.redis_address) if args.redis_address \
                         else MemoryStorage()
