@@ -65,7 +65,9 @@ def shutdown_time(rounds: int) -> list[float]:
     return results[1:]
 
 
-def _with_cluster(backend: str, body, rounds: int, **options) -> list[float]:
+def _with_cluster(backend: str, make_body, rounds: int, **options) -> list[float]:
+    """Start a cluster, build the workload (``make_body()``), warm it up once,
+    then time ``rounds`` runs; each run returns how many operations it did."""
     import tray
 
     if backend == "sim":
@@ -73,6 +75,7 @@ def _with_cluster(backend: str, body, rounds: int, **options) -> list[float]:
     else:
         tray.init(**options)
     try:
+        body = make_body()
         body()  # warm-up: workers started, functions exported
         results = []
         for _ in range(rounds):
@@ -133,22 +136,22 @@ def _actor_calls(n: int, sync: bool):
 
 @metric("single client tasks sync (local)", "tasks/s")
 def tasks_sync(rounds: int) -> list[float]:
-    return _with_cluster("local", _tasks_sync(300), rounds)
+    return _with_cluster("local", lambda: _tasks_sync(300), rounds)
 
 
 @metric("single client tasks async (local)", "tasks/s")
 def tasks_async(rounds: int) -> list[float]:
-    return _with_cluster("local", _tasks_async(1000), rounds)
+    return _with_cluster("local", lambda: _tasks_async(1000), rounds)
 
 
 @metric("1:1 actor calls sync (local)", "calls/s")
 def actor_sync(rounds: int) -> list[float]:
-    return _with_cluster("local", _actor_calls(500, sync=True), rounds)
+    return _with_cluster("local", lambda: _actor_calls(500, sync=True), rounds)
 
 
 @metric("1:1 actor calls async (local)", "calls/s")
 def actor_async(rounds: int) -> list[float]:
-    return _with_cluster("local", _actor_calls(1000, sync=False), rounds)
+    return _with_cluster("local", lambda: _actor_calls(1000, sync=False), rounds)
 
 
 @metric("put/get 80 MB array within a node (local)", "GB/s")
@@ -174,7 +177,8 @@ def put_get_large(rounds: int) -> list[float]:
 
 @metric("simulated tasks per wall-clock second (sim, 3 nodes)", "tasks/s")
 def sim_tasks(rounds: int) -> list[float]:
-    return _with_cluster("sim", _tasks_async(2000), rounds, num_nodes=3, num_cpus=4)
+    return _with_cluster("sim", lambda: _tasks_async(2000), rounds, num_nodes=3,
+                         num_cpus=4)
 
 
 # ---------------------------------------------------------------- harness
@@ -207,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             print(f"{name:<55} {row['median']:>12.4g} {row['unit']:<8} "
                   f"({row['min']:.4g} - {row['max']:.4g})", flush=True)
-    record = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+    record = {"date": datetime.datetime.now(datetime.UTC).isoformat(),
               "machine": {"platform": platform.platform(), "python": platform.python_version(),
                           "cpus": os.cpu_count()},
               "rounds": args.rounds, "results": rows}

@@ -166,10 +166,11 @@ class ActorState:
 
 @dataclass
 class CallerQueue:
-    """Executor-side ordering state for one caller of the hosted actor."""
+    """Executor-side ordering state for one caller of the hosted actor:
+    calls that arrived ahead of their turn wait on an event of their own,
+    so each step wakes exactly the next call."""
     next_seq: int = 0
-    changed: trio.Event = field(default_factory=trio.Event)
-    waiting: int = 0
+    waiters: dict = field(default_factory=dict)  # seq -> trio.Event
 
 
 # ================================================================ the worker
@@ -1058,22 +1059,20 @@ class CoreWorker:
             queue = self.callers[spec.caller] = CallerQueue()
         if spec.floor > queue.next_seq:
             queue.next_seq = spec.floor
-            self._wake(queue)
-        if queue.waiting >= self.config.actor_pending_calls_max:
-            raise exceptions.ActorError(f"too many calls waiting at actor {self.actor_id}")
-        queue.waiting += 1
-        try:
+            self._wake(queue, all_due=True)
+        if spec.seq > queue.next_seq:
+            if len(queue.waiters) >= self.config.actor_pending_calls_max:
+                raise exceptions.ActorError(f"too many calls waiting at actor {self.actor_id}")
+            event = queue.waiters.setdefault(spec.seq, trio.Event())
             while spec.seq > queue.next_seq:
-                await queue.changed.wait()
-        finally:
-            queue.waiting -= 1
+                await event.wait()
         context = TaskContext(TaskID(spec.task_id), ActorID.from_hex(self.actor_id),
                               self.actor_gpu_ids, name=spec.name, job_id=spec.job_id,
                               namespace=spec.namespace)
         async with self.actor_slots:
             if spec.seq >= queue.next_seq:
                 queue.next_seq = spec.seq + 1
-                self._wake(queue)
+                self._wake(queue, all_due=False)
             instance = self.actor_instance
 
             async def bound_method():
@@ -1081,9 +1080,15 @@ class CoreWorker:
             return await self._execute(spec, context, bound_method)
 
     @staticmethod
-    def _wake(queue: CallerQueue) -> None:
-        queue.changed.set()
-        queue.changed = trio.Event()
+    def _wake(queue: CallerQueue, all_due: bool) -> None:
+        if all_due:  # the floor jumped: every call at or below it may go
+            for seq in sorted(queue.waiters):
+                if seq <= queue.next_seq:
+                    queue.waiters.pop(seq).set()
+            return
+        event = queue.waiters.pop(queue.next_seq, None)
+        if event is not None:
+            event.set()
 
     async def _actor_info(self, state: ActorState) -> dict:
         while state.info is None or (state.info["state"] != "DEAD" and
