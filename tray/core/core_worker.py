@@ -425,7 +425,8 @@ class CoreWorker:
         if serialized.size_bytes() <= self.config.inline_object_max_bytes:
             entry.inline = serialized
         else:
-            self.store.put(object_id.binary(), serialized.data, serialized.buffers)
+            self.store.put(object_id.binary(), serialized.data, serialized.buffers,
+                           owner=self.address)
             entry.locations = [(self.node_id, self.env.node_manager_address)]
         self._mark_ready(entry)
 
@@ -1002,7 +1003,7 @@ class CoreWorker:
                     pass
         if serialized.size_bytes() <= self.config.inline_object_max_bytes:
             return ("inline", serialized)
-        self.store.put(object_id.binary(), serialized.data, serialized.buffers)
+        self.store.put(object_id.binary(), serialized.data, serialized.buffers, owner=caller)
         return ("store", ([(self.node_id, self.env.node_manager_address)], serialized.contained))
 
     # --------------------------------------------------------------- actors

@@ -252,9 +252,19 @@ class GcsServer:
                     self.nursery.start_soon(self._kill_worker, actor["node_id"], actor["worker_id"])
 
     def _peer_closed(self, address: str) -> None:
-        # A process that owned actors went away: its non-detached actors die.
+        # A process went away: the non-detached actors it owned die, and
+        # every node frees the objects it owned.
         if any(actor["owner_address"] == address for actor in self.actors.values()):
             self.handle_owner_died(None, address)
+        if address in self._node_addresses():
+            return
+        for _node_id, node in sorted(self.nodes.items()):
+            if node["alive"]:
+                self.nursery.start_soon(self.endpoint.notify, node["address"], "owner_died",
+                                        address)
+
+    def _node_addresses(self) -> set:
+        return {node["address"] for node in self.nodes.values()}
 
     async def _kill_worker(self, node_id: str, worker_id: str) -> None:
         try:

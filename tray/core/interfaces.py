@@ -71,8 +71,12 @@ class ObjectStore(Protocol):
 
     def contains(self, object_id: bytes) -> bool: ...
 
-    def put(self, object_id: bytes, data: bytes, buffers: list) -> None:
-        """Create and seal the object; raises ObjectStoreFullError."""
+    def put(self, object_id: bytes, data: bytes, buffers: list, owner: str = "") -> None:
+        """Create and seal the object; raises ObjectStoreFullError. ``owner``
+        is the address of the process that owns it."""
+
+    def objects_owned_by(self, owner: str) -> list[bytes]:
+        """The ids of the objects here that ``owner`` owns."""
 
     def get(self, object_id: bytes) -> tuple[bytes, list[memoryview]] | None: ...
 

@@ -219,6 +219,7 @@ class NodeManager:
         self.worker_registered = trio.Event()
 
     def _peer_closed(self, address: str) -> None:
+        self.handle_owner_died(None, address)
         for worker in sorted(self.workers.values(), key=lambda w: w.worker_id):
             if worker.address == address and worker.state != "dead":
                 self._worker_died(worker, "its connection closed")
@@ -380,7 +381,7 @@ class NodeManager:
                         continue
                     if blob is not None:
                         data, buffers = unpack_object(blob)
-                        self.store.put(object_id, data, buffers)
+                        self.store.put(object_id, data, buffers, owner=owner)
                         self.tracer.record(self.node_id[:8], "object_pulled",
                                            object=object_id, source=node_id, size=len(blob))
                         # The owner frees every copy, so it must know of this one.
@@ -417,6 +418,15 @@ class NodeManager:
     def handle_free_objects(self, conn, object_ids: list) -> None:
         for object_id in object_ids:
             self.store.delete(object_id)
+
+    def handle_owner_died(self, conn, owner: str) -> None:
+        """Free the objects a dead process owned: nobody can free them now."""
+        freed = self.store.objects_owned_by(owner)
+        for object_id in freed:
+            self.store.delete(object_id)
+        if freed:
+            self.tracer.record(self.node_id[:8], "owner_objects_freed", owner=owner,
+                               count=len(freed))
 
     def handle_has_object(self, conn, object_id: bytes) -> bool:
         return self.store.contains(object_id)

@@ -1,7 +1,8 @@
 """The node's object store in shared memory (tmpfs under /dev/shm).
 
 Each sealed object is one file ``<dir>/<object id hex>``: a header (pickle
-length, buffer count, buffer sizes), the pickle stream, then the buffers,
+length, buffer count, owner length, buffer sizes, the owner's address), the
+pickle stream, then the buffers,
 each aligned to 64 bytes so NumPy gets aligned views. Writers create
 ``.<id>.tmp`` and rename it when complete, so a reader never sees a partial
 object. ``get`` maps the file read-only: a NumPy array read back is a view of
@@ -28,6 +29,7 @@ import struct
 from ...exceptions import ObjectStoreFullError
 
 ALIGN = 64
+HEADER_FIXED_BYTES = struct.calcsize("<QIH")
 
 
 def _aligned(offset: int) -> int:
@@ -107,12 +109,14 @@ class ShmObjectStore:
                     pass
         return total
 
-    def put(self, object_id: bytes, data: bytes, buffers: list) -> None:
+    def put(self, object_id: bytes, data: bytes, buffers: list, owner: str = "") -> None:
         if self.contains(object_id):
             return
         path = self._path(object_id)
         views = [memoryview(b).cast("B") for b in buffers]
-        header = struct.pack(f"<QI{len(views)}Q", len(data), len(views), *(v.nbytes for v in views))
+        owner_bytes = owner.encode()
+        header = struct.pack(f"<QIH{len(views)}Q", len(data), len(views), len(owner_bytes),
+                             *(v.nbytes for v in views)) + owner_bytes
         offset = _aligned(len(header) + len(data))
         layout = []
         for view in views:
@@ -143,9 +147,9 @@ class ShmObjectStore:
         finally:
             os.close(fd)
         view = memoryview(mapped)
-        data_len, count = struct.unpack_from("<QI", view, 0)
-        sizes = struct.unpack_from(f"<{count}Q", view, 12)
-        start = 12 + 8 * count
+        data_len, count, owner_len = struct.unpack_from("<QIH", view, 0)
+        sizes = struct.unpack_from(f"<{count}Q", view, HEADER_FIXED_BYTES)
+        start = HEADER_FIXED_BYTES + 8 * count + owner_len
         data = bytes(view[start:start + data_len])
         offset = _aligned(start + data_len)
         buffers = []
@@ -169,6 +173,26 @@ class ShmObjectStore:
             return os.open(spill, os.O_RDONLY)
         except FileNotFoundError:
             return None
+
+    def objects_owned_by(self, owner: str) -> list[bytes]:
+        wanted = owner.encode()
+        found = []
+        for directory in (self.directory, self.spill_directory):
+            if not directory:
+                continue
+            for name in sorted(os.listdir(directory)):
+                if name.startswith("."):
+                    continue
+                try:
+                    with open(os.path.join(directory, name), "rb") as file:
+                        fixed = file.read(HEADER_FIXED_BYTES)
+                        _, count, owner_len = struct.unpack("<QIH", fixed)
+                        file.seek(HEADER_FIXED_BYTES + 8 * count)
+                        if file.read(owner_len) == wanted:
+                            found.append(bytes.fromhex(name))
+                except (FileNotFoundError, struct.error):
+                    continue
+        return found
 
     def delete(self, object_id: bytes) -> None:
         for path in (self._path(object_id), self._spill_path(object_id)):

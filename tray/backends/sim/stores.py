@@ -31,12 +31,13 @@ class MemoryObjectStore:
     def __init__(self, capacity_bytes: int) -> None:
         self.capacity_bytes = capacity_bytes
         self._objects: dict[bytes, tuple[bytes, list[bytes]]] = {}
+        self._owners: dict[bytes, str] = {}
         self._used_bytes = 0
 
     def contains(self, object_id: bytes) -> bool:
         return object_id in self._objects
 
-    def put(self, object_id: bytes, data: bytes, buffers: list) -> None:
+    def put(self, object_id: bytes, data: bytes, buffers: list, owner: str = "") -> None:
         if object_id in self._objects:
             return
         copies = [bytes(memoryview(b).cast("B")) for b in buffers]
@@ -46,7 +47,11 @@ class MemoryObjectStore:
                 f"the object store is full: {size} bytes requested, "
                 f"{self.capacity_bytes - self._used_bytes} of {self.capacity_bytes} free")
         self._objects[object_id] = (bytes(data), copies)
+        self._owners[object_id] = owner
         self._used_bytes += size
+
+    def objects_owned_by(self, owner: str) -> list[bytes]:
+        return sorted(oid for oid, who in self._owners.items() if who == owner)
 
     def get(self, object_id: bytes):
         entry = self._objects.get(object_id)
@@ -57,6 +62,7 @@ class MemoryObjectStore:
 
     def delete(self, object_id: bytes) -> None:
         entry = self._objects.pop(object_id, None)
+        self._owners.pop(object_id, None)
         if entry is not None:
             self._used_bytes -= len(entry[0]) + sum(len(b) for b in entry[1])
 
