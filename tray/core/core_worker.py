@@ -201,6 +201,7 @@ class CoreWorker:
         self.queues: dict[tuple, ClassQueue] = {}
         self.actors: dict[str, ActorState] = {}
         self._exported: dict[str, trio.Event | None] = {}
+        self._pending_exports: dict[str, bytes] = {}
         self._functions: dict[str, object] = {}
         self._outbox: deque = deque()
         self._outbox_scheduled = False
@@ -439,14 +440,14 @@ class CoreWorker:
     # --------------------------------------------------------- submission
 
     def export_function(self, function_id: str, blob: bytes) -> None:
+        """Note a function to export; the first task that uses it uploads it
+        to the GCS function table (once per process)."""
         if function_id not in self._exported:
             self._exported[function_id] = None
-            self._pending_exports = getattr(self, "_pending_exports", {})
             self._pending_exports[function_id] = blob
 
     async def _ensure_exported(self, function_id: str) -> None:
-        pending = getattr(self, "_pending_exports", {})
-        blob = pending.pop(function_id, None)
+        blob = self._pending_exports.pop(function_id, None)
         if blob is not None:
             event = self._exported[function_id] = trio.Event()
             await self.endpoint.call(self.env.gcs_address, "kv_put", "fn:" + function_id, blob,
