@@ -595,13 +595,7 @@ class CoreWorker:
 
     def _return_lease(self, queue: ClassQueue, lease: LeaseState, worker_ok: bool) -> None:
         queue.leases.remove(lease)
-        self._send_now(lease.node_manager, "return_lease", lease.lease_id, worker_ok)
-
-    def _send_now(self, address: str, method: str, *args) -> None:
-        self._outbox.append((address, method, args))
-        if not self._outbox_scheduled:
-            self._outbox_scheduled = True
-            self.nursery.start_soon(self._in_context, self._flush_outbox)
+        self._send_later(lease.node_manager, "return_lease", lease.lease_id, worker_ok)
 
     async def _request_lease(self, key: tuple, queue: ClassQueue) -> None:
         manager, hops = self.env.node_manager_address, 0
@@ -731,7 +725,7 @@ class CoreWorker:
                 # Nobody holds the result any more; drop what the worker stored.
                 if kind == "store":
                     for _node_id, manager in payload[0]:
-                        self._send_now(manager, "free_objects", [oid_bytes])
+                        self._send_later(manager, "free_objects", [oid_bytes])
                     self._balance_contained_borrows(payload[1])
                 continue
             if kind == "store":
@@ -765,13 +759,13 @@ class CoreWorker:
             existing.contained += 1
             if owner != self.address:
                 # Already registered as a borrower: undo the executor's extra registration.
-                self._send_now(owner, "remove_borrower", oid_bytes, self.address)
+                self._send_later(owner, "remove_borrower", oid_bytes, self.address)
             else:
                 self.handle_remove_borrower(None, oid_bytes, self.address)
 
     def _balance_contained_borrows(self, contained: list) -> None:
         for oid_bytes, owner in contained:
-            self._send_now(owner, "remove_borrower", oid_bytes, self.address)
+            self._send_later(owner, "remove_borrower", oid_bytes, self.address)
 
     # ----------------------------------------------------- object status
 
@@ -802,7 +796,7 @@ class CoreWorker:
     def handle_add_location(self, conn, object_id: bytes, node_id: str, manager: str) -> None:
         entry = self.refs.get(ObjectID(object_id))
         if entry is None or not entry.owned:
-            self._send_now(manager, "free_objects", [object_id])  # freed meanwhile
+            self._send_later(manager, "free_objects", [object_id])  # freed meanwhile
             return
         if (node_id, manager) not in entry.locations:
             entry.locations.append((node_id, manager))
@@ -1157,9 +1151,6 @@ class CoreWorker:
     def _finish_actor_call(self, task: PendingTask, state: ActorState, results: list) -> None:
         state.unfinished.pop(task.spec.seq, None)
         self._finish_task(task, results)
-
-    def handle_exit(self, conn) -> None:
-        self.env.extra["exit_process"]()
 
 
 class _ArgumentError(Exception):

@@ -203,11 +203,6 @@ class GcsServer:
     def handle_list_actors(self, conn) -> list[dict]:
         return [self._public_actor(actor) for _, actor in sorted(self.actors.items())]
 
-    def handle_list_named_actors(self, conn, namespace: str | None) -> list:
-        return sorted(name for (ns, name), actor_id in self.names.items()
-                      if (namespace is None or ns == namespace)
-                      and self.actors[actor_id]["state"] != DEAD)
-
     async def handle_wait_actor_ready(self, conn, actor_id: str, seen_incarnation: int) -> dict:
         """Reply when the actor is ALIVE in an incarnation newer than
         ``seen_incarnation``, or DEAD."""
@@ -226,7 +221,7 @@ class GcsServer:
         if actor is None or actor["state"] == DEAD:
             return
         self.tracer.record("gcs", "actor_kill", actor=actor_id, no_restart=no_restart)
-        address, node_id, worker_id = actor["address"], actor["node_id"], actor["worker_id"]
+        node_id, worker_id = actor["node_id"], actor["worker_id"]
         if no_restart:
             self._set_dead(actor, "the actor was killed by tray.kill()")
         else:
@@ -236,7 +231,6 @@ class GcsServer:
                 await self.endpoint.call(self.nodes[node_id]["address"], "kill_worker", worker_id)
             except PeerDisconnected:
                 pass
-        del address
 
     def handle_worker_died(self, conn, worker_id: str, node_id: str, reason: str) -> None:
         for actor in sorted(self.actors.values(), key=lambda a: a["actor_id"]):

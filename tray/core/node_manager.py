@@ -427,6 +427,3 @@ class NodeManager:
         if freed:
             self.tracer.record(self.node_id[:8], "owner_objects_freed", owner=owner,
                                count=len(freed))
-
-    def handle_has_object(self, conn, object_id: bytes) -> bool:
-        return self.store.contains(object_id)

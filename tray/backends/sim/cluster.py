@@ -322,9 +322,6 @@ class SimCluster:
 
     # ------------------------------------------------------------ inspection
 
-    def node_ids_hex(self) -> list[str]:
-        return list(self.node_ids)
-
     def digest(self) -> str:
         return self.trace.digest()
 
