@@ -174,3 +174,18 @@ def test_objects_of_a_driver_killed_with_sigkill_are_freed(cli_cluster, tmp_path
     finally:
         if driver.poll() is None:
             driver.kill()
+
+
+def test_address_without_a_token_says_where_to_get_one(monkeypatch):
+    monkeypatch.delenv("TRAY_CLUSTER_TOKEN", raising=False)
+    with pytest.raises(tex.TrayError, match="TRAY_CLUSTER_TOKEN"):
+        tray.init(address=f"127.0.0.1:{free_port()}")
+
+
+def test_auto_without_a_cluster_on_this_machine(tmp_path):
+    env = {**os.environ, "TRAY_SESSION_ROOT": str(tmp_path / "empty")}
+    result = subprocess.run(
+        [sys.executable, "-c", "import tray\ntry:\n    tray.init(address='auto')\n"
+         "except tray.exceptions.TrayError as e:\n    print(e)"],
+        env=env, capture_output=True, text=True, timeout=60)
+    assert "tray start --head" in result.stdout, result.stderr
