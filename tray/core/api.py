@@ -417,7 +417,7 @@ def _gcs_call(method_name: str, *args):
     worker = get_worker()
 
     async def call():
-        return await worker.endpoint.call(worker.env.gcs_address, method_name, *args)
+        return await worker.gcs_call(method_name, *args)
     return _block(worker, call)
 
 

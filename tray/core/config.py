@@ -18,6 +18,8 @@ class Config:
     heartbeat_period_s: float = 0.5
     # A node that has not heartbeated for this long is declared dead.
     node_death_timeout_s: float = 10.0
+    # Calls to the GCS keep retrying this long while it restarts.
+    gcs_reconnect_timeout_s: float = 60.0
     # Pack tasks on the local node until it is this busy, then spread.
     local_utilization_threshold: float = 0.5
     # Lease requests an owner keeps outstanding per scheduling class.

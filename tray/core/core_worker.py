@@ -198,6 +198,9 @@ class CoreWorker:
         self.driver_context: TaskContext | None = None
         self.refs: dict[ObjectID, RefEntry] = {}
         self.tasks: dict[TaskID, PendingTask] = {}
+        # Finished tasks whose results live in node stores, kept while any of
+        # their results is referenced: what re-creates a lost result.
+        self.lineage: dict[TaskID, PendingTask] = {}
         self.queues: dict[tuple, ClassQueue] = {}
         self.actors: dict[str, ActorState] = {}
         self._exported: dict[str, trio.Event | None] = {}
@@ -223,12 +226,26 @@ class CoreWorker:
     async def start(self) -> None:
         await self.endpoint.serve()
         if self.mode == DRIVER:
-            job = await self.endpoint.call(self.env.gcs_address, "register_job", self.address)
+            job = await self.gcs_call("register_job", self.address)
             self.job_id = JobID.from_int(job)
             self.driver_context = TaskContext(TaskID.for_driver(self.job_id), name="driver")
         else:
             await self.endpoint.call(self.env.node_manager_address, "register_worker",
                                      self.worker_id, self.address)
+
+    async def gcs_call(self, method: str, *args):
+        """Call the GCS, riding out a GCS restart: while it is unreachable
+        the call is retried for up to ``gcs_reconnect_timeout_s``."""
+        deadline = trio.current_time() + self.config.gcs_reconnect_timeout_s
+        while True:
+            try:
+                return await self.endpoint.call(self.env.gcs_address, method, *args)
+            except PeerDisconnected:
+                if trio.current_time() >= deadline:
+                    raise exceptions.TrayError(
+                        f"the GCS at {self.env.gcs_address} has been unreachable for "
+                        f"{self.config.gcs_reconnect_timeout_s} s (during {method})") from None
+                await trio.sleep(self.config.heartbeat_period_s)
 
     def current_context(self) -> TaskContext:
         context = current_task.get(None)
@@ -294,6 +311,7 @@ class CoreWorker:
             return  # the task is still running; its reply releases the object
         del self.refs[object_id]
         if entry.owned:
+            self._forget_lineage(object_id.task_id())
             self.tracer.record(self.name, "object_freed", object=object_id)
             by_node: dict[str, list] = {}
             for _node_id, manager in entry.locations:
@@ -303,6 +321,12 @@ class CoreWorker:
             self._release_contained(entry.contained_refs)
         else:
             self._send_later(entry.owner, "remove_borrower", object_id.binary(), self.address)
+
+    def _forget_lineage(self, task_id: TaskID) -> None:
+        task = self.lineage.get(task_id)
+        if task is not None and not any(ObjectID(oid) in self.refs
+                                        for oid in task.spec.return_ids):
+            del self.lineage[task_id]
 
     def _release_contained(self, contained: list) -> None:
         for oid_bytes, _owner in contained:
@@ -450,7 +474,7 @@ class CoreWorker:
         blob = self._pending_exports.pop(function_id, None)
         if blob is not None:
             event = self._exported[function_id] = trio.Event()
-            await self.endpoint.call(self.env.gcs_address, "kv_put", "fn:" + function_id, blob,
+            await self.gcs_call("kv_put", "fn:" + function_id, blob,
                                      False)
             self._exported[function_id] = None
             event.set()
@@ -718,6 +742,8 @@ class CoreWorker:
         spec = task.spec
         task_id = TaskID(spec.task_id)
         self.tasks.pop(task_id, None)
+        if spec.actor_id is None and any(kind == "store" for kind, _ in results):
+            self.lineage[task_id] = task
         for oid_bytes, (kind, payload) in zip(spec.return_ids, results, strict=True):
             oid = ObjectID(oid_bytes)
             entry = self.refs.get(oid)
@@ -743,6 +769,7 @@ class CoreWorker:
             if entry is not None:
                 entry.submitted -= 1
                 self._maybe_release(oid, entry)
+        self._forget_lineage(task_id)
         self.tracer.record(self.name, "task_finished", task=task_id,
                            ok=all(kind != "error" for kind, _ in results))
 
@@ -805,22 +832,118 @@ class CoreWorker:
         return await self._object_status(ObjectID(object_id), self.address)
 
     async def _fetch(self, object_id: ObjectID, owner: str) -> SerializedObject:
-        status = await self._object_status(object_id, owner)
-        if status[0] != "store":
-            return status[1]
         key = object_id.binary()
-        entry = self.store.get(key)
-        if entry is None:
-            ok = await self.endpoint.call(self.env.node_manager_address, "pull_object", key,
-                                          status[1], owner)
-            entry = self.store.get(key) if ok else None
+        while True:
+            status = await self._object_status(object_id, owner)
+            if status[0] != "store":
+                return status[1]
+            entry = self.store.get(key)
             if entry is None:
-                error = exceptions.ObjectLostError(
-                    f"every copy of object {object_id.hex()} was lost "
-                    f"(it was on nodes {[n for n, _ in status[1]]})")
-                return serialize_error(error)
-        data, buffers = entry
-        return SerializedObject(data, buffers)
+                ok = await self.endpoint.call(self.env.node_manager_address, "pull_object", key,
+                                              status[1], owner)
+                entry = self.store.get(key) if ok else None
+            if entry is not None:
+                data, buffers = entry
+                return SerializedObject(data, buffers)
+            # Every known copy is gone: the owner re-creates the object from
+            # its lineage (then the loop fetches it again) or says why not.
+            failure = await self._recover(object_id, owner, status[1])
+            if failure is not None:
+                return failure
+
+    async def _recover(self, object_id: ObjectID, owner: str,
+                       lost: list) -> SerializedObject | None:
+        if owner == self.address:
+            return self.handle_recover_object(None, object_id.binary(), lost)
+        try:
+            return await self.endpoint.call(owner, "recover_object", object_id.binary(), lost)
+        except PeerDisconnected:
+            return serialize_error(exceptions.OwnerDiedError(
+                f"the owner of object {object_id.hex()} ({owner}) died, so the object "
+                "cannot be retrieved"))
+
+    def handle_recover_object(self, conn, object_id: bytes, lost: list) -> SerializedObject | None:
+        """The copies of an object this process owns at ``lost`` could not be
+        read. Returns None when the object can be fetched again (another
+        copy exists, or its task is re-running), else the error."""
+        oid = ObjectID(object_id)
+        entry = self.refs.get(oid)
+        if entry is None:
+            return serialize_error(exceptions.ObjectLostError(
+                f"object {oid.hex()} was freed: no reference to it remained"))
+        if not entry.ready:
+            return None  # being re-created already
+        lost = [tuple(location) for location in lost]
+        for _node_id, manager in sorted(set(lost) & set(entry.locations)):
+            self._send_later(manager, "free_objects", [object_id])  # if it lives after all
+        entry.locations = [loc for loc in entry.locations if loc not in lost]
+        if entry.locations:
+            return None
+        where = sorted({node_id for node_id, _ in lost})
+        if oid.is_put():
+            return serialize_error(exceptions.ObjectLostError(
+                f"object {oid.hex()} was lost with node(s) {where}; it was created by put(), "
+                "so it cannot be re-created (only task results can)"))
+        task = self.lineage.get(oid.task_id())
+        if task is None:
+            return serialize_error(exceptions.ObjectReconstructionFailedError(
+                f"object {oid.hex()} was lost with node(s) {where} and cannot be re-created: "
+                "it was returned by an actor call, or its lineage is gone"))
+        spec = task.spec
+        if task.retries_left == 0:
+            return serialize_error(exceptions.ObjectReconstructionFailedError(
+                f"object {oid.hex()} (a result of task {spec.name}) was lost with node(s) "
+                f"{where} and cannot be re-created: the task's retries are used up "
+                f"(max_retries={spec.max_retries}, it ran {spec.attempt + 1} time(s))"))
+        holds = []
+        for arg in [*spec.args, *spec.kwargs.values()]:
+            if arg[0] != "r":
+                continue
+            arg_entry = self.refs.get(ObjectID(arg[1]))
+            if arg_entry is None:
+                self._release_holds(holds)
+                return serialize_error(exceptions.ObjectReconstructionFailedError(
+                    f"object {oid.hex()} (a result of task {spec.name}) was lost with node(s) "
+                    f"{where} and cannot be re-created: its argument {arg[1].hex()} was freed"))
+            arg_entry.submitted += 1
+            holds.append(ObjectID(arg[1]))
+        if task.retries_left > 0:
+            task.retries_left -= 1
+        spec.attempt += 1
+        for return_id in spec.return_ids:
+            returned = self.refs.get(ObjectID(return_id))
+            if returned is not None:
+                returned.ready, returned.inline, returned.locations = False, None, []
+        again = PendingTask(spec, task.retries_left, holds)
+        self.tasks[TaskID(spec.task_id)] = again
+        self.tracer.record(self.name, "task_reconstruct", task=spec.task_id,
+                           attempt=spec.attempt, object=oid)
+        logger.info("re-running task %s to re-create lost object %s", spec.name, oid.hex())
+        self.nursery.start_soon(self._in_context, self._submit_task, again)
+        return None
+
+    def handle_node_died(self, conn, node_id: str, manager: str) -> None:
+        """The GCS declared a node dead: stop waiting for anything on it
+        (work running there is retried as if its workers died) and forget
+        the copies of objects it held."""
+        self.tracer.record(self.name, "node_died", node=node_id)
+        dropped = {manager}
+        for key, queue in sorted(self.queues.items(), key=lambda item: repr(item[0])):
+            for lease in list(queue.leases):
+                if lease.node_id == node_id:
+                    dropped.add(lease.worker_address)
+                    if not lease.busy:
+                        queue.leases.remove(lease)
+            self._pump(key, queue)
+        for state in self.actors.values():
+            if state.info is not None and state.info.get("node_id") == node_id and \
+                    state.info.get("address"):
+                dropped.add(state.info["address"])
+        for address in sorted(dropped):
+            self.endpoint.drop(address)
+        for entry in self.refs.values():
+            if entry.owned and entry.locations:
+                entry.locations = [loc for loc in entry.locations if loc[0] != node_id]
 
     # ------------------------------------------------------------ get/wait
 
@@ -914,7 +1037,7 @@ class CoreWorker:
     async def _load_function(self, function_id: str):
         function = self._functions.get(function_id)
         if function is None:
-            blob = await self.endpoint.call(self.env.gcs_address, "kv_get", "fn:" + function_id)
+            blob = await self.gcs_call("kv_get", "fn:" + function_id)
             if blob is None:
                 raise exceptions.TrayError(f"function {function_id} is not in the function table")
             function = self._functions[function_id] = cloudpickle.loads(blob)
@@ -1094,7 +1217,7 @@ class CoreWorker:
                 continue
             state.refresh = trio.Event()
             try:
-                state.info = await self.endpoint.call(self.env.gcs_address, "wait_actor_ready",
+                state.info = await self.gcs_call("wait_actor_ready",
                                                       state.actor_id, state.seen_incarnation)
             finally:
                 state.refresh.set()
@@ -1134,8 +1257,8 @@ class CoreWorker:
 
     async def _actor_failure(self, state: ActorState, spec: TaskSpec) -> Exception:
         try:
-            info = await self.endpoint.call(self.env.gcs_address, "get_actor", state.actor_id)
-        except PeerDisconnected:
+            info = await self.gcs_call("get_actor", state.actor_id)
+        except exceptions.TrayError:
             info = None
         if info is not None and info["state"] == "DEAD":
             state.info = info
@@ -1247,7 +1370,7 @@ async def _register_actor(worker: CoreWorker, actor: dict, holds: list) -> dict 
     if failure is not None:
         worker._release_holds(holds)
         raise await worker.deserialize(failure)
-    reply = await worker.endpoint.call(worker.env.gcs_address, "create_actor", actor)
+    reply = await worker.gcs_call("create_actor", actor)
     if reply["existing"] is not None:
         worker._release_holds(holds)
         return reply["existing"]

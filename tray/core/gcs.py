@@ -138,6 +138,12 @@ class GcsServer:
         self.tracer.record("gcs", "node_dead", node=node_id, reason=reason)
         self._publish_view()
         logger.warning("node %s is dead: %s", node_id, reason)
+        # Every other process stops waiting for the dead node's processes.
+        nodes = self._node_addresses()
+        for peer in self.endpoint.peers():
+            if peer not in nodes:
+                self.nursery.start_soon(self.endpoint.notify, peer, "node_died", node_id,
+                                        node["address"])
         for actor in sorted(self.actors.values(), key=lambda a: a["actor_id"]):
             if actor["node_id"] == node_id and actor["state"] in (ALIVE, PENDING):
                 self._actor_failed(actor, f"its node {node_id} died ({reason})")
@@ -166,6 +172,8 @@ class GcsServer:
 
     def handle_create_actor(self, conn, actor: dict) -> dict:
         """Register an actor; returns at once, scheduling continues."""
+        if actor["actor_id"] in self.actors:  # a retry after a GCS restart
+            return {"existing": None}
         name, namespace = actor.get("name"), actor.get("namespace") or ""
         if name:
             existing = self.names.get((namespace, name))

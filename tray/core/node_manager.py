@@ -120,6 +120,10 @@ class NodeManager:
     # ------------------------------------------------------------ membership
 
     def _update_view(self, view: dict) -> None:
+        for node_id, (address, _, _, alive) in sorted(view.items()):
+            known = self.view.get(node_id)
+            if not alive and known is not None and known.alive and node_id != self.node_id:
+                self.endpoint.drop(address)  # stop waiting for a dead node
         self.view = {node_id: scheduling.NodeView(node_id, address, total, available, alive)
                      for node_id, (address, total, available, alive) in view.items()}
         mine = self.view.get(self.node_id)
@@ -150,7 +154,23 @@ class NodeManager:
                                                  self.node_id, dict(self.available))
             except PeerDisconnected:
                 continue  # the GCS is restarting; try again next period
+            if reply.get("dead"):
+                self._fence()
+                return
             self._update_view(reply["view"])
+
+    def _fence(self) -> None:
+        """The GCS declared this node dead (it was unreachable for too long):
+        its work has been retried elsewhere, so it must end, as a raylet
+        does, rather than run on beside its replacement."""
+        logger.error("node %s was declared dead by the GCS; exiting", self.node_id)
+        self.tracer.record(self.node_id[:8], "node_fenced")
+        for worker in sorted(self.workers.values(), key=lambda w: w.worker_id):
+            if worker.state != "dead":
+                self.env.spawner.kill_worker(worker.worker_id)
+        exit_process = self.env.extra.get("exit_process")
+        if exit_process is not None:
+            exit_process()
 
     def handle_get_node_stats(self, conn) -> dict:
         return {"node_id": self.node_id, "total": dict(self.total),

@@ -178,6 +178,7 @@ class Endpoint:
         self.handlers = handlers
         self.nursery = nursery
         self._connections: dict[str, Connection] = {}
+        self._inbound: dict[str, list[Connection]] = {}
         self._connecting: dict[str, trio.Event] = {}
         self.on_peer_closed: Callable[[str], None] | None = None
 
@@ -192,11 +193,17 @@ class Endpoint:
         peer = hello[1] if isinstance(hello, tuple) and hello and hello[0] == "hello" else "?"
         connection = Connection(stream, self.handlers, self.nursery, peer,
                                 self.env.config.rpc_pending_calls_max, self._closed)
+        self._inbound.setdefault(peer, []).append(connection)
         await connection.run()
 
     def _closed(self, connection: Connection) -> None:
         if self._connections.get(connection.peer) is connection:
             del self._connections[connection.peer]
+        inbound = self._inbound.get(connection.peer)
+        if inbound is not None and connection in inbound:
+            inbound.remove(connection)
+            if not inbound:
+                del self._inbound[connection.peer]
         if self.on_peer_closed is not None:
             self.on_peer_closed(connection.peer)
 
@@ -235,6 +242,21 @@ class Endpoint:
         except PeerDisconnected:
             return
         await connection.notify(method, *args)
+
+    def peers(self) -> list[str]:
+        """Addresses with an open connection, in either direction."""
+        return sorted(set(self._connections) | set(self._inbound))
+
+    def drop(self, address: str) -> None:
+        """Give up on the process at ``address`` (its machine was declared
+        dead): close every connection with it; calls waiting for its replies
+        raise PeerDisconnected now, whatever the network does."""
+        connections = list(self._inbound.get(address, []))
+        if address in self._connections:
+            connections.append(self._connections[address])
+        for connection in connections:
+            connection._close()
+            self.nursery.start_soon(connection.aclose)
 
     def is_connected(self, address: str) -> bool:
         connection = self._connections.get(address)

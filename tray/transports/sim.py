@@ -9,7 +9,13 @@ drop a message in the middle.
 
 A stream's end closes when its process ends: messages already sent still
 arrive, then the peer's ``receive`` raises ConnectionClosed, and sends to a
-closed stream raise it at once."""
+closed stream raise it at once.
+
+Network faults (driven by the simulated cluster's fault API) act between
+*machines* (the ``nK`` prefix of an address): a partition or a stall holds
+back the head of every stream crossing it — and so everything behind it —
+until it heals; a slow machine multiplies the latency of its streams; a
+reset closes both ends of every stream of a machine at once."""
 
 from __future__ import annotations
 
@@ -50,13 +56,19 @@ class SimStream:
         self._in = incoming
         self._remote = remote
         self.closed = False
+        self.partner: SimStream | None = None
+        # Machines, for the network's faults: messages flow from peer to owner.
+        self._from = SimNetwork.node_of(peer)
+        self._to = SimNetwork.node_of(owner)
 
     def send_nowait(self, message) -> None:
         if self.closed or self._out.closed:
             raise ConnectionClosed(f"{self.owner} -> {self.peer}: stream closed")
         data = pickle.dumps(message, protocol=5)
         now = trio.current_time()
-        deliver_at = max(self._out.last_delivery, now + self._network.latency(self._remote))
+        latency = self._network.latency(self._remote) * \
+            self._network.slowdown(self._to, self._from)
+        deliver_at = max(self._out.last_delivery, now + latency)
         self._out.last_delivery = deliver_at
         self._out.items.append((deliver_at, data))
         self._out.wake()
@@ -71,6 +83,10 @@ class SimStream:
                 raise ConnectionClosed(f"{self.owner}: stream closed")
             if pipe.items:
                 deliver_at, data = pipe.items[0]
+                held = self._network.held(self._from, self._to)
+                if held is not None:
+                    await held
+                    continue
                 if deliver_at <= trio.current_time():
                     pipe.items.popleft()
                     message = pickle.loads(data)
@@ -109,6 +125,74 @@ class SimNetwork:
         self._listeners: dict[str, trio.MemorySendChannel] = {}
         self._streams: dict[str, list[SimStream]] = {}
         self.messages_delivered = 0
+        # Faults between machines ("n0", "n1", ...).
+        self.blocked: set[tuple[str, str]] = set()  # (from, to) pairs held back
+        self.stalled_until: dict[str, float] = {}  # machine -> virtual time
+        self.slow: dict[str, float] = {}  # machine -> latency factor
+        self._changed = trio.Event()
+
+    # ------------------------------------------------------------- faults
+
+    def held(self, source: str, target: str):
+        """None if a message may cross from machine ``source`` to ``target``
+        now, else an awaitable that returns when that may have changed."""
+        if source == target:
+            return None
+        until = max(self.stalled_until.get(source, 0.0), self.stalled_until.get(target, 0.0))
+        blocked = (source, target) in self.blocked
+        if not blocked and until <= trio.current_time():
+            return None
+        return self._wait_for_change(None if blocked else until)
+
+    async def _wait_for_change(self, until: float | None) -> None:
+        with trio.move_on_at(until if until is not None else math.inf):
+            await self._changed.wait()
+
+    def _faults_changed(self) -> None:
+        self._changed.set()
+        self._changed = trio.Event()
+
+    def slowdown(self, a: str, b: str) -> float:
+        return max(self.slow.get(a, 1.0), self.slow.get(b, 1.0))
+
+    def partition(self, group_a: list[str], group_b: list[str], one_way: bool = False) -> None:
+        """Hold back traffic from machines in ``group_a`` to ``group_b`` (and
+        back, unless ``one_way``)."""
+        for a in group_a:
+            for b in group_b:
+                self.blocked.add((a, b))
+                if not one_way:
+                    self.blocked.add((b, a))
+        self._faults_changed()
+
+    def stall(self, machine: str, seconds: float) -> None:
+        """Every stream to or from ``machine`` stops delivering for ``seconds``."""
+        self.stalled_until[machine] = max(self.stalled_until.get(machine, 0.0),
+                                          trio.current_time() + seconds)
+        self._faults_changed()
+
+    def set_slow(self, machine: str, factor: float) -> None:
+        if factor == 1.0:
+            self.slow.pop(machine, None)
+        else:
+            self.slow[machine] = factor
+
+    def heal(self) -> None:
+        """End every partition, stall and slowdown."""
+        self.blocked.clear()
+        self.stalled_until.clear()
+        self.slow.clear()
+        self._faults_changed()
+
+    def reset(self, machine: str) -> None:
+        """Break every stream of the processes on ``machine``: both ends close."""
+        for owner in sorted(self._streams):
+            if self.node_of(owner) != machine:
+                continue
+            for stream in self._streams[owner]:
+                stream.close()
+                if stream.partner is not None:
+                    stream.partner.close()
 
     def latency(self, remote: bool) -> float:
         low, high = self.latency_remote_s if remote else self.latency_local_s
@@ -179,6 +263,7 @@ class SimTransport:
         forward, backward = _Pipe(), _Pipe()
         mine = SimStream(self.network, self.owner, address, forward, backward, remote)
         theirs = SimStream(self.network, address, self.owner, backward, forward, remote)
+        mine.partner, theirs.partner = theirs, mine
         self.network._track(mine)
         self.network._track(theirs)
         try:

@@ -171,7 +171,8 @@ async def run_node(args) -> None:
                     address=node_address, transport=transport, rng=rng, tracer=NullTracer(),
                     config=DEFAULT_CONFIG, node_id=node_id, object_store=store,
                     spawner=spawner, gcs_address=gcs_address, resources=resources,
-                    extra={"prestart_workers": args.prestart, "node_info": node_info})
+                    extra={"prestart_workers": args.prestart, "node_info": node_info,
+                           "exit_process": nursery.cancel_scope.cancel})
                 node_manager = NodeManager(node_env, nursery)
                 await node_manager.run()
                 session.write_info(args.node_index, {
