@@ -24,10 +24,32 @@ def simtest(session: nox.Session) -> None:
     session.run("python", "-m", "tray.simtest", *session.posargs)
 
 
+# Peers for `nox -s bench -- --peers ray,dask`, pinned so that runs compare: the newest
+# releases that install on Python 3.11 from PyPI when this was written.
+BENCH_PEERS = {"ray": ["ray==2.60.0"], "dask": ["dask[distributed]==2026.8.0"]}
+
+
+def _bench_peers(posargs: list[str]) -> list[str]:
+    """The runtimes named by ``--peers a,b`` (or ``--peers=a,b``) in the posargs."""
+    peers: list[str] = []
+    for index, arg in enumerate(posargs):
+        if arg == "--peers" and index + 1 < len(posargs):
+            peers += posargs[index + 1].split(",")
+        elif arg.startswith("--peers="):
+            peers += arg.split("=", 1)[1].split(",")
+    return [peer.strip() for peer in peers if peer.strip()]
+
+
 @nox.session
 def bench(session: nox.Session) -> None:
-    """Run the benchmarks (results go to bench/results/)."""
-    session.install("-e", ".[test,bench]")
+    """Run the benchmarks: tray alone, or side by side with `-- --peers ray,dask`
+    (installed here); `-- --only NAME`, `--rounds N`, `--quick`. Results and a chart
+    go to bench/results/."""
+    session.install("-e", ".[bench]")
+    for peer in _bench_peers(session.posargs):
+        if peer not in BENCH_PEERS:
+            session.error(f"unknown peer {peer!r}; known: {', '.join(BENCH_PEERS)}")
+        session.install(*BENCH_PEERS[peer])
     session.run("python", "bench/run.py", *session.posargs)
 
 

@@ -1,10 +1,14 @@
-"""tray's benchmarks (a first set; see bench/README.md for the method).
+"""tray's benchmarks, alone or side by side with Ray and Dask (bench/README.md).
 
-    python bench/run.py [--only NAME] [--rounds N] [--json PATH]
+    python bench/run.py [--peers ray,dask] [--only NAME] [--rounds N] [--quick]
+                        [--json PATH] [--no-chart]
 
-Each metric runs in a fresh process (so one cannot warm up another), with a
-warm-up round first, then ``--rounds`` measured rounds; the table shows the
-median and the spread (min-max). Results go to bench/results/<date>.json."""
+Every (runtime, metric) pair runs in a fresh process, one after another, so no
+metric warms up another and no runtime shares a process with another. Within
+that process the workload runs once as a warm-up, then ``--rounds`` measured
+rounds; the table shows the median and the spread (min-max) per runtime and the
+ratio tray/peer. Results go to bench/results/<date>-<time>.json, with a PNG chart
+of the same next to it."""
 
 from __future__ import annotations
 
@@ -17,212 +21,304 @@ import statistics
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-
-# name -> (unit, code run in a fresh process; it prints one number per round)
-METRICS: dict[str, tuple[str, str]] = {}
-
-
-def metric(name: str, unit: str):
-    def register(function):
-        METRICS[name] = (unit, function.__name__)
-        return function
-    return register
+RUNTIMES = ("tray", "ray", "dask")
+MARK = "BENCH-RESULT "
 
 
-# ---------------------------------------------------------------- metrics
+@dataclass(frozen=True)
+class Metric:
+    name: str
+    unit: str
+    higher_is_better: bool = True
+    rows: tuple[str, ...] = ()  # sub-rows (p50/p99, worker counts); () is one row
+    dask: str = ""  # how Dask does it, or why it cannot ("n/a: ...")
 
-@metric("init to first result (local)", "s")
-def init_to_first_result(rounds: int) -> list[float]:
-    import tray
-
-    results = []
-    for _ in range(rounds + 1):
-        start = time.perf_counter()
-        tray.init()
-
-        @tray.remote
-        def one():
-            return 1
-
-        assert tray.get(one.remote()) == 1
-        results.append(time.perf_counter() - start)
-        tray.shutdown()
-    return results[1:]
+    def row_names(self) -> list[str]:
+        return [f"{self.name}, {row}" for row in self.rows] if self.rows else [self.name]
 
 
-@metric("shutdown (local)", "s")
-def shutdown_time(rounds: int) -> list[float]:
-    import tray
+SCALING = ("1 worker", "2 workers", "4 workers")
+NA = "n/a: "
 
-    results = []
-    for _ in range(rounds + 1):
-        tray.init()
-        start = time.perf_counter()
-        tray.shutdown()
-        results.append(time.perf_counter() - start)
-    return results[1:]
+# The order of the table. Names up to "placement group" are Ray's (ray_perf.py).
+METRICS = [
+    Metric("single client get calls (Plasma Store)", "calls/s",
+           dask="Future.result() of a scattered value"),
+    Metric("single client put calls (Plasma Store)", "calls/s",
+           dask="Client.scatter(0, hash=False)"),
+    Metric("multi client put calls (Plasma Store)", "calls/s",
+           dask="10 tasks, each scatter()s 100 values through worker_client()"),
+    Metric("single client put gigabytes", "GB/s", dask="Client.scatter(array, hash=False)"),
+    Metric("multi client put gigabytes", "GB/s",
+           dask="4 tasks, each scatter()s two arrays through worker_client()"),
+    Metric("single client tasks and get batch", "batches/s",
+           dask="gather() of 1,000 submit()s"),
+    Metric("single client get object containing 10k refs", "gets/s",
+           dask=NA + "a Dask result cannot hold futures that the client then owns"),
+    Metric("single client wait 1k refs", "rounds/s",
+           dask="distributed.wait(FIRST_COMPLETED), taking one future at a time"),
+    Metric("single client tasks sync", "tasks/s", dask="submit(f).result()"),
+    Metric("single client tasks async", "tasks/s", dask="gather() of 1,000 submit()s"),
+    Metric("multi client tasks async", "tasks/s",
+           dask="4 tasks, each submit()s and gather()s through worker_client()"),
+    Metric("1:1 actor calls sync", "calls/s", dask="Dask actor, method().result()"),
+    Metric("1:1 actor calls async", "calls/s",
+           dask="Dask actor, 1,000 method() calls, then their results"),
+    Metric("1:1 actor calls concurrent", "calls/s",
+           dask=NA + "Dask actors have no max_concurrency"),
+    Metric("1:n actor calls async", "calls/s",
+           dask="a task (not an actor) is the client of the actors"),
+    Metric("n:n actor calls async", "calls/s", dask="4 tasks call the actors"),
+    Metric("n:n actor calls with arg async", "calls/s",
+           dask="a task per actor is the client; the argument is a value, not a ref"),
+    Metric("1:1 async-actor calls sync", "calls/s", dask="Dask actor with async def methods"),
+    Metric("1:1 async-actor calls async", "calls/s", dask="Dask actor with async def methods"),
+    Metric("1:1 async-actor calls with args async", "calls/s",
+           dask="Dask actor with async def methods"),
+    Metric("1:n async-actor calls async", "calls/s",
+           dask="a task (not an actor) is the client of the async actors"),
+    Metric("n:n async-actor calls async", "calls/s", dask="4 tasks call the async actors"),
+    Metric("placement group create/removal", "groups/s", dask=NA + "no placement groups"),
+    Metric("init to first result", "s", higher_is_better=False,
+           dask="LocalCluster(2 worker processes) + Client, then submit().result()"),
+    Metric("shutdown", "s", higher_is_better=False, dask="client.close() + cluster.close()"),
+    Metric("task round trip latency", "ms", higher_is_better=False, rows=("p50", "p99"),
+           dask="submit(f).result()"),
+    Metric("actor call latency", "ms", higher_is_better=False, rows=("p50", "p99"),
+           dask="Dask actor, method().result()"),
+    Metric("scaling, 0 ms tasks", "tasks/s", rows=SCALING,
+           dask="LocalCluster(n_workers=N, threads_per_worker=1)"),
+    Metric("scaling, 1 ms tasks", "tasks/s", rows=SCALING,
+           dask="LocalCluster(n_workers=N, threads_per_worker=1)"),
+    Metric("scaling, 10 ms tasks", "tasks/s", rows=SCALING,
+           dask="LocalCluster(n_workers=N, threads_per_worker=1)"),
+    Metric("put/get 80 MB array within a node", "GB/s",
+           dask="scatter() then Future.result(): copies, over TCP to a worker and back"),
+    Metric("get 80 MB array across two nodes", "GB/s",
+           dask="an array made on a worker, fetched by the client (TCP)"),
+    Metric("simulated tasks per wall-clock second", "tasks/s",
+           dask=NA + "no simulator"),
+    Metric("simtest seeds per minute (mixed workload)", "seeds/min",
+           dask=NA + "no simulator"),
+]
+NOT_IN_RAY = {"simulated tasks per wall-clock second": "no simulator",
+              "simtest seeds per minute (mixed workload)": "no simulator"}
 
 
-def _with_cluster(backend: str, make_body, rounds: int, **options) -> list[float]:
-    """Start a cluster, build the workload (``make_body()``), warm it up once,
-    then time ``rounds`` runs; each run returns how many operations it did."""
-    import tray
+# ---------------------------------------------------------------- one metric, in a child
 
-    if backend == "sim":
-        tray.init(backend="sim", seed=0, **options)
-    else:
-        tray.init(**options)
+def child(runtime: str, name: str, rounds: int, quick: bool) -> None:
+    """Run one metric of one runtime in this (fresh) process; print its result."""
+    sys.path.insert(0, HERE)
+    import harness
+
+    harness.ROUNDS, harness.SCALE = rounds, (0.1 if quick else 1.0)
     try:
-        body = make_body()
-        body()  # warm-up: workers started, functions exported
-        results = []
-        for _ in range(rounds):
-            start = time.perf_counter()
-            count = body()
-            results.append(count / (time.perf_counter() - start))
-        return results
-    finally:
-        tray.shutdown()
+        suite = __import__(f"suite_{runtime}")
+        function = suite.METRICS.get(name)
+        if function is None:
+            raise harness.NotAvailable("no equivalent")
+        result = {"values": function()}
+    except harness.NotAvailable as reason:
+        result = {"na": str(reason)}
+    sys.stdout.flush()
+    print("\n" + MARK + json.dumps(result), flush=True)
 
 
-def _tasks_sync(n: int):
-    import tray
-
-    @tray.remote
-    def small():
-        return b"ok"
-
-    def body():
-        for _ in range(n):
-            tray.get(small.remote())
-        return n
-    return body
+def _summary(values: list[float]) -> dict:
+    return {"values": values, "median": statistics.median(values), "min": min(values),
+            "max": max(values)}
 
 
-def _tasks_async(n: int):
-    import tray
-
-    @tray.remote
-    def small():
-        return b"ok"
-
-    def body():
-        tray.get([small.remote() for _ in range(n)])
-        return n
-    return body
-
-
-def _actor_calls(n: int, sync: bool):
-    import tray
-
-    @tray.remote
-    class Actor:
-        def small(self):
-            return b"ok"
-
-    actor = Actor.remote()
-
-    def body():
-        if sync:
-            for _ in range(n):
-                tray.get(actor.small.remote())
-        else:
-            tray.get([actor.small.remote() for _ in range(n)])
-        return n
-    return body
-
-
-@metric("single client tasks sync (local)", "tasks/s")
-def tasks_sync(rounds: int) -> list[float]:
-    return _with_cluster("local", lambda: _tasks_sync(300), rounds)
-
-
-@metric("single client tasks async (local)", "tasks/s")
-def tasks_async(rounds: int) -> list[float]:
-    return _with_cluster("local", lambda: _tasks_async(1000), rounds)
-
-
-@metric("1:1 actor calls sync (local)", "calls/s")
-def actor_sync(rounds: int) -> list[float]:
-    return _with_cluster("local", lambda: _actor_calls(500, sync=True), rounds)
-
-
-@metric("1:1 actor calls async (local)", "calls/s")
-def actor_async(rounds: int) -> list[float]:
-    return _with_cluster("local", lambda: _actor_calls(1000, sync=False), rounds)
-
-
-@metric("put/get 80 MB array within a node (local)", "GB/s")
-def put_get_large(rounds: int) -> list[float]:
-    import numpy as np
-
-    import tray
-
-    tray.init(num_cpus=1)
+def run_one(runtime: str, metric: Metric, rounds: int, quick: bool, timeout: float) -> dict:
+    """{row name: summary or {"na": why} or {"error": text}} for one metric."""
+    if runtime == "ray" and metric.name in NOT_IN_RAY:
+        return {row: {"na": NOT_IN_RAY[metric.name]} for row in metric.row_names()}
+    if runtime == "dask" and metric.dask.startswith(NA):
+        return {row: {"na": metric.dask[len(NA):]} for row in metric.row_names()}
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [HERE, os.path.dirname(HERE), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
+    code = (f"import sys; sys.path.insert(0, {HERE!r}); import run; "
+            f"run.child({runtime!r}, {metric.name!r}, {rounds}, {quick})")
     try:
-        array = np.ones(10_000_000)  # 80 MB
-        results = []
-        for _ in range(rounds + 1):
-            start = time.perf_counter()
-            value = tray.get(tray.put(array))
-            elapsed = time.perf_counter() - start
-            assert not value.flags.owndata  # zero-copy view of shared memory
-            results.append(array.nbytes / elapsed / 1e9)
-        return results[1:]
-    finally:
-        tray.shutdown()
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              timeout=timeout, env=env, cwd=os.path.dirname(HERE))
+    except subprocess.TimeoutExpired:
+        return {row: {"error": f"timed out after {timeout:.0f} s"}
+                for row in metric.row_names()}
+    lines = [line for line in done.stdout.splitlines() if line.startswith(MARK)]
+    if done.returncode != 0 or not lines:
+        error = (done.stderr or done.stdout)[-1500:]
+        return {row: {"error": error} for row in metric.row_names()}
+    result = json.loads(lines[-1][len(MARK):])
+    if "na" in result:
+        return {row: {"na": result["na"]} for row in metric.row_names()}
+    values = result["values"]
+    if isinstance(values, dict):
+        return {f"{metric.name}, {key}": _summary(value) for key, value in values.items()}
+    return {metric.name: _summary(values)}
 
 
-@metric("simulated tasks per wall-clock second (sim, 3 nodes)", "tasks/s")
-def sim_tasks(rounds: int) -> list[float]:
-    return _with_cluster("sim", lambda: _tasks_async(2000), rounds, num_nodes=3,
-                         num_cpus=4)
+# ---------------------------------------------------------------- table
+
+def _number(value: float) -> str:
+    if value >= 100:
+        return f"{value:,.0f}"
+    if value >= 10:
+        return f"{value:.1f}"
+    return f"{value:.3g}"
 
 
-# ---------------------------------------------------------------- harness
+def _cell(cell: dict | None) -> str:
+    if cell is None:
+        return ""
+    if "na" in cell:
+        return f"n/a ({cell['na']})"
+    if "error" in cell:
+        return "FAILED"
+    return f"{_number(cell['median'])} ({_number(cell['min'])}–{_number(cell['max'])})"
 
-def _run_one(name: str, rounds: int) -> dict:
-    code = (f"import sys, json; sys.path.insert(0, {HERE!r}); import run; "
-            f"print(json.dumps(run.{METRICS[name][1]}({rounds})))")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                            timeout=600)
-    if result.returncode != 0:
-        return {"name": name, "unit": METRICS[name][0], "error": result.stderr[-2000:]}
-    values = json.loads(result.stdout.strip().splitlines()[-1])
-    return {"name": name, "unit": METRICS[name][0], "values": values,
-            "median": statistics.median(values), "min": min(values), "max": max(values)}
+
+def ratio(tray_cell: dict | None, peer_cell: dict | None) -> float | None:
+    if not tray_cell or not peer_cell or "median" not in tray_cell \
+            or "median" not in peer_cell or not peer_cell["median"]:
+        return None
+    return tray_cell["median"] / peer_cell["median"]
+
+
+def table(record: dict) -> str:
+    """The results as a Markdown table: median (min–max) per runtime, tray/peer."""
+    runtimes = record["runtimes"]
+    peers = [r for r in runtimes if r != "tray"]
+    header = ["metric", "unit"]
+    for runtime in runtimes:
+        header.append(runtime)
+        if runtime != "tray":
+            header.append(f"tray/{runtime}")
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for row in record["rows"]:
+        unit = row["unit"] + ("" if row["higher_is_better"] else " (lower is better)")
+        cells = [row["name"], unit]
+        for runtime in runtimes:
+            cells.append(_cell(row["results"].get(runtime)))
+            if runtime in peers:
+                value = ratio(row["results"].get("tray"), row["results"].get(runtime))
+                cells.append("" if value is None else f"{value:.2f}")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", default="", help="run the metrics whose name contains this")
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--peers", default="",
+                        help="comma-separated runtimes to run beside tray: ray, dask")
+    parser.add_argument("--only", default="",
+                        help="run the metrics whose name contains this (comma: any of these)")
+    parser.add_argument("--rounds", type=int, default=5, help="measured rounds (default 5)")
+    parser.add_argument("--quick", action="store_true",
+                        help="one round, every operation count 10x smaller (a smoke test)")
     parser.add_argument("--json", default="", help="where to write the results")
+    parser.add_argument("--no-chart", action="store_true", help="skip the PNG chart")
+    parser.add_argument("--timeout", type=float, default=900,
+                        help="seconds allowed per metric per runtime")
     args = parser.parse_args(argv)
-    names = [name for name in METRICS if args.only in name]
-    rows = []
-    for name in names:
-        row = _run_one(name, args.rounds)
-        rows.append(row)
-        if "error" in row:
-            print(f"{name:<55} FAILED\n{row['error']}")
-        else:
-            print(f"{name:<55} {row['median']:>12.4g} {row['unit']:<8} "
-                  f"({row['min']:.4g} - {row['max']:.4g})", flush=True)
-    record = {"date": datetime.datetime.now(datetime.UTC).isoformat(),
-              "machine": {"platform": platform.platform(), "python": platform.python_version(),
-                          "cpus": os.cpu_count()},
-              "rounds": args.rounds, "results": rows}
-    path = args.json or os.path.join(HERE, "results",
-                                     datetime.date.today().isoformat() + ".json")
-    os.makedirs(os.path.dirname(path), exist_ok=True)
+    rounds = 1 if args.quick else args.rounds
+    peers = [p.strip() for p in args.peers.split(",") if p.strip()]
+    for peer in peers:
+        if peer not in RUNTIMES or peer == "tray":
+            parser.error(f"unknown peer {peer!r}; known: ray, dask")
+    runtimes = ["tray", *peers]
+    patterns = [p.strip() for p in args.only.split(",")] if args.only else [""]
+    metrics = [m for m in METRICS if any(p in m.name for p in patterns)]
+    if not metrics:
+        parser.error(f"no metric matches --only {args.only!r}")
+    versions = _versions(runtimes)
+    started = datetime.datetime.now().astimezone()
+    rows = {row: {} for metric in metrics for row in metric.row_names()}
+    load_before = os.getloadavg()
+    # One runtime after another: all of tray's metrics, then Ray's, then Dask's.
+    for runtime in runtimes:
+        for metric in metrics:
+            began = time.perf_counter()
+            results = run_one(runtime, metric, rounds, args.quick, args.timeout)
+            for row, cell in results.items():
+                rows.setdefault(row, {})[runtime] = cell
+                print(f"{runtime:<5} {row:<52} {_cell(cell):<36} "
+                      f"[{time.perf_counter() - began:.1f} s]", flush=True)
+                if "error" in cell:
+                    print("      " + cell["error"].replace("\n", "\n      "), flush=True)
+    record = {
+        "date": started.isoformat(timespec="seconds"),
+        "machine": {"platform": platform.platform(), "python": platform.python_version(),
+                    "cpus": os.cpu_count(), "memory_gb": _memory_gb()},
+        "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
+        "versions": versions, "runtimes": runtimes, "rounds": rounds, "quick": args.quick,
+        "rows": [],
+    }
+    for metric in metrics:
+        names = list(metric.row_names())
+        names += [r for r in rows if r.startswith(metric.name + ", ") and r not in names]
+        for name in names:
+            record["rows"].append({"name": name, "metric": metric.name, "unit": metric.unit,
+                                   "higher_is_better": metric.higher_is_better,
+                                   "dask_method": metric.dask, "results": rows.get(name, {})})
+    stamp = started.strftime("%Y-%m-%d-%H%M%S")
+    path = args.json or os.path.join(HERE, "results", stamp + ".json")
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "w") as file:
         json.dump(record, file, indent=2)
+    print()
+    print(f"{record['date']}, {record['machine']['platform']}, {record['machine']['cpus']} "
+          f"CPUs, Python {record['machine']['python']}; "
+          + ", ".join(f"{k} {v}" for k, v in versions.items())
+          + f"; rounds {rounds}{' (quick)' if args.quick else ''}; load average "
+          f"{_load(load_before)} before, {_load(record['loadavg_after'])} after")
+    print()
+    print(table(record))
+    print()
     print(f"results: {path}")
-    return 1 if any("error" in row for row in rows) else 0
+    if not args.no_chart:
+        try:
+            import chart
+
+            png = chart.write(record, os.path.splitext(path)[0] + ".png")
+            print(f"chart:   {png}")
+        except ImportError as error:
+            print(f"chart:   skipped ({error}; pip install matplotlib)")
+    failed = [row["name"] for row in record["rows"]
+              if any("error" in cell for cell in row["results"].values())]
+    if failed:
+        print(f"FAILED: {', '.join(failed)}")
+    return 1 if failed else 0
+
+
+def _load(load: tuple) -> str:
+    return "/".join(f"{x:.2f}" for x in load)
+
+
+def _memory_gb() -> float | None:
+    try:
+        return round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _versions(runtimes: list[str]) -> dict:
+    from importlib import metadata
+
+    versions = {}
+    for runtime in runtimes:
+        package = {"dask": "distributed"}.get(runtime, runtime)
+        try:
+            versions[runtime] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            versions[runtime] = "not installed"
+    return versions
 
 
 if __name__ == "__main__":
+    sys.path.insert(0, HERE)
     sys.exit(main())
