@@ -426,7 +426,8 @@ def kill(actor: ActorHandle, *, no_restart: bool = True) -> None:
     ``max_restarts``)."""
     if not isinstance(actor, ActorHandle):
         raise TypeError(f"kill() expects an actor handle, got {type(actor).__name__}")
-    _gcs_call("kill_actor", actor._actor_id, no_restart)
+    worker = get_worker()
+    _block(worker, worker.kill_actor, actor._actor_id, no_restart)
 
 
 def get_actor(name: str, namespace: str | None = None) -> ActorHandle:

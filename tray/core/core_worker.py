@@ -1255,7 +1255,15 @@ class CoreWorker:
             self._finish_actor_call(task, state, results)
             return
 
+    async def kill_actor(self, actor_id: str, no_restart: bool) -> None:
+        await self.gcs_call("kill_actor", actor_id, no_restart)
+        state = self.actors.get(actor_id)
+        if state is not None and state.info is not None:
+            # Later calls from here wait for the next incarnation (or death).
+            state.seen_incarnation = max(state.seen_incarnation, state.info["incarnation"])
+
     async def _actor_failure(self, state: ActorState, spec: TaskSpec) -> Exception:
+        """The error for a call whose actor died under it (not retried)."""
         try:
             info = await self.gcs_call("get_actor", state.actor_id)
         except exceptions.TrayError:
@@ -1263,10 +1271,15 @@ class CoreWorker:
         if info is not None and info["state"] == "DEAD":
             state.info = info
             return _actor_died_error(info, spec.name)
-        if info is not None and info["state"] in ("RESTARTING", "PENDING_CREATION"):
+        # The GCS may not have heard of the death yet: the actor restarts if
+        # its budget allows.
+        if info is not None and (info["state"] in ("RESTARTING", "PENDING_CREATION") or
+                                 info["max_restarts"] == -1 or
+                                 info["restarts"] < info["max_restarts"]):
             return exceptions.ActorUnavailableError(
-                f"the actor {state.actor_id} died while running {spec.name} and is restarting; "
-                "the call was not retried (max_task_retries=0)", state.actor_id)
+                f"the actor {state.actor_id} ({info['class_name']}) died while running "
+                f"{spec.name} and is restarting; the call was not retried "
+                "(max_task_retries=0)", state.actor_id)
         return exceptions.ActorDiedError(
             f"the actor {state.actor_id} died while running {spec.name}; the call was not "
             "retried (max_task_retries=0)", state.actor_id)

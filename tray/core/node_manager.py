@@ -306,6 +306,11 @@ class NodeManager:
             self._release_lease(grant["lease_id"], worker_ok=True)
             raise
         lease = self.leases[grant["lease_id"]]
+        if conn is not None and conn.closed:
+            # The requester went away while it waited: nobody would return this lease.
+            self.idle.insert(0, worker.worker_id)
+            self._release_lease(lease.lease_id, worker_ok=True)
+            return {}
         lease.worker_id = worker.worker_id
         worker.state = "actor" if lease.for_actor else "leased"
         worker.lease_id = lease.lease_id

@@ -1,0 +1,368 @@
+"""Fault tolerance in the simulator, through its fault API: node crashes and
+restarts, partitions, GCS restarts, lineage reconstruction, actor restarts.
+
+The simulated cluster runs in this process, so a module-level counter sees
+every execution of a task body. Real-process versions of these scenarios
+are in test_fault_tolerance_local.py."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+import tray
+import tray.exceptions as tex
+import tray.simtest
+from tray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+import sim_counters  # noqa: I001 (tests/ is on sys.path)
+
+RUNS = sim_counters.RUNS
+BIG = 200_000  # float64 elements: 1.6 MB, lives in a node's object store
+DEATH_S = 15  # virtual seconds for the GCS to declare a silent node dead
+
+
+@pytest.fixture
+def sim():
+    RUNS.clear()
+    tray.init(backend="sim", seed=11, num_nodes=3, num_cpus=2)
+    try:
+        yield tray.simtest.cluster()
+    finally:
+        tray.shutdown()
+
+
+def on(node_id: str, soft: bool = True):
+    return NodeAffinitySchedulingStrategy(node_id, soft=soft)
+
+
+@tray.remote
+def produce(key: str, value: float, seconds: float = 0.0):
+    import time
+
+    sim_counters.RUNS[key] += 1
+    time.sleep(seconds)
+    return np.full(BIG, value)
+
+
+@tray.remote
+def plus_one(key: str, array):
+    sim_counters.RUNS[key] += 1
+    return array + 1
+
+
+@tray.remote
+def slow_square(key: str, x: int, seconds: float):
+    import time
+
+    sim_counters.RUNS[key] += 1
+    time.sleep(seconds)
+    return x * x
+
+
+@tray.remote
+def put_inside(key: str):
+    sim_counters.RUNS[key] += 1
+    return [tray.put(np.full(BIG, 7.0))]
+
+
+@tray.remote
+class Counter:
+    def __init__(self):
+        sim_counters.RUNS["Counter.__init__"] += 1
+        self.value = 0
+
+    def add(self, n: int) -> int:
+        self.value += n
+        return self.value
+
+    def node(self) -> str:
+        return tray.get_runtime_context().get_node_id()
+
+    def sleep_then_add(self, seconds: float, n: int) -> int:
+        import time
+
+        time.sleep(seconds)
+        self.value += n
+        return self.value
+
+
+# ====================================================================== the API
+
+def test_fault_api_lists_nodes_and_workers(sim):
+    ids = sim.node_ids()
+    assert len(ids) == 3 and len(set(ids)) == 3
+    assert all(sim.is_alive(node_id) for node_id in ids)
+    counter = Counter.remote()
+    assert tray.get(counter.add.remote(1)) == 1
+    worker = sim.worker_of(counter)
+    assert worker in sim.workers()
+    with pytest.raises(ValueError, match="node 0 hosts the GCS"):
+        sim.kill_node(ids[0])
+    with pytest.raises(ValueError, match="unknown node"):
+        sim.kill_node("ff" * 16)
+    with pytest.raises(ValueError, match="no live worker"):
+        sim.kill_worker("00" * 16)
+
+
+def test_faults_are_in_the_trace_and_replay_identically():
+    def run() -> tuple[str, int]:
+        tray.init(backend="sim", seed=3, num_nodes=2, num_cpus=2)
+        try:
+            sim = tray.simtest.cluster()
+            victim = sim.node_ids()[1]
+            refs = [slow_square.options(max_retries=-1, scheduling_strategy=on(victim))
+                    .remote("sq", i, 2.0) for i in range(4)]
+            sim.at(1.0, lambda: sim.kill_node(victim, restart_after_s=5.0))
+            assert tray.get(refs) == [0, 1, 4, 9]
+            sim.advance(10.0)
+            faults = [e["event"] for e in sim.trace.events if e["component"] == "fault"]
+            return tray.simtest.trace_digest(), faults
+        finally:
+            tray.shutdown()
+
+    first, second = run(), run()
+    assert first == second
+    assert first[1] == ["kill_node", "restart_node"]
+
+
+# ======================================================================= tasks
+
+def test_task_on_crashed_node_is_retried_elsewhere(sim):
+    victim = sim.node_ids()[1]
+    ref = slow_square.options(scheduling_strategy=on(victim)).remote("sq", 7, 5.0)
+    sim.advance(1.0)
+    sim.kill_node(victim)
+    assert tray.get(ref) == 49
+    assert RUNS["sq"] == 2
+
+
+def test_task_without_retries_on_crashed_node_raises_worker_crashed(sim):
+    victim = sim.node_ids()[1]
+    ref = slow_square.options(max_retries=0, scheduling_strategy=on(victim)).remote("sq", 7, 5.0)
+    sim.advance(1.0)
+    sim.kill_node(victim)
+    with pytest.raises(tex.WorkerCrashedError, match=r"slow_square.*max_retries=0"):
+        tray.get(ref)
+    assert RUNS["sq"] == 1
+
+
+def test_partitioned_node_is_declared_dead_its_task_retried_and_it_fences_itself(sim):
+    victim = sim.node_ids()[1]
+    others = [n for n in sim.node_ids() if n != victim]
+    ref = slow_square.options(scheduling_strategy=on(victim)).remote("sq", 3, 60.0)
+    sim.advance(1.0)
+    sim.partition([victim], others)
+    assert tray.get(ref) == 9  # re-ran on another node once the GCS gave up on it
+    assert RUNS["sq"] == 2
+    dead = {n["NodeID"]: n["Alive"] for n in tray.nodes()}
+    assert dead[victim] is False
+    sim.heal()
+    sim.advance(5.0)
+    assert not sim.is_alive(victim)  # it learned it was declared dead, and ended
+
+
+def test_short_stall_delays_but_loses_nothing(sim):
+    victim = sim.node_ids()[1]
+    refs = [slow_square.options(max_retries=0, scheduling_strategy=on(victim, soft=False))
+            .remote(f"sq{i}", i, 0.5) for i in range(4)]
+    sim.stall(victim, 3.0)
+    assert tray.get(refs) == [0, 1, 4, 9]
+    assert all(RUNS[f"sq{i}"] == 1 for i in range(4))
+    assert sim.is_alive(victim)
+
+
+def test_crashed_node_restarts_with_a_new_id_and_takes_work(sim):
+    victim = sim.node_ids()[1]
+    sim.kill_node(victim, restart_after_s=2.0)
+    sim.advance(DEATH_S)
+    fresh = sim.node_ids()[1]
+    assert fresh != victim and sim.is_alive(fresh)
+    alive = {n["NodeID"]: n["Alive"] for n in tray.nodes()}
+    assert alive[victim] is False and alive[fresh] is True
+    ref = slow_square.options(scheduling_strategy=on(fresh, soft=False)).remote("sq", 5, 0.1)
+    assert tray.get(ref) == 25
+
+
+def test_slow_node_and_connection_reset_lose_nothing(sim):
+    victim = sim.node_ids()[2]
+    sim.slow_node(victim, 50.0)
+    refs = [slow_square.options(max_retries=-1, scheduling_strategy=on(victim))
+            .remote(f"sq{i}", i, 0.2) for i in range(6)]
+    sim.advance(0.1)
+    sim.reset_connections(victim)
+    assert tray.get(refs) == [i * i for i in range(6)]
+    sim.slow_node(victim, 1.0)
+
+
+# ===================================================================== objects
+
+def test_lost_object_is_re_created_from_lineage(sim):
+    victim = sim.node_ids()[1]
+    ref = produce.options(scheduling_strategy=on(victim)).remote("p", 2.0)
+    tray.wait([ref], fetch_local=False)
+    sim.kill_node(victim)
+    sim.advance(DEATH_S)
+    assert float(tray.get(ref).sum()) == 2.0 * BIG
+    assert RUNS["p"] == 2
+
+
+def test_lost_chain_is_re_created_recursively(sim):
+    victim = sim.node_ids()[1]
+    first = produce.options(scheduling_strategy=on(victim)).remote("p", 1.0)
+    second = plus_one.options(scheduling_strategy=on(victim)).remote("q", first)
+    tray.wait([second], fetch_local=False)
+    sim.kill_node(victim)
+    sim.advance(DEATH_S)
+    assert float(tray.get(second)[0]) == 2.0
+    assert (RUNS["p"], RUNS["q"]) == (2, 2)
+
+
+def test_lost_object_of_a_task_without_retries_cannot_be_re_created(sim):
+    victim = sim.node_ids()[1]
+    ref = produce.options(max_retries=0, scheduling_strategy=on(victim)).remote("p", 1.0)
+    tray.wait([ref], fetch_local=False)
+    sim.kill_node(victim)
+    sim.advance(DEATH_S)
+    with pytest.raises(tex.ObjectReconstructionFailedError,
+                       match=r"produce.*retries are used up \(max_retries=0"):
+        tray.get(ref)
+    assert RUNS["p"] == 1
+
+
+def test_object_with_another_copy_is_recovered_without_re_running(sim):
+    victim = sim.node_ids()[1]
+    ref = produce.options(scheduling_strategy=on(victim)).remote("p", 4.0)
+    assert float(tray.get(ref)[0]) == 4.0  # now also on the driver's node
+    sim.kill_node(victim)
+    sim.advance(DEATH_S)
+    total = plus_one.options(scheduling_strategy=on(sim.node_ids()[2], soft=False)).remote(
+        "q", ref)
+    assert float(tray.get(total)[0]) == 5.0
+    assert RUNS["p"] == 1
+
+
+def test_put_object_whose_copy_is_lost_raises_object_lost(sim):
+    ref = tray.put(np.zeros(BIG))
+    sim.stores[0].delete(ref.binary())  # the store loses its only copy
+    with pytest.raises(tex.ObjectLostError, match=r"created by put\(\)"):
+        tray.get(ref)
+
+
+def test_borrower_of_an_object_whose_owner_died_gets_owner_died(sim):
+    victim = sim.node_ids()[1]
+    [inner] = tray.get(put_inside.options(scheduling_strategy=on(victim, soft=False))
+                       .remote("owner"))
+    sim.kill_node(victim)
+    with pytest.raises(tex.OwnerDiedError, match="owner"):
+        tray.get(inner)
+
+
+# ====================================================================== actors
+
+def test_actor_restarts_on_another_node_when_its_node_dies(sim):
+    victim = sim.node_ids()[1]
+    counter = Counter.options(max_restarts=1, max_task_retries=-1,
+                              scheduling_strategy=on(victim)).remote()
+    assert tray.get(counter.add.remote(5)) == 5
+    assert tray.get(counter.node.remote()) == victim
+    sim.kill_node(victim)
+    assert tray.get(counter.add.remote(1)) == 1  # a new instance: the constructor re-ran
+    assert tray.get(counter.node.remote()) != victim
+    assert RUNS["Counter.__init__"] == 2
+
+
+def test_call_in_flight_fails_with_actor_unavailable_while_restarting(sim):
+    counter = Counter.options(max_restarts=1).remote()
+    assert tray.get(counter.add.remote(1)) == 1
+    ref = counter.sleep_then_add.remote(5.0, 1)
+    sim.advance(1.0)
+    sim.kill_worker(sim.worker_of(counter))
+    with pytest.raises(tex.ActorUnavailableError, match="sleep_then_add"):
+        tray.get(ref)
+    assert tray.get(counter.add.remote(10)) == 10  # restarted, fresh state
+
+
+def test_call_in_flight_fails_with_actor_died_when_no_restarts_left(sim):
+    counter = Counter.remote()
+    ref = counter.sleep_then_add.remote(5.0, 1)
+    sim.advance(1.0)
+    sim.kill_worker(sim.worker_of(counter))
+    with pytest.raises(tex.ActorDiedError, match="sleep_then_add"):
+        tray.get(ref)
+    with pytest.raises(tex.ActorDiedError, match=r"max_restarts=0"):
+        tray.get(counter.add.remote(1))
+
+
+def test_max_task_retries_retries_calls_in_submission_order(sim):
+    counter = Counter.options(max_restarts=-1, max_task_retries=-1).remote()
+    refs = [counter.sleep_then_add.remote(0.5, i) for i in range(1, 7)]
+    sim.advance(1.2)
+    sim.kill_worker(sim.worker_of(counter))
+    results = tray.get(refs)
+    # Calls before the crash ran on the first instance, the rest (the one in
+    # flight included) were retried, in submission order, on the second.
+    def running_sums(restart: int) -> list[int]:
+        return [sum(range(1 if k < restart else restart + 1, k + 2)) for k in range(6)]
+    assert any(results == running_sums(restart) for restart in range(1, 6)), results
+    assert RUNS["Counter.__init__"] == 2
+
+
+def test_kill_with_restart_restarts_and_kill_ends_for_good(sim):
+    counter = Counter.options(max_restarts=1).remote()
+    assert tray.get(counter.add.remote(3)) == 3
+    tray.kill(counter, no_restart=False)
+    assert tray.get(counter.add.remote(1)) == 1
+    tray.kill(counter)
+    with pytest.raises(tex.ActorDiedError):
+        tray.get(counter.add.remote(1))
+
+
+# ========================================================================= GCS
+
+def test_gcs_restart_keeps_nodes_actors_names_and_kv(sim):
+    named = Counter.options(name="ledger", lifetime="detached").remote()
+    assert tray.get(named.add.remote(2)) == 2
+    refs = [slow_square.remote(f"sq{i}", i, 1.0) for i in range(6)]
+    sim.restart_gcs(down_for_s=3.0)
+    assert tray.get(refs) == [i * i for i in range(6)]
+    found = tray.get_actor("ledger")
+    assert tray.get(found.add.remote(3)) == 5  # the same instance, state kept
+    assert {n["NodeID"] for n in tray.nodes() if n["Alive"]} == set(sim.node_ids())
+    fresh = Counter.remote()  # the restarted GCS schedules new actors
+    assert tray.get(fresh.add.remote(1)) == 1
+    assert all(RUNS[f"sq{i}"] == 1 for i in range(6))
+
+
+def test_gcs_restart_during_actor_creation(sim):
+    sim.restart_gcs(down_for_s=2.0)
+    counter = Counter.options(name="late").remote()
+    assert tray.get(counter.add.remote(4)) == 4
+    assert tray.get(tray.get_actor("late").add.remote(1)) == 5
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_worker_crash_inside_actor_with_os_exit_restarts_it(seed):
+    tray.init(backend="sim", seed=seed)
+    try:
+        @tray.remote(max_restarts=2, max_task_retries=0)
+        class Fragile:
+            def __init__(self):
+                self.calls = 0
+
+            def crash(self):
+                os._exit(1)
+
+            def ping(self):
+                self.calls += 1
+                return self.calls
+
+        actor = Fragile.remote()
+        assert tray.get(actor.ping.remote()) == 1
+        with pytest.raises(tex.ActorError):
+            tray.get(actor.crash.remote())
+        assert tray.get(actor.ping.remote()) == 1
+    finally:
+        tray.shutdown()
