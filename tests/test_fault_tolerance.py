@@ -343,9 +343,8 @@ def test_gcs_restart_during_actor_creation(sim):
     assert tray.get(tray.get_actor("late").add.remote(1)) == 5
 
 
-@pytest.mark.parametrize("seed", [1, 2])
-def test_worker_crash_inside_actor_with_os_exit_restarts_it(seed):
-    tray.init(backend="sim", seed=seed)
+def test_worker_crash_inside_actor_with_os_exit_restarts_it(backend):
+    tray.init(backend=backend, num_cpus=2, **({"seed": 1} if backend == "sim" else {}))
     try:
         @tray.remote(max_restarts=2, max_task_retries=0)
         class Fragile:
@@ -363,6 +362,12 @@ def test_worker_crash_inside_actor_with_os_exit_restarts_it(seed):
         assert tray.get(actor.ping.remote()) == 1
         with pytest.raises(tex.ActorError):
             tray.get(actor.crash.remote())
-        assert tray.get(actor.ping.remote()) == 1
+        assert tray.get(actor.ping.remote()) == 1  # restarted: a fresh instance
+        with pytest.raises(tex.ActorError):
+            tray.get(actor.crash.remote())
+        with pytest.raises(tex.ActorError):
+            tray.get(actor.crash.remote())
+        with pytest.raises(tex.ActorDiedError, match=r"max_restarts=2"):
+            tray.get(actor.ping.remote())
     finally:
         tray.shutdown()

@@ -104,12 +104,23 @@ class NodeManager:
 
     async def run(self) -> None:
         await self.endpoint.serve()
-        reply = await self.endpoint.call(self.env.gcs_address, "register_node", {
+        registration = {
             "node_id": self.node_id, "address": self.env.address,
             "resources": self.total, "available": dict(self.available),
             "object_store_bytes": self.store.capacity_bytes,
             **self.env.extra.get("node_info", {}),
-        })
+        }
+        # A GCS started beside this node may not listen yet.
+        deadline = trio.current_time() + self.env.extra.get("wait_for_gcs_s", 0.0)
+        while True:
+            try:
+                reply = await self.endpoint.call(self.env.gcs_address, "register_node",
+                                                 registration)
+                break
+            except PeerDisconnected:
+                if trio.current_time() >= deadline:
+                    raise
+                await trio.sleep(0.05)
         self._update_view(reply["view"])
         self.tracer.record(self.node_id[:8], "node_started", resources=self.total)
         for _ in range(min(self.env.extra.get("prestart_workers", 0),

@@ -1,6 +1,7 @@
 """A node process of a local cluster: the node manager, which starts worker
 processes on demand (and prestarts some), plus the GCS on the head node
-(``--head``).
+(``--head``): inside this process, or, when its tables live in Redis, as a
+supervised process of its own that is restarted when it dies.
 
 Run by ``tray.init()`` (backend "local"); exits on SIGTERM/SIGINT, or when
 the driver it serves dies (``--exit-with-driver``), killing its workers."""
@@ -133,6 +134,26 @@ async def _reap(spawner: ProcessSpawner, node_manager: NodeManager) -> None:
         spawner.reap(node_manager)
 
 
+async def _supervise_gcs(session: Session, gcs_address: str, redis_address: str) -> None:
+    """Run the GCS in a process of its own; start it again when it dies
+    (its tables are in Redis)."""
+    command = [sys.executable, "-P", "-m", "tray.backends.local.gcs_server",
+               "--session", session.directory, "--address", gcs_address,
+               "--redis-address", redis_address, "--parent", str(os.getpid())]
+    while True:
+        process = subprocess.Popen(command, stdin=subprocess.DEVNULL)
+        try:
+            while process.poll() is None:
+                await trio.sleep(0.1)
+        finally:
+            if process.poll() is None:  # the node is stopping
+                process.kill()
+                process.wait()
+        logger.warning("the GCS (pid %d) exited with code %s; starting it again",
+                       process.pid, process.returncode)
+        await trio.sleep(0.2)
+
+
 async def run_node(args) -> None:
     session = Session(args.session)
     transport = TcpTransport(session.token())
@@ -159,12 +180,15 @@ async def run_node(args) -> None:
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             async with trio.open_nursery() as nursery:
                 spawner.nursery = nursery
-                if args.head:
-                    storage = RedisStorage(args.redis_address) if args.redis_address \
-                        else MemoryStorage()
+                wait_for_gcs_s = 0.0
+                if args.head and args.redis_address:
+                    RedisStorage(args.redis_address)  # fail now if Redis is unreachable
+                    nursery.start_soon(_supervise_gcs, session, gcs_address, args.redis_address)
+                    wait_for_gcs_s = DEFAULT_CONFIG.gcs_reconnect_timeout_s
+                elif args.head:
                     gcs_env = ProcessEnv(address=gcs_address, transport=transport,
                                          rng=random.Random(), tracer=NullTracer(),
-                                         config=DEFAULT_CONFIG, storage=storage)
+                                         config=DEFAULT_CONFIG, storage=MemoryStorage())
                     await GcsServer(gcs_env, nursery).run()
                 store = ShmObjectStore(store_directory, args.object_store_bytes, spill_directory)
                 node_env = ProcessEnv(
@@ -172,7 +196,8 @@ async def run_node(args) -> None:
                     config=DEFAULT_CONFIG, node_id=node_id, object_store=store,
                     spawner=spawner, gcs_address=gcs_address, resources=resources,
                     extra={"prestart_workers": args.prestart, "node_info": node_info,
-                           "exit_process": nursery.cancel_scope.cancel})
+                           "exit_process": nursery.cancel_scope.cancel,
+                           "wait_for_gcs_s": wait_for_gcs_s})
                 node_manager = NodeManager(node_env, nursery)
                 await node_manager.run()
                 session.write_info(args.node_index, {

@@ -1,0 +1,208 @@
+"""Fault tolerance with real processes: a node's processes killed with
+SIGKILL, the GCS process killed with a real Redis server behind it, a
+driver that exits while its actors live. (The same behaviours under the
+simulator's fault API are in test_fault_tolerance.py.)"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import psutil
+import pytest
+from redis_server import redis_server
+from test_cluster_cli import _tray
+
+import tray
+from tray.backends.local.session import free_port
+from tray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+pytestmark = pytest.mark.skipif("local" not in os.environ.get("TRAY_TEST_BACKENDS", "local"),
+                                reason="the local backend is not under test")
+
+
+def _wait_until(condition, timeout_s: float = 30.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.1)
+    return False
+
+
+@tray.remote
+class Tally:
+    def __init__(self):
+        self.counts = {}
+
+    def hit(self, key):
+        self.counts[key] = self.counts.get(key, 0) + 1
+        return self.counts[key]
+
+    def count(self, key):
+        return self.counts.get(key, 0)
+
+
+@tray.remote
+class Counter:
+    def __init__(self):
+        self.value = 0
+
+    def add(self, n):
+        self.value += n
+        return self.value
+
+    def node(self):
+        return tray.get_runtime_context().get_node_id()
+
+
+@tray.remote
+def slow_square(tally, x, seconds):
+    if tray.get(tally.hit.remote("slow")) == 1:  # only the first run is slow
+        time.sleep(seconds)
+    return x * x
+
+
+@tray.remote
+def produce(tally, value):
+    tray.get(tally.hit.remote("produce"))
+    return np.full(500_000, value)  # 4 MB: lives in its node's object store
+
+
+def _node_process(index: int) -> psutil.Process:
+    for child in psutil.Process().children():
+        cmdline = child.cmdline()
+        if "tray.backends.local.node" in cmdline and \
+                cmdline[cmdline.index("--node-index") + 1] == str(index):
+            return child
+    raise AssertionError(f"no process for node {index}")
+
+
+def test_killed_node_work_is_retried_re_created_and_restarted_elsewhere():
+    tray.init(num_nodes=2, num_cpus=2)
+    try:
+        head = tray.get_runtime_context().get_node_id()
+        [other] = [n["NodeID"] for n in tray.nodes() if n["NodeID"] != head]
+        tally = Tally.options(scheduling_strategy=NodeAffinitySchedulingStrategy(head)).remote()
+        there = NodeAffinitySchedulingStrategy(other, soft=True)
+        big = produce.options(scheduling_strategy=there).remote(tally, 3.0)
+        tray.wait([big], fetch_local=False)
+        actor = Counter.options(max_restarts=1, max_task_retries=-1,
+                                scheduling_strategy=there).remote()
+        assert tray.get(actor.node.remote()) == other
+        assert tray.get(actor.add.remote(5)) == 5
+        running = slow_square.options(scheduling_strategy=there).remote(tally, 6, 60.0)
+        assert _wait_until(lambda: tray.get(tally.count.remote("slow")) == 1)
+
+        node = _node_process(1)
+        victims = [node, *node.children(recursive=True)]
+        for process in victims:
+            process.send_signal(signal.SIGKILL)
+        psutil.wait_procs(victims, timeout=10)
+
+        # The running task is retried on the head node once the node is declared dead.
+        assert tray.get(running, timeout=60) == 36
+        assert tray.get(tally.count.remote("slow")) == 2
+        # The object whose only copy was on the dead node is re-created by its task.
+        assert float(tray.get(big, timeout=60)[0]) == 3.0
+        assert tray.get(tally.count.remote("produce")) == 2
+        # The actor restarted on the head node, with fresh state.
+        assert tray.get(actor.add.remote(1), timeout=60) == 1
+        assert tray.get(actor.node.remote()) == head
+        assert {n["NodeID"]: n["Alive"] for n in tray.nodes()} == {head: True, other: False}
+    finally:
+        tray.shutdown()
+
+
+def test_gcs_killed_with_redis_behind_it_comes_back_and_the_workload_finishes(
+        tmp_path, monkeypatch):
+    root = tmp_path / "sessions"
+    with redis_server(str(tmp_path)) as redis_address:
+        port = free_port()
+        _tray(root, "start", "--head", "--port", str(port), "--num-cpus", "2",
+              "--redis-address", redis_address)
+        try:
+            with open(root / "current_cluster.json") as file:
+                info = json.load(file)
+            monkeypatch.setenv("TRAY_CLUSTER_TOKEN", info["token"])
+            tray.init(address=f"127.0.0.1:{port}")
+            pid_file = os.path.join(info["session_dir"], "gcs.pid")
+            with open(pid_file) as file:
+                gcs_pid = int(file.read())
+            tally = Tally.remote()
+            ledger = Counter.options(name="ledger", lifetime="detached").remote()
+            assert tray.get(ledger.add.remote(1)) == 1
+            refs = [slow_square.remote(tally, i, 1.0) for i in range(6)]
+
+            os.kill(gcs_pid, signal.SIGKILL)
+
+            assert tray.get(refs, timeout=60) == [i * i for i in range(6)]
+            assert tray.get(ledger.add.remote(2)) == 3  # actor calls go direct
+
+            def restarted() -> bool:
+                try:
+                    with open(pid_file) as file:
+                        return int(file.read()) != gcs_pid
+                except (OSError, ValueError):
+                    return False
+            assert _wait_until(restarted)
+            found = tray.get_actor("ledger")
+            assert tray.get(found.add.remote(3)) == 6  # same actor, same state
+            assert [n["Alive"] for n in tray.nodes()] == [True]
+            fresh = Counter.remote()  # the new GCS schedules actors
+            assert tray.get(fresh.add.remote(7)) == 7
+            assert tray.get(tally.count.remote("slow")) == 6  # nothing ran twice
+        finally:
+            if tray.is_initialized():
+                tray.shutdown()
+            _tray(root, "stop", check=False)
+
+
+def test_detached_actor_outlives_its_driver_and_non_detached_dies(tmp_path, monkeypatch):
+    root = tmp_path / "sessions"
+    port = free_port()
+    _tray(root, "start", "--head", "--port", str(port), "--num-cpus", "2")
+    try:
+        with open(root / "current_cluster.json") as file:
+            token = json.load(file)["token"]
+        monkeypatch.setenv("TRAY_CLUSTER_TOKEN", token)
+        first_driver = textwrap.dedent(f"""
+            import tray
+
+            @tray.remote
+            class Box:
+                def __init__(self):
+                    self.items = []
+
+                def add(self, item):
+                    self.items.append(item)
+                    return len(self.items)
+
+            tray.init(address="127.0.0.1:{port}", namespace="shared")
+            keeper = Box.options(name="keeper", lifetime="detached").remote()
+            ephemeral = Box.options(name="ephemeral").remote()
+            assert tray.get([keeper.add.remote("a"), ephemeral.add.remote("b")]) == [1, 1]
+        """)
+        subprocess.run([sys.executable, "-c", first_driver], check=True, timeout=120,
+                       env={**os.environ, "TRAY_CLUSTER_TOKEN": token})
+        tray.init(address=f"127.0.0.1:{port}", namespace="shared")
+        keeper = tray.get_actor("keeper")
+        assert tray.get(keeper.add.remote("c")) == 2  # the same instance
+
+        def ephemeral_gone() -> bool:
+            try:
+                tray.get_actor("ephemeral")
+            except ValueError:
+                return True
+            return False
+        assert _wait_until(ephemeral_gone)
+    finally:
+        if tray.is_initialized():
+            tray.shutdown()
+        _tray(root, "stop", check=False)
