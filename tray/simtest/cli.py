@@ -1,0 +1,214 @@
+"""``tray simtest run`` / ``tray simtest replay`` and ``python -m tray.simtest``.
+
+``run`` sweeps seeds in this process, one cluster after another, with a
+progress bar on stderr, and ends with a summary: seeds run, failures,
+virtual time simulated, seeds per minute. Each failure prints the invariant,
+the seed, the fault schedule and the one command that replays it. A share
+of the seeds (``--determinism-every``) runs twice and must give the same
+digest. ``replay`` runs one seed and prints its digest, which equals the
+digest ``run`` printed for it, in any process."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from . import faults as faults_module
+from . import runner, workloads
+
+DEFAULT_SEEDS = "0:200"
+DEFAULT_WORKLOAD = "mixed"
+DEFAULT_FAULTS = "default"
+
+
+def _seed_range(text: str) -> range:
+    try:
+        if ":" in text:
+            start, stop = (int(part) for part in text.split(":", 1))
+        else:
+            start, stop = 0, int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"seeds must look like START:STOP or COUNT, got {text!r}") from None
+    if stop <= start:
+        raise argparse.ArgumentTypeError(f"the seed range {text!r} is empty")
+    return range(start, stop)
+
+
+def add_arguments(parser: argparse.ArgumentParser, *, replay: bool) -> None:
+    parser.add_argument("--workload", default=DEFAULT_WORKLOAD,
+                        choices=sorted(workloads.WORKLOADS), help="the program to run")
+    parser.add_argument("--faults", default=DEFAULT_FAULTS,
+                        choices=sorted(faults_module.PROFILES), help="the fault profile")
+    parser.add_argument("--strict", action="store_true",
+                        help="fail on the known tray issues too (see runner.KNOWN_ISSUES)")
+    if replay:
+        parser.add_argument("--seed", type=int, required=True, help="the seed to replay")
+        parser.add_argument("--trace", metavar="PATH",
+                            help="write the run's event trace here as JSON lines")
+    else:
+        parser.add_argument("--seeds", type=_seed_range, default=_seed_range(DEFAULT_SEEDS),
+                            help=f"START:STOP or COUNT (default {DEFAULT_SEEDS})")
+        parser.add_argument("--json", action="store_true",
+                            help="print one JSON object with the results instead of text")
+        parser.add_argument("--determinism-every", type=int, default=10, metavar="N",
+                            help="re-run every Nth seed in-process and compare digests "
+                                 "(0: never; default 10)")
+        parser.add_argument("--max-failures", type=int, default=0, metavar="N",
+                            help="stop after N failures (0: run every seed)")
+
+
+# ====================================================================== run
+
+
+class _Progress:
+    """A one-line progress bar on stderr (a plain line every 10% when
+    stderr is not a terminal)."""
+
+    def __init__(self, total: int, enabled: bool) -> None:
+        self.total = total
+        self.enabled = enabled
+        self.tty = sys.stderr.isatty()
+        self.started = time.perf_counter()
+        self._last_decile = -1
+
+    def update(self, done: int, failures: int) -> None:
+        if not self.enabled:
+            return
+        elapsed = time.perf_counter() - self.started
+        rate = done / elapsed * 60 if elapsed > 0 else 0.0
+        if self.tty:
+            width = 30
+            filled = int(width * done / self.total)
+            bar = "#" * filled + "-" * (width - filled)
+            sys.stderr.write(f"\r[{bar}] {done}/{self.total} seeds, {failures} failed, "
+                             f"{rate:.0f} seeds/min ")
+            if done == self.total:
+                sys.stderr.write("\n")
+            sys.stderr.flush()
+            return
+        decile = done * 10 // self.total
+        if decile != self._last_decile:
+            self._last_decile = decile
+            print(f"simtest: {done}/{self.total} seeds, {failures} failed, {rate:.0f} seeds/min",
+                  file=sys.stderr, flush=True)
+
+
+def sweep(seeds, workload: str, faults: str, *, strict: bool = False,
+          determinism_every: int = 10, max_failures: int = 0, progress: bool = False,
+          on_failure=None) -> dict:
+    """Run ``seeds``; returns the summary (the JSON ``run --json`` prints)."""
+    seeds = list(seeds)
+    bar = _Progress(len(seeds), progress)
+    started = time.perf_counter()
+    failures, digests, known, virtual_s, tasks, ran = [], {}, {}, 0.0, 0, 0
+    nondeterministic = []
+    for seed in seeds:
+        result = runner.run_seed(seed, workload, faults, strict=strict)
+        ran += 1
+        digests[str(seed)] = result.digest
+        virtual_s += result.virtual_time_s
+        tasks += result.tasks
+        for issue in result.known_issues:
+            known.setdefault(issue, []).append(seed)
+        if determinism_every and seed % determinism_every == 0:
+            again = runner.run_seed(seed, workload, faults, strict=strict)
+            if again.digest != result.digest:
+                nondeterministic.append(seed)
+                result.ok = False
+                result.invariant = "determinism"
+                result.message = (f"the same seed gave two digests in one process: "
+                                  f"{result.digest} then {again.digest}")
+        if not result.ok:
+            failures.append(result)
+            if on_failure is not None:
+                on_failure(result)
+        bar.update(ran, len(failures))
+        if max_failures and len(failures) >= max_failures:
+            break
+    wall_s = time.perf_counter() - started
+    return {
+        "seeds": ran, "workload": workload, "faults": faults, "strict": strict,
+        "failures": [f.failure_dict() for f in failures],
+        "digests": digests,
+        "virtual_time_s": round(virtual_s, 3),
+        "wall_s": round(wall_s, 3),
+        "seeds_per_minute": round(ran / wall_s * 60, 1) if wall_s > 0 else 0.0,
+        "tasks": tasks,
+        "tasks_per_second": round(tasks / wall_s, 1) if wall_s > 0 else 0.0,
+        "known_issues": {issue: seeds_hit for issue, seeds_hit in sorted(known.items())},
+        "determinism_checked": sum(1 for s in seeds[:ran]
+                                   if determinism_every and s % determinism_every == 0),
+        "nondeterministic_seeds": nondeterministic,
+    }
+
+
+def run(args) -> int:
+    def show(result: runner.SeedResult) -> None:
+        if not args.json:
+            sys.stderr.write("\n" if sys.stderr.isatty() else "")
+            print(result.report(), flush=True)
+
+    summary = sweep(args.seeds, args.workload, args.faults, strict=args.strict,
+                    determinism_every=args.determinism_every, max_failures=args.max_failures,
+                    progress=not args.json, on_failure=show)
+    if args.json:
+        print(json.dumps(summary, sort_keys=True))
+    else:
+        print(f"simtest: {summary['seeds']} seeds (workload {args.workload}, faults "
+              f"{args.faults}), {len(summary['failures'])} failed; "
+              f"{summary['virtual_time_s']:.1f} s of virtual time simulated in "
+              f"{summary['wall_s']:.1f} s; {summary['seeds_per_minute']:.0f} seeds/min, "
+              f"{summary['tasks_per_second']:.0f} simulated tasks/s; "
+              f"{summary['determinism_checked']} seeds re-run for determinism")
+        for issue, hit in summary["known_issues"].items():
+            print(f"  known issue {issue!r} tolerated in {len(hit)} seed(s), e.g. seed "
+                  f"{hit[0]} (--strict fails on it): {runner.KNOWN_ISSUES[issue]}")
+    return 1 if summary["failures"] else 0
+
+
+def replay(args) -> int:
+    result = runner.run_seed(args.seed, args.workload, args.faults, trace_path=args.trace,
+                             strict=args.strict)
+    if result.ok:
+        print(f"seed {args.seed} passed (workload {args.workload}, faults {args.faults}); "
+              f"fault schedule: {'; '.join(result.schedule) or '(no faults)'}")
+    else:
+        print(result.report())
+    if args.trace:
+        print(f"trace written to {args.trace}")
+    print(f"trace digest: {result.digest}")
+    return 0 if result.ok else 1
+
+
+def add_parsers(commands) -> None:
+    """The ``simtest`` subcommand of the ``tray`` CLI."""
+    simtest = commands.add_parser("simtest", help="seeded fault-injection sweeps and replay "
+                                                  "on the simulated cluster")
+    sub = simtest.add_subparsers(dest="simtest_command", required=True)
+    run_parser = sub.add_parser("run", help="sweep seeds; print failures and a summary")
+    add_arguments(run_parser, replay=False)
+    replay_parser = sub.add_parser("replay", help="re-run one seed; print its trace digest")
+    add_arguments(replay_parser, replay=True)
+
+
+def dispatch(args) -> int:
+    return run(args) if args.simtest_command == "run" else replay(args)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m tray.simtest`` (what ``nox -s simtest`` runs): no
+    arguments run the default sweep; ``--seed N`` replays one seed; anything
+    else is ``tray simtest run``'s options."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] in (["run"], ["replay"]):
+        command, argv = argv[0], argv[1:]
+    else:
+        command = "replay" if any(a == "--seed" or a.startswith("--seed=") for a in argv) \
+            else "run"
+    parser = argparse.ArgumentParser(prog=f"python -m tray.simtest {command}")
+    add_arguments(parser, replay=command == "replay")
+    args = parser.parse_args(argv)
+    return run(args) if command == "run" else replay(args)

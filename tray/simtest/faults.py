@@ -1,0 +1,247 @@
+"""Seeded fault schedules ("swarm" testing) and their injection.
+
+A profile names the fault kinds a sweep may use; each seed draws its own
+subset of them and its own parameters (how many faults, when, how long a
+partition lasts, how slow the slow node is) from
+``random.Random(f"{seed}:faults")``, so two seeds of one profile torture the
+cluster differently and one seed always the same way. The schedule is a
+plain list of ``Fault``s, planned before the run: it is printed with every
+failure. Targets (which worker, which node) are drawn when a fault fires,
+from the cluster's sorted state, with the schedule's own RNG, so they are as
+reproducible as the schedule.
+
+Faults go through the simulator's fault API on ``tray.simtest.cluster()``.
+A fault kind whose method the cluster does not have is left out of the
+schedule (``available_kinds``), so a profile degrades instead of failing.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import trio
+
+# Which cluster methods each fault kind needs.
+KIND_NEEDS = {
+    "worker_crash": (),  # kill_worker, or the spawner's process kill
+    "node_crash": ("kill_node", "restart_node"),
+    "gcs_restart": ("restart_gcs",),
+    "partition": ("partition", "heal"),
+    "stall": ("stall",),
+    "reset": ("reset_connections",),
+    "slow_node": ("slow_node",),
+}
+
+PROFILES = {
+    "none": (),
+    "crash": ("worker_crash",),
+    "network": ("partition", "stall", "reset", "slow_node"),
+    # What tray survives today, in the default sweep; "chaos" adds the kinds
+    # with open bugs (GCS restart, stalls, connection resets; see the README).
+    "default": ("worker_crash", "node_crash", "partition", "slow_node"),
+    "chaos": ("worker_crash", "node_crash", "gcs_restart", "partition", "stall", "reset",
+              "slow_node"),
+}
+
+# Every kind on its own is a profile too ("--faults stall").
+PROFILES.update({kind: (kind,) for kind in KIND_NEEDS})
+
+# Kinds that kill processes: with them, errors such as WorkerCrashedError
+# and ActorDiedError are permitted outcomes.
+# A partition counts: the GCS may declare the isolated node dead, and the
+# node then fences itself (its workers and objects are gone).
+KILLING_KINDS = {"worker_crash", "node_crash", "reset", "partition"}
+
+FAULT_WINDOW_S = 0.6  # faults fire in [0, FAULT_WINDOW_S) of virtual time
+
+
+@dataclass(frozen=True)
+class Fault:
+    at_s: float
+    kind: str
+    params: tuple = ()
+
+    def describe(self) -> str:
+        extra = " ".join(f"{k}={v}" for k, v in self.params)
+        return f"t={self.at_s:.3f}s {self.kind}" + (f" {extra}" if extra else "")
+
+
+def available_kinds(cluster) -> set:
+    return {kind for kind, needs in KIND_NEEDS.items()
+            if all(hasattr(cluster, name) for name in needs)}
+
+
+def plan(seed: int, profile: str, kinds_available: set, num_nodes: int) -> list[Fault]:
+    """The seed's fault schedule: a random subset of the profile's kinds
+    (swarm testing), each with random counts, times and parameters."""
+    if profile not in PROFILES:
+        raise ValueError(f"unknown fault profile {profile!r}; choose from {sorted(PROFILES)}")
+    rng = random.Random(f"{seed}:faults")
+    kinds = [k for k in PROFILES[profile] if k in kinds_available]
+    if num_nodes < 2:
+        kinds = [k for k in kinds if k not in ("node_crash", "partition")]
+    if not kinds:
+        return []
+    chosen = [k for k in kinds if rng.random() < 0.6] or [rng.choice(kinds)]
+    faults = []
+    for kind in chosen:
+        for _ in range(rng.randint(1, 3)):
+            at_s = round(rng.random() * FAULT_WINDOW_S, 4)
+            params: tuple = ()
+            if kind == "node_crash":
+                params = (("restart_after_s", round(rng.uniform(0.05, 1.5), 3)),)
+            elif kind == "gcs_restart":
+                params = (("down_for_s", round(rng.uniform(0.0, 0.5), 3)),)
+            elif kind == "partition":
+                params = (("one_way", rng.random() < 0.3), ("heal_after_s",
+                                                            round(rng.uniform(0.02, 0.8), 3)))
+            elif kind == "stall":
+                params = (("seconds", round(rng.uniform(0.01, 0.4), 3)),)
+            elif kind == "slow_node":
+                params = (("factor", round(rng.uniform(2.0, 50.0), 1)),)
+            faults.append(Fault(at_s, kind, params))
+    return _space_gcs_restarts(sorted(faults, key=lambda f: (f.at_s, f.kind)))
+
+
+def _space_gcs_restarts(faults: list[Fault]) -> list[Fault]:
+    """A GCS restart is scheduled only once the previous one is back up:
+    the simulator's restart_gcs spins forever when a second restart lands
+    while the first is still down (reported; see the simtest report)."""
+    spaced, up_at = [], -1.0
+    for fault in faults:
+        if fault.kind == "gcs_restart":
+            at_s = max(fault.at_s, round(up_at + 0.05, 4))
+            fault = Fault(at_s, fault.kind, fault.params)
+            up_at = at_s + dict(fault.params)["down_for_s"]
+        spaced.append(fault)
+    return sorted(spaced, key=lambda f: (f.at_s, f.kind))
+
+
+def kills(faults: list[Fault]) -> bool:
+    return any(f.kind in KILLING_KINDS for f in faults)
+
+
+# ================================================================ injection
+
+
+class Injector:
+    """Fires a schedule inside the simulation; ``stop()`` ends the faults and
+    undoes the lasting ones (heals partitions, un-slows nodes, restarts
+    crashed nodes) for the liveness phase."""
+
+    def __init__(self, cluster, seed: int, faults: list[Fault]) -> None:
+        self.cluster = cluster
+        self.faults = faults
+        self.rng = random.Random(f"{seed}:fault-targets")
+        self.applied: list[str] = []
+        self.scope: trio.CancelScope | None = None
+
+    # ------------------------------------------------------------ the loop
+
+    def start(self) -> None:
+        if not self.faults:
+            return
+        spawn = getattr(self.cluster, "spawn", None)
+        if spawn is not None:
+            spawn(self._main)
+        else:  # before the fault API: start the task in the cluster's nursery
+            self.cluster.call_soon(lambda: self.cluster._nursery.start_soon(self._main))
+
+    async def _main(self) -> None:
+        start = trio.current_time()
+        with trio.CancelScope() as scope:
+            self.scope = scope
+            async with trio.open_nursery() as nursery:
+                for fault in self.faults:
+                    await trio.sleep_until(start + fault.at_s)
+                    self._fire(fault, nursery)
+
+    def _record(self, what: str) -> None:
+        self.applied.append(what)
+        self.cluster.trace.record("simtest", "fault", what=what)
+
+    def _node_ids(self) -> list[str]:
+        ids = getattr(self.cluster, "node_ids", [])
+        return list(ids() if callable(ids) else ids)
+
+    def _live_workers(self) -> list[str]:
+        workers = getattr(self.cluster, "workers", None)
+        if callable(workers):
+            return sorted(workers())
+        return sorted(address for address, process in self.cluster.processes.items()
+                      if "/worker-" in address and process.alive)
+
+    def _fire(self, fault: Fault, nursery: trio.Nursery) -> None:
+        params = dict(fault.params)
+        nodes = self._node_ids()
+        alive = [n for n in nodes if self.cluster.is_alive(n)] \
+            if hasattr(self.cluster, "is_alive") else nodes
+        if fault.kind == "worker_crash":
+            workers = self._live_workers()
+            if not workers:
+                return
+            target = self.rng.choice(workers)
+            self._record(f"{fault.describe()} worker={target[:12]}")
+            try:
+                if hasattr(self.cluster, "kill_worker") and "/" not in target:
+                    self.cluster.kill_worker(target)
+                else:
+                    self.cluster.kill_process(target)
+            except ValueError:
+                pass  # it died meanwhile
+        elif fault.kind == "node_crash":
+            candidates = [n for n in alive if n != nodes[0]]
+            if not candidates:
+                return
+            target = self.rng.choice(candidates)
+            self._record(f"{fault.describe()} node={target[:8]}")
+            self.cluster.kill_node(target, restart_after_s=params["restart_after_s"])
+        elif fault.kind == "gcs_restart":
+            self._record(fault.describe())
+            self.cluster.restart_gcs(down_for_s=params["down_for_s"])
+        elif fault.kind == "partition":
+            if len(alive) < 2:
+                return
+            isolated = self.rng.choice(alive)
+            rest = [n for n in alive if n != isolated]
+            group_a, group_b = ([isolated], rest) if self.rng.random() < 0.5 else (rest,
+                                                                                  [isolated])
+            self._record(f"{fault.describe()} isolated={isolated[:8]}")
+            self.cluster.partition(group_a, group_b, one_way=params["one_way"])
+
+            async def heal_later() -> None:
+                await trio.sleep(params["heal_after_s"])
+                self._record("heal")
+                self.cluster.heal()
+            nursery.start_soon(heal_later)
+        elif fault.kind == "stall":
+            target = self.rng.choice(alive)
+            self._record(f"{fault.describe()} node={target[:8]}")
+            self.cluster.stall(target, params["seconds"])
+        elif fault.kind == "reset":
+            target = self.rng.choice(alive)
+            self._record(f"{fault.describe()} node={target[:8]}")
+            self.cluster.reset_connections(target)
+        elif fault.kind == "slow_node":
+            target = self.rng.choice(alive)
+            self._record(f"{fault.describe()} node={target[:8]}")
+            self.cluster.slow_node(target, params["factor"])
+
+    def stop(self) -> None:
+        """Called from the driver: no more faults; undo the lasting ones."""
+        if not self.faults:
+            return
+
+        def stop_now() -> None:
+            if self.scope is not None:
+                self.scope.cancel()
+            if hasattr(self.cluster, "heal"):
+                self.cluster.heal()  # partitions, stalls and slow nodes
+            if hasattr(self.cluster, "restart_node"):
+                for node in self._node_ids():
+                    if not self.cluster.is_alive(node):
+                        self.cluster.restart_node(node)
+            self.cluster.trace.record("simtest", "faults_stopped")
+
+        self.cluster.call_soon(stop_now)

@@ -1,0 +1,598 @@
+"""One seed, end to end: build the cluster, run a workload under a fault
+schedule, check the invariants, and report.
+
+A seed decides everything: the cluster's shape (``{seed}:cluster``), the
+workload (``{seed}:workload``), the fault schedule (``{seed}:faults``) and
+the simulation itself (``tray.init(backend="sim", seed=seed)``). So
+``run_seed(seed, workload, faults)`` is both the sweep's unit and the replay.
+
+Phases of a run:
+
+1. faults start; the workload submits its work (some pieces block in
+   ``get``/``wait`` with timeouts);
+2. the fault window: virtual time runs while the work proceeds;
+3. liveness: faults stop, partitions heal, crashed nodes return, and every
+   expected ref must resolve within ``LIVENESS_S`` of virtual time, else the
+   run fails with the wait-for graph (who waits on whom), not a timeout;
+4. checks: values against the reference model, execution counts, actor
+   ordering;
+5. quiescence: the driver drops everything and kills its actors; after
+   ``QUIESCE_S`` nothing may leak (objects, leases, resources, busy workers).
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import random
+import time
+import traceback
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+import tray
+from tray import exceptions
+
+from . import faults as faults_module
+from . import workloads
+
+LIVENESS_S = 120.0  # virtual seconds for all outstanding work once faults stop
+QUIESCE_S = 5.0  # virtual seconds for frees and lease returns to settle
+WAIT_TIMEOUT_S = 5.0
+HANG_S = 300.0  # any single blocking driver call (a hang beyond the liveness bound)  # a blocking call inside a workload piece waits at most this
+
+# Errors that a fault may cause, and only a fault.
+FAULT_ERRORS = (exceptions.WorkerCrashedError, exceptions.ActorDiedError,
+                exceptions.ActorUnavailableError, exceptions.ObjectLostError,
+                exceptions.NodeDiedError)
+# This message means a live reference was freed: never a legitimate outcome.
+FREED_WHILE_REFERENCED = "no reference to it remained"
+
+
+class InvariantViolation(Exception):
+    def __init__(self, invariant: str, message: str) -> None:
+        super().__init__(f"[{invariant}] {message}")
+        self.invariant = invariant
+        self.message = message
+
+
+@dataclass
+class SeedResult:
+    seed: int
+    workload: str
+    faults: str
+    ok: bool
+    digest: str
+    invariant: str = ""
+    message: str = ""
+    schedule: list = field(default_factory=list)  # faults as applied
+    virtual_time_s: float = 0.0
+    tasks: int = 0
+    wall_s: float = 0.0
+    num_nodes: int = 0
+    known_issues: list = field(default_factory=list)  # tolerated (see KNOWN_ISSUES)
+
+    def replay_command(self) -> str:
+        return (f"tray simtest replay --seed {self.seed} --workload {self.workload} "
+                f"--faults {self.faults}")
+
+    def nox_command(self) -> str:
+        return (f"nox -s simtest -- --seed {self.seed} --workload {self.workload} "
+                f"--faults {self.faults}")
+
+    def failure_dict(self) -> dict:
+        return {"seed": self.seed, "workload": self.workload, "faults": self.faults,
+                "invariant": self.invariant, "message": self.message, "digest": self.digest,
+                "schedule": self.schedule, "replay": self.replay_command()}
+
+    def report(self) -> str:
+        lines = [f"FAILED seed {self.seed} (workload {self.workload}, faults {self.faults}): "
+                 f"invariant {self.invariant!r} broke",
+                 *("    " + line for line in self.message.splitlines()[:60]),
+                 f"  fault schedule: {'; '.join(self.schedule) or '(no faults)'}",
+                 f"  digest: {self.digest}",
+                 f"  replay: {self.replay_command()}",
+                 f"     or: {self.nox_command()}"]
+        return "\n".join(lines)
+
+
+# ================================================================ the model
+
+
+class _Sentinel:
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+@dataclass
+class ExpectError:
+    error_class: type
+
+
+@dataclass
+class Expectation:
+    ref: object
+    expected: object
+    label: str
+    actor_call: bool = False
+    nested: bool = False
+    app_retries: bool = False
+
+
+class Program:
+    """What a workload sees: the seed's RNG, unique keys for execution
+    counting, and ``expect`` to record the reference model's answers."""
+
+    ANY_INT = _Sentinel("ANY_INT")
+    ANY_LIST = _Sentinel("ANY_LIST")
+    CANCELLED_OR_VALUE = _Sentinel("CANCELLED_OR_VALUE")
+
+    def __init__(self, seed: int, kills: bool, cpus_total: float = 1.0,
+                 strict: bool = False) -> None:
+        self.rng = random.Random(f"{seed}:workload")
+        self.kills = kills
+        self.strict = strict
+        # Tasks that block in get() while holding a CPU may take at most
+        # this many CPUs at once (see KNOWN_ISSUES["nested-get-deadlock"]).
+        self.blocking_budget = float("inf") if strict else cpus_total - 1
+        self.wait_timeout_s = WAIT_TIMEOUT_S
+        self.expectations: list[Expectation] = []
+        self.limits: dict[str, int] = {}  # execution key -> max executions (-1: any)
+        self.exact: dict[str, int] = {}
+        self.actor_calls: dict[str, dict] = {}  # actor key -> {(caller, seq): limit}
+        self.actors: list = []
+        self.laters: list = []
+        self.known: set = set()  # known issues met and tolerated
+        self._keys = 0
+        self._retries = 0
+
+    def key(self, name: str, retries: int | None = None) -> str:
+        self._keys += 1
+        key = f"{name}-{self._keys}"
+        retries = self._retries if retries is None else retries
+        self.limits[key] = -1 if retries < 0 else 1 + retries
+        return key
+
+    def reserve_blocking(self, tasks: int) -> bool:
+        """May ``tasks`` more tasks block in get() holding a CPU each?"""
+        if tasks > self.blocking_budget:
+            return False
+        self.blocking_budget -= tasks
+        return True
+
+    def task_retries(self) -> int:
+        self._retries = self.rng.choice([0, 1, 3, -1] if self.kills else [0, 3])
+        return self._retries
+
+    def expect(self, ref, expected, *, label: str, actor_call: bool = False,
+               nested: bool = False, app_retries: bool = False, **_details) -> None:
+        self.expectations.append(Expectation(ref, expected, label, actor_call, nested,
+                                             app_retries))
+
+    def error(self, error_class: type) -> ExpectError:
+        return ExpectError(error_class)
+
+    def actor(self, actor_class, key: str | None = None):
+        handle = actor_class.remote(key) if key is not None else actor_class.remote()
+        self.actors.append(handle)
+        return handle
+
+    def actor_call(self, actor_key: str, caller: str, seq: int, max_task_retries: int,
+                   via_task: bool = False) -> None:
+        limit = -1 if max_task_retries < 0 else 1 + max_task_retries
+        if via_task and limit > 0:
+            limit = limit  # a caller task runs once (max_retries=0), so the same bound
+        self.actor_calls.setdefault(actor_key, {})[(caller, seq)] = limit
+
+    def exact_executions(self, key: str, count: int) -> None:
+        self.exact[key] = count
+
+    def later(self, fn) -> None:
+        self.laters.append(fn)
+
+
+# ================================================================== checks
+
+
+def _cause(error: BaseException) -> BaseException:
+    cause = getattr(error, "cause", None)
+    return cause if isinstance(cause, BaseException) else error
+
+
+def _is_fault_error(error: BaseException) -> bool:
+    return isinstance(error, FAULT_ERRORS) or isinstance(_cause(error), FAULT_ERRORS)
+
+
+def _check_value(program: Program, expectation: Expectation, value) -> None:
+    expected = expectation.expected
+    where = f"{expectation.label} ({expectation.ref!r})"
+    if expected is Program.ANY_INT:
+        ok = isinstance(value, int)
+    elif expected is Program.ANY_LIST:
+        ok = isinstance(value, list)
+    elif expected is Program.CANCELLED_OR_VALUE:
+        ok = True
+    elif isinstance(expected, ExpectError):
+        ok = False
+    elif isinstance(expected, tuple) and expected[:1] == ("array",):
+        _, size, fill = expected
+        ok = isinstance(value, np.ndarray) and value.shape == (size,) and \
+            bool(np.all(value == fill))
+        value = f"<array shape={getattr(value, 'shape', None)}>"
+    else:
+        ok = value == expected
+    if not ok:
+        raise InvariantViolation("get-returns-model-value",
+                                 f"{where}: got {value!r}, the reference model says {expected!r}")
+
+
+def _check_error(program: Program, expectation: Expectation, error: BaseException) -> None:
+    where = f"{expectation.label} ({expectation.ref!r})"
+    expected = expectation.expected
+    text = str(error)
+    if FREED_WHILE_REFERENCED in text:
+        raise InvariantViolation("no-premature-free",
+                                 f"{where}: an object was freed while still referenced: "
+                                 f"{type(error).__name__}: {text[:400]}")
+    if isinstance(expected, ExpectError) and isinstance(error, expected.error_class):
+        return
+    if expected is Program.CANCELLED_OR_VALUE and \
+            isinstance(error, exceptions.TaskCancelledError):
+        return
+    if program.kills and _is_fault_error(error):
+        return
+    if program.kills and expectation.app_retries and \
+            isinstance(error, workloads.FlakyError):
+        return  # a crash used up a retry that the model counted on
+    raise InvariantViolation("get-returns-model-value",
+                             f"{where}: got the error {type(error).__name__}: {text[:600]}\n"
+                             f"the reference model says {expected!r}, and the injected faults "
+                             f"(kills={program.kills}) do not permit this error")
+
+
+def _check_executions(program: Program, ledger: workloads.Ledger) -> None:
+    for key, limit in sorted(program.limits.items()):
+        count = ledger.executions.get(key, 0)
+        if limit >= 0 and count > limit:
+            raise InvariantViolation(
+                "task-executes-at-most-1+max_retries",
+                f"task {key} executed {count} times; its max_retries allows {limit}")
+    for key, count in sorted(program.exact.items()):
+        got = ledger.executions.get(key, 0)
+        if got != count:
+            raise InvariantViolation(
+                "retry-count-exact", f"task {key} executed {got} times; without crashes its "
+                f"retry policy gives exactly {count}")
+    for actor_key, calls in sorted(program.actor_calls.items()):
+        for (caller, seq), limit in sorted(calls.items()):
+            count = ledger.executions.get(f"{actor_key}:{caller}:{seq}", 0)
+            if limit >= 0 and count > limit:
+                raise InvariantViolation(
+                    "actor-call-executes-at-most-1+max_task_retries",
+                    f"actor {actor_key}: call #{seq} from {caller} executed {count} times; "
+                    f"max_task_retries allows {limit}")
+        last: dict = {}
+        for incarnation, caller, seq in ledger.actor_log.get(actor_key, []):
+            previous = last.get((incarnation, caller))
+            if previous is not None and seq <= previous:
+                log = [f"{c}#{s}@{i}" for i, c, s in ledger.actor_log[actor_key]]
+                raise InvariantViolation(
+                    "actor-calls-in-submission-order",
+                    f"actor {actor_key} (incarnation {incarnation}) ran call #{seq} from "
+                    f"{caller} after call #{previous}; execution log: {' '.join(log)}")
+            last[(incarnation, caller)] = seq
+
+
+# ============================================================ introspection
+
+
+def _components(cluster) -> list:
+    return [(address, process.component)
+            for address, process in sorted(cluster.processes.items())
+            if process.alive and process.component is not None]
+
+
+DEAD_OWNER = " (DEAD owner)"
+
+
+def _dead(cluster, address) -> str:
+    if not address or address == cluster.gcs_address:
+        return ""
+    process = cluster.processes.get(address)
+    return "" if process is not None and process.alive else DEAD_OWNER
+
+
+def wait_for_graph(cluster) -> str:
+    """Who waits on whom: pending tasks and where they are, queued lease
+    requests, actor calls held back for a sequence gap."""
+    from ..core.core_worker import CoreWorker
+    from ..core.node_manager import NodeManager
+
+    lines = []
+    for address, component in _components(cluster):
+        if isinstance(component, CoreWorker):
+            for task_id, task in sorted(component.tasks.items(), key=lambda kv: kv[0].hex()):
+                spec = task.spec
+                where = f"running on {task.pushed_to}" if task.pushed_to else \
+                    "waiting for its arguments or a lease"
+                if spec.actor_id:
+                    where = f"call #{spec.seq} to actor {spec.actor_id[:8]}"
+                lines.append(f"{address} waits for task {spec.name} {task_id.hex()[:12]} "
+                             f"(attempt {spec.attempt}): {where}")
+            for _key, queue in sorted(component.queues.items(), key=lambda kv: repr(kv[0])):
+                if queue.tasks or queue.pending_requests:
+                    lines.append(f"{address} has {len(queue.tasks)} queued task(s), "
+                                 f"{queue.pending_requests} lease request(s) outstanding, "
+                                 f"{len(queue.leases)} lease(s)")
+            for caller, queue in sorted(component.callers.items()):
+                if queue.waiters:
+                    lines.append(f"{address} (actor {str(component.actor_id)[:8]}) holds calls "
+                                 f"#{sorted(queue.waiters)} from {caller} until call "
+                                 f"#{queue.next_seq} arrives")
+        elif isinstance(component, NodeManager):
+            for waiter in component.waiting:
+                request = waiter.request
+                owner = request.get("owner")
+                lines.append(f"{address} queues a lease for {owner}{_dead(cluster, owner)} "
+                             f"needing {request.get('resources')} "
+                             f"(available {component.available})")
+            for lease_id, lease in sorted(component.leases.items()):
+                lines.append(f"{address} lease {lease_id} (worker {lease.worker_id[:8]}, "
+                             f"{lease.resources}) is held by {lease.owner}"
+                             f"{_dead(cluster, lease.owner)}"
+                             + (f" for actor {lease.for_actor[:8]}" if lease.for_actor else ""))
+    return "\n".join(lines) or "(nothing is waiting: the work was lost)"
+
+
+# Known bugs in tray that the sweep tolerates unless ``strict`` (each has a
+# pinned xfail test in tests/test_simtest.py): the sweep stays useful for
+# finding new bugs while these wait for their fix.
+KNOWN_ISSUES = {
+    "dead-borrower-leak": "an owner keeps an object alive for a borrower process that died "
+                          "(a killed actor or crashed worker holding a borrowed ref): the "
+                          "owner never drops a dead borrower, so the object leaks",
+    "dead-owner-lease": "a node manager keeps queueing (and then grants) lease requests of an "
+                        "owner process that died; the granted lease is never returned, so its "
+                        "CPU is lost and work waiting for it hangs",
+    "nested-get-deadlock": "a task blocked in get() keeps its CPU, so parents waiting on "
+                           "children can take every CPU and the children never start (Ray "
+                           "releases a blocked worker's CPU); workloads keep blocked tasks "
+                           "below the cluster's CPUs unless strict",
+}
+
+
+def leaks(cluster, strict: bool = False, known: set | None = None) -> list[str]:
+    """What is still held at quiescence and should not be; tolerated known
+    issues are added to ``known`` instead (unless ``strict``)."""
+    known = set() if known is None else known
+    from ..core.core_worker import CoreWorker
+    from ..core.node_manager import NodeManager
+
+    found = []
+    live = {address for address, process in cluster.processes.items() if process.alive}
+    tolerated: set = set()  # object ids leaked by a known issue
+    for address, component in _components(cluster):
+        if isinstance(component, CoreWorker):
+            if component.tasks:
+                found.append(f"{address} still tracks {len(component.tasks)} task(s)")
+            owned = []
+            for oid, entry in sorted(component.refs.items(), key=lambda kv: kv[0].hex()):
+                if not entry.owned:
+                    continue
+                only_dead_borrowers = entry.borrowers and not (
+                    entry.local or entry.submitted or entry.contained) and \
+                    not any(b in live for b in entry.borrowers)
+                if only_dead_borrowers and not strict:
+                    tolerated.add(oid.binary())
+                    known.add("dead-borrower-leak")
+                    continue
+                owned.append(oid.hex()[:12] + (f" (borrowed by dead {sorted(entry.borrowers)}: "
+                                               f"known issue dead-borrower-leak)"
+                                               if only_dead_borrowers else ""))
+            if owned:
+                found.append(f"{address} still owns object(s) nobody references: "
+                             f"{owned[:5]}")
+        elif isinstance(component, NodeManager):
+            if component.leases:
+                found.append(f"{address} has lease(s) not returned: "
+                             f"{sorted(component.leases)} (owners "
+                             f"{sorted({lease.owner for lease in component.leases.values()})})")
+            for name, total in sorted(component.total.items()):
+                available = component.available.get(name, 0.0)
+                if abs(available - total) > 1e-9:
+                    found.append(f"{address} has {available} of {total} {name} available")
+            busy = sorted(w.worker_id[:8] for w in component.workers.values()
+                          if w.state in ("leased", "actor"))
+            if busy:
+                found.append(f"{address} has workers still busy: {busy}")
+    for index, store in enumerate(cluster.stores):
+        process = cluster.processes.get(f"n{index}/raylet")
+        if process is None:
+            continue
+        left = [oid for oid in sorted(store._objects) if oid not in tolerated]
+        if left:
+            found.append(f"node {index}'s object store still holds {len(left)} object(s) "
+                         f"({', '.join(o.hex()[:12] for o in left[:5])})")
+    return found
+
+
+# ================================================================ the run
+
+
+def _root_cause(error: BaseException) -> str:
+    """The first non-Cancelled leaf of an exception (group), for the summary."""
+    leaves = [error]
+    while leaves:
+        current = leaves.pop(0)
+        if isinstance(current, BaseExceptionGroup):
+            leaves.extend(current.exceptions)
+            continue
+        if type(current).__name__ != "Cancelled":
+            return f"{type(current).__name__}: {current}"
+    return f"{type(error).__name__}: {error}"
+
+
+def _advance(cluster, seconds: float) -> None:
+    advance = getattr(cluster, "advance", None)
+    if advance is not None:
+        advance(seconds)
+    else:
+        import trio
+
+        cluster.run(trio.sleep, seconds)
+
+
+def cluster_shape(seed: int) -> dict:
+    rng = random.Random(f"{seed}:cluster")
+    return {"num_nodes": rng.choice([1, 2, 3, 3, 4]), "num_cpus": rng.choice([1, 2, 4, 4, 8])}
+
+
+def run_seed(seed: int, workload: str = "mixed", faults: str = "chaos", *,
+             trace_path: str | None = None, config=None, strict: bool = False) -> SeedResult:
+    """Run one seed and check every invariant; never raises for a failure
+    of the system under test (the result says what broke)."""
+    if workload not in workloads.WORKLOADS:
+        raise ValueError(f"unknown workload {workload!r}; choose from "
+                         f"{sorted(workloads.WORKLOADS)}")
+    if faults not in faults_module.PROFILES:
+        raise ValueError(f"unknown fault profile {faults!r}; choose from "
+                         f"{sorted(faults_module.PROFILES)}")
+    if tray.is_initialized():
+        tray.shutdown()
+    from . import cluster as current_cluster
+
+    started = time.perf_counter()
+    # A blocking call in the driver that waits this long in virtual time is
+    # a hang (the simulator's default, a day, costs minutes of heartbeats).
+    from ..backends.sim import cluster as sim_cluster
+
+    saved_hang_timeout_s = sim_cluster.HANG_TIMEOUT_S
+    sim_cluster.HANG_TIMEOUT_S = HANG_S
+    try:
+        return _run_seed(seed, workload, faults, trace_path, config, strict, started)
+    finally:
+        sim_cluster.HANG_TIMEOUT_S = saved_hang_timeout_s
+
+
+def _run_seed(seed, workload, faults, trace_path, config, strict, started) -> SeedResult:
+    from . import cluster as current_cluster
+
+    ledger = workloads.reset_ledger()
+    shape = cluster_shape(seed)
+    init = dict(backend="sim", seed=seed, **shape)
+    if config is not None:
+        init["config"] = config
+    tray.init(**init)
+    cluster = current_cluster()
+    schedule = faults_module.plan(seed, faults, faults_module.available_kinds(cluster),
+                                  shape["num_nodes"])
+    program = Program(seed, kills=faults_module.kills(schedule),
+                      cpus_total=shape["num_nodes"] * shape["num_cpus"], strict=strict)
+    injector = faults_module.Injector(cluster, seed, schedule)
+    failure: InvariantViolation | None = None
+    virtual_time_s = 0.0
+    tasks = 0
+    try:
+        injector.start()
+        faults_start_s = cluster.clock.current_time()
+        try:
+            workloads.WORKLOADS[workload](program)
+            refs = [e.ref for e in program.expectations]
+            window_end_s = max([f.at_s for f in schedule], default=0.0) + 0.01
+            if refs:
+                tray.wait(refs, num_returns=len(refs), timeout=window_end_s)
+            del refs  # quiescence needs every ref dropped
+            # Every planned fault fires, even when the work finished early.
+            remaining_s = window_end_s - (cluster.clock.current_time() - faults_start_s)
+            if remaining_s > 0:
+                _advance(cluster, remaining_s)
+            injector.stop()
+            for later in program.laters:
+                later()
+            _liveness_and_values(cluster, program)
+            _check_executions(program, ledger)
+            _quiesce(cluster, program, strict)
+        except InvariantViolation as violation:
+            failure = violation
+            if not strict and violation.invariant == "no-hang" and \
+                    DEAD_OWNER in violation.message:
+                program.known.add("dead-owner-lease")
+                failure = None
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as error:  # noqa: BLE001 - the run itself broke
+            failure = InvariantViolation(
+                "runs-without-crashing", f"the driver program raised {type(error).__name__}: "
+                f"{_root_cause(error)}\n" + "".join(traceback.format_exception(error))[-4000:])
+        virtual_time_s = cluster.clock.current_time()
+        tasks = sum(1 for e in cluster.trace.events if e["event"] == "task_started") \
+            if cluster.trace.event_count <= len(cluster.trace.events) else \
+            cluster.trace.event_count // 20
+        if trace_path is not None:
+            write_trace(cluster, trace_path)
+    finally:
+        program.expectations.clear()
+        program.actors.clear()
+        try:
+            tray.shutdown()
+        except Exception as error:  # noqa: BLE001
+            if failure is None:
+                failure = InvariantViolation("clean-shutdown",
+                                             f"shutdown raised {type(error).__name__}: {error}")
+    from . import trace_digest
+
+    result = SeedResult(seed=seed, workload=workload, faults=faults, ok=failure is None,
+                        digest=trace_digest(), schedule=injector.applied or
+                        [f.describe() for f in schedule],
+                        virtual_time_s=round(virtual_time_s, 6), tasks=tasks,
+                        wall_s=time.perf_counter() - started, num_nodes=shape["num_nodes"],
+                        known_issues=sorted(program.known))
+    if failure is not None:
+        result.invariant, result.message = failure.invariant, failure.message
+    return result
+
+
+def _liveness_and_values(cluster, program: Program) -> None:
+    deadline = cluster.clock.current_time() + LIVENESS_S
+    for expectation in list(program.expectations):
+        remaining = max(0.0, deadline - cluster.clock.current_time())
+        try:
+            value = tray.get(expectation.ref, timeout=remaining)
+        except exceptions.GetTimeoutError:
+            raise InvariantViolation(
+                "no-hang", f"{expectation.label} ({expectation.ref!r}) did not resolve within "
+                f"{LIVENESS_S} s of virtual time after the faults stopped; who waits on whom:\n"
+                + wait_for_graph(cluster)) from None
+        except Exception as error:  # noqa: BLE001 - the task's error, to be judged
+            _check_error(program, expectation, error)
+            continue
+        _check_value(program, expectation, value)
+
+
+def _quiesce(cluster, program: Program, strict: bool) -> None:
+    for handle in program.actors:
+        tray.kill(handle)
+    program.expectations.clear()
+    program.actors.clear()
+    program.laters.clear()
+    gc.collect()
+    _advance(cluster, QUIESCE_S)
+    found = leaks(cluster, strict, program.known)
+    if found:
+        raise InvariantViolation("nothing-leaks-at-quiescence", "\n".join(found))
+
+
+def write_trace(cluster, path: str) -> None:
+    """The run's events as JSON lines (virtual time, component, event, ids)."""
+    with open(path, "w", encoding="utf-8") as out:
+        for event in cluster.trace.events:
+            out.write(json.dumps(event, sort_keys=True, default=str))
+            out.write("\n")
+
+
+def result_dict(result: SeedResult) -> dict:
+    return asdict(result)
