@@ -1,0 +1,107 @@
+"""The simtest harness: sweeps pass, output has the promised shape, replay
+reproduces a run's digest in a fresh process, and the tray bugs the sweep
+found stay pinned (xfail until fixed; see KNOWN_ISSUES in tray/simtest/runner.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tray.scripts import cli
+from tray.simtest import runner
+from tray.simtest.cli import sweep
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_default_sweep_is_green():
+    summary = sweep(range(0, 12), "mixed", "default", determinism_every=6)
+    assert summary["failures"] == [], json.dumps(summary["failures"], indent=1)[:4000]
+    assert summary["seeds"] == 12
+    assert summary["determinism_checked"] == 2
+    assert summary["nondeterministic_seeds"] == []
+
+
+@pytest.mark.parametrize("workload", ["dag", "nested", "objects", "wait", "actors", "retries",
+                                      "cancel"])
+def test_each_workload_passes_without_and_with_crashes(workload):
+    for faults in ("none", "worker_crash"):
+        for seed in range(3):
+            result = runner.run_seed(seed, workload, faults)
+            assert result.ok, result.report()
+
+
+def test_run_json_has_the_promised_fields(capsys):
+    code = cli.main(["simtest", "run", "--seeds", "0:3", "--workload", "dag", "--faults",
+                     "worker_crash", "--json"])
+    summary = json.loads(capsys.readouterr().out)
+    assert code == 0
+    for key in ("seeds", "failures", "digests", "seeds_per_minute", "virtual_time_s",
+                "tasks_per_second"):
+        assert key in summary
+    assert summary["seeds"] == 3 and sorted(summary["digests"]) == ["0", "1", "2"]
+    assert summary["seeds_per_minute"] > 0
+
+
+def test_failure_report_names_the_seed_schedule_and_replay_command():
+    result = runner.run_seed(28, "mixed", "worker_crash", strict=True)
+    assert not result.ok
+    text = result.report()
+    assert "seed 28" in text and "worker_crash" in text and result.invariant in text
+    assert "tray simtest replay --seed 28 --workload mixed --faults worker_crash" in text
+    assert "nox -s simtest -- --seed 28" in text
+    assert result.failure_dict()["digest"] == result.digest
+
+
+def test_replay_in_a_fresh_process_gives_the_digest_of_the_run(tmp_path):
+    seed, workload, faults = 3, "mixed", "default"
+    in_process = sweep([seed], workload, faults, determinism_every=0)["digests"][str(seed)]
+    trace = tmp_path / "trace.jsonl"
+    env = dict(os.environ, PYTHONHASHSEED="4321")
+    proc = subprocess.run(
+        [sys.executable, "-m", "tray.simtest", "--seed", str(seed), "--workload", workload,
+         "--faults", faults, "--trace", str(trace)],
+        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    digest = re.search(r"trace digest: ([0-9a-f]+)", proc.stdout).group(1)
+    assert digest == in_process
+    first = json.loads(trace.read_text().splitlines()[0])
+    assert {"t", "component", "event"} <= set(first)
+
+
+def test_schedules_are_seeded_and_differ_between_seeds():
+    from tray.simtest import faults
+
+    kinds = set(faults.KIND_NEEDS)
+    assert faults.plan(5, "chaos", kinds, 3) == faults.plan(5, "chaos", kinds, 3)
+    plans = {tuple(faults.plan(seed, "chaos", kinds, 3)) for seed in range(10)}
+    assert len(plans) == 10
+
+
+# ===================================================== bugs the sweep found
+# Each runs its seed in strict mode, which fails on the known issue; the
+# xfail comes off when the fix lands.
+
+FOUND = [
+    ("dead-borrower-leak", 7, "mixed", "none", "nothing-leaks-at-quiescence"),
+    ("nested-get-deadlock", 15, "mixed", "none", "no-hang"),
+    ("dead-owner-lease", 28, "mixed", "worker_crash", "no-hang"),
+    ("gcs-restart-loses-put-objects", 4, "mixed", "gcs_restart", "get-returns-model-value"),
+    ("stall-hang", 19, "mixed", "stall", "no-hang"),
+    ("reset-loses-remove-borrower", 10, "mixed", "reset", "nothing-leaks-at-quiescence"),
+]
+
+
+@pytest.mark.parametrize("issue,seed,workload,faults,invariant", FOUND,
+                         ids=[f[0] for f in FOUND])
+@pytest.mark.xfail(reason="a tray bug found by the sweep (see the simtest report); "
+                          "remove this mark when it passes", strict=False)
+def test_found_bug_stays_fixed(issue, seed, workload, faults, invariant):
+    result = runner.run_seed(seed, workload, faults, strict=True)
+    assert result.ok, f"{issue}: {result.report()}"
