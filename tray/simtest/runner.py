@@ -365,6 +365,17 @@ KNOWN_ISSUES = {
 }
 
 
+def _holds(cluster, address: str, oid) -> bool:
+    """Does the live process at ``address`` hold a reference to ``oid``?
+    (A restarted node reuses its dead workers' addresses, so being alive at
+    the address is not enough.)"""
+    process = cluster.processes.get(address)
+    if process is None or not process.alive or process.component is None:
+        return False
+    refs = getattr(process.component, "refs", None)
+    return refs is not None and oid in refs
+
+
 def leaks(cluster, strict: bool = False, known: set | None = None) -> list[str]:
     """What is still held at quiescence and should not be; tolerated known
     issues are added to ``known`` instead (unless ``strict``)."""
@@ -373,7 +384,6 @@ def leaks(cluster, strict: bool = False, known: set | None = None) -> list[str]:
     from ..core.node_manager import NodeManager
 
     found = []
-    live = {address for address, process in cluster.processes.items() if process.alive}
     tolerated: set = set()  # object ids leaked by a known issue
     for address, component in _components(cluster):
         if isinstance(component, CoreWorker):
@@ -385,7 +395,7 @@ def leaks(cluster, strict: bool = False, known: set | None = None) -> list[str]:
                     continue
                 only_dead_borrowers = entry.borrowers and not (
                     entry.local or entry.submitted or entry.contained) and \
-                    not any(b in live for b in entry.borrowers)
+                    not any(_holds(cluster, b, oid) for b in entry.borrowers)
                 if only_dead_borrowers and not strict:
                     tolerated.add(oid.binary())
                     known.add("dead-borrower-leak")
@@ -504,7 +514,7 @@ def _run_seed(seed, workload, faults, trace_path, config, strict, started) -> Se
             refs = [e.ref for e in program.expectations]
             window_end_s = max([f.at_s for f in schedule], default=0.0) + 0.01
             if refs:
-                tray.wait(refs, num_returns=len(refs), timeout=window_end_s)
+                tray.wait(refs, num_returns=len(refs), timeout=window_end_s, fetch_local=False)
             del refs  # quiescence needs every ref dropped
             # Every planned fault fires, even when the work finished early.
             remaining_s = window_end_s - (cluster.clock.current_time() - faults_start_s)

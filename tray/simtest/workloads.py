@@ -249,8 +249,16 @@ def objects(program) -> None:
     put_ref = tray.put(np.full(size, fill))
     program.expect(put_ref, ("array", size, fill), label="put", put=True)
     retries = program.task_retries()
-    made = make_array.options(max_retries=retries).remote(program.key("make"), size, fill + 1)
+    # SPREAD puts results on other nodes too, where a node crash loses them
+    # (and the owner must re-create them from lineage).
+    strategy = rng.choice(["DEFAULT", "SPREAD"])
+    made = make_array.options(max_retries=retries, scheduling_strategy=strategy).remote(
+        program.key("make"), size, fill + 1)
     program.expect(made, ("array", size, fill + 1), label="made array")
+    # One result nobody else reads: its only copy is where it ran.
+    lonely = make_array.options(max_retries=retries, scheduling_strategy="SPREAD").remote(
+        program.key("lonely"), size, fill + 2)
+    program.expect(lonely, ("array", size, fill + 2), label="lonely array")
     total = array_sum.options(max_retries=retries).remote(program.key("sum"), put_ref)
     program.expect(total, size * fill, label="sum of put")
     total2 = array_sum.options(max_retries=retries).remote(program.key("sum2"), made)

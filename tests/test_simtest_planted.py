@@ -1,0 +1,90 @@
+"""Proving the harness: known bugs planted one at a time (by monkeypatching
+tray's core, never by editing it) must make the sweep fail, on the right
+invariant, within a stated number of seeds."""
+
+from __future__ import annotations
+
+import pytest
+
+from tray.core import core_worker
+from tray.core.core_worker import CoreWorker
+from tray.core.ids import TaskID
+from tray.simtest import runner
+
+
+def _first_failure(seeds, workload: str, faults: str, invariant: str):
+    seen = []
+    for seed in seeds:
+        result = runner.run_seed(seed, workload, faults)
+        if not result.ok:
+            seen.append((seed, result.invariant))
+            if result.invariant == invariant:
+                return result
+    pytest.fail(f"the planted bug went unnoticed (failures on other invariants: {seen})")
+
+
+def test_skipping_actor_sequence_ordering_is_caught_within_20_seeds(monkeypatch):
+    original = CoreWorker.handle_actor_call
+
+    async def unordered(self, conn, spec):
+        spec.seq = spec.floor = 0  # run calls as they arrive
+        return await original(self, conn, spec)
+
+    monkeypatch.setattr(CoreWorker, "handle_actor_call", unordered)
+    _first_failure(range(20), "actors", "none", "actor-calls-in-submission-order")
+
+
+def test_one_retry_too_many_is_caught_within_10_seeds(monkeypatch):
+    original = CoreWorker.submit_task
+
+    def generous(self, **kwargs):
+        refs = original(self, **kwargs)
+        if kwargs.get("actor") is None:
+            task = self.tasks.get(refs[0].task_id()) if refs else None
+            if task is not None and task.retries_left >= 0:
+                task.retries_left += 1
+        return refs
+
+    monkeypatch.setattr(CoreWorker, "submit_task", generous)
+    result = _first_failure(range(10), "retries", "none", "task-executes-at-most-1+max_retries")
+    assert "executed" in result.message
+
+
+def test_freeing_an_object_a_borrower_holds_is_caught_within_10_seeds(monkeypatch):
+    def forgetful(self, conn, object_id, borrower):
+        return self.refs.get(core_worker.ObjectID(object_id)) is not None
+
+    monkeypatch.setattr(CoreWorker, "handle_add_borrower", forgetful)
+    _first_failure(range(10), "objects", "none", "no-premature-free")
+
+
+def test_a_lease_never_returned_is_caught_within_5_seeds(monkeypatch):
+    def keep(self, queue, lease, worker_ok):
+        queue.leases.remove(lease)  # forget it without telling the node manager
+
+    monkeypatch.setattr(CoreWorker, "_return_lease", keep)
+    result = _first_failure(range(5), "dag", "none", "nothing-leaks-at-quiescence")
+    assert "lease" in result.message
+
+
+def test_dropping_a_reconstructed_result_is_caught_within_40_seeds(monkeypatch):
+    original_recover = CoreWorker.handle_recover_object
+    original_finish = CoreWorker._finish_task
+
+    def recover(self, conn, object_id, lost):
+        reply = original_recover(self, conn, object_id, lost)
+        for task in self.tasks.values():
+            if task.spec.return_ids and object_id in task.spec.return_ids:
+                task.reconstructed = True
+        return reply
+
+    def finish(self, task, results):
+        if getattr(task, "reconstructed", False):
+            task.done = True  # the re-execution's result goes nowhere
+            self.tasks.pop(TaskID(task.spec.task_id), None)
+            return
+        original_finish(self, task, results)
+
+    monkeypatch.setattr(CoreWorker, "handle_recover_object", recover)
+    monkeypatch.setattr(CoreWorker, "_finish_task", finish)
+    _first_failure(range(40), "objects", "node_crash", "no-hang")
