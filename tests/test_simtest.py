@@ -105,3 +105,32 @@ FOUND = [
 def test_found_bug_stays_fixed(issue, seed, workload, faults, invariant):
     result = runner.run_seed(seed, workload, faults, strict=True)
     assert result.ok, f"{issue}: {result.report()}"
+
+
+# ======================================================= the pytest plugin
+
+FAILING_USER_TEST = '''
+import pytest
+import tray
+
+@pytest.mark.simtest(seeds=[3], faults="worker_crash")
+def test_always_fails(sim):
+    assert tray.get(tray.put(1)) == 2
+'''
+
+
+def test_readme_example_runs_under_the_plugin_and_failures_name_the_seed(tmp_path):
+    readme = (REPO_ROOT / "README.md").read_text()
+    section = readme.split("## Testing your program in the simulator", 1)[1]
+    example = section.split("```python\n", 1)[1].split("```", 1)[0]
+    (tmp_path / "test_readme_example.py").write_text(example)
+    (tmp_path / "test_failing.py").write_text(FAILING_USER_TEST)
+    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "tray.simtest.pytest_plugin", "-q",
+         "-p", "no:cacheprovider", str(tmp_path)],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240, check=False)
+    out = proc.stdout + proc.stderr
+    assert "20 passed" in out and "1 failed" in out, out[-3000:]
+    assert "seed 3 failed; fault schedule" in out
+    assert "rerun this seed: pytest 'test_failing.py::test_always_fails[seed3]'" in out

@@ -75,13 +75,9 @@ def pytest_generate_tests(metafunc) -> None:
     if marker is None or "sim" not in metafunc.fixturenames:
         return
     seeds = _seeds(marker.kwargs.get("seeds", DEFAULT_SEEDS))
-    metafunc.parametrize("_simtest_seed", seeds, ids=[f"seed{s}" for s in seeds],
-                         indirect=True)
-
-
-@pytest.fixture
-def _simtest_seed(request) -> int:
-    return request.param
+    if "_simtest_seed" not in metafunc.fixturenames:
+        metafunc.fixturenames.append("_simtest_seed")
+    metafunc.parametrize("_simtest_seed", seeds, ids=[f"seed{s}" for s in seeds])
 
 
 @pytest.fixture
@@ -90,7 +86,9 @@ def sim(request):
     marker = request.node.get_closest_marker("simtest")
     kwargs = dict(marker.kwargs) if marker is not None else {}
     kwargs.pop("seeds", None)
-    seed = request.getfixturevalue("_simtest_seed") if marker is not None else \
+    callspec = getattr(request.node, "callspec", None)
+    seed = callspec.params["_simtest_seed"] if callspec is not None and \
+        "_simtest_seed" in callspec.params else \
         random.Random(request.node.nodeid).randrange(2**16)
     with simtest_cluster(seed, **kwargs) as cluster:
         request.node._simtest = cluster
