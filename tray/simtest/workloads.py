@@ -363,8 +363,10 @@ def cancellation(program) -> None:
     ref = sleeper.options(max_retries=0).remote(program.key("sleeper", retries=0),
                                               rng.choice([0.05, 5.0]))
     if rng.random() < 0.5:
-        tray.get(leaf.remote(program.key("before-cancel", retries=3), 1),
-                 timeout=program.wait_timeout_s)
+        # Let the sleeper start (or not: a busy cluster may queue both).
+        before = leaf.remote(program.key("before-cancel", retries=3), 1)
+        tray.wait([before], timeout=program.wait_timeout_s)
+        program.expect(before, 1, label="before cancel")
     tray.cancel(ref)
     program.expect(ref, program.CANCELLED_OR_VALUE, label="cancelled")
 
