@@ -44,6 +44,8 @@ class GcsServer:
         self.actors: dict[str, dict] = {}
         self.actor_changed: dict[str, trio.Event] = {}
         self.names: dict[tuple[str, str], str] = {}
+        # Actor placements not yet visible in heartbeats: node -> [[resources, until]].
+        self.placements: dict[str, list] = {}
         self._recover()
 
     def _handlers(self) -> dict:
@@ -114,8 +116,19 @@ class GcsServer:
                           node["alive"]) for node_id, node in sorted(self.nodes.items())}
 
     def policy_view(self) -> dict[str, scheduling.NodeView]:
-        return {node_id: scheduling.NodeView(node_id, address, total, available, alive)
-                for node_id, (address, total, available, alive) in self._view().items()}
+        """The nodes as the actor scheduler sees them: what each reported
+        free at its last heartbeat, less the actors placed there since
+        (a heartbeat sent before a placement must not undo it)."""
+        now = trio.current_time()
+        view = {}
+        for node_id, (address, total, available, alive) in self._view().items():
+            available = dict(available)
+            for resources, until in self.placements.get(node_id, []):
+                if until > now:
+                    for name, amount in resources.items():
+                        available[name] = available.get(name, 0.0) - amount
+            view[node_id] = scheduling.NodeView(node_id, address, total, available, alive)
+        return view
 
     def handle_get_all_nodes(self, conn) -> list[dict]:
         return [dict(node) for _, node in sorted(self.nodes.items())]
@@ -312,12 +325,10 @@ class GcsServer:
                 await trio.sleep(self.config.infeasible_retry_period_s)
                 continue
             node = self.nodes[target]
-            # Count the placement now: until the node's next heartbeat says
-            # otherwise, the next actor must not be placed on the same room.
-            available = dict(node.get("available", node["resources"]))
-            for name, amount in actor["resources"].items():
-                available[name] = available.get(name, 0.0) - amount
-            node["available"] = available
+            # Count the placement until heartbeats sent after the lease was
+            # granted have arrived, so the next actor is not put in the same room.
+            placement = [actor["resources"], float("inf")]
+            self.placements.setdefault(target, []).append(placement)
             request = {"resources": actor["resources"], "owner": self.env.address,
                        "strategy": scheduling.Strategy("NODE_AFFINITY", target, False),
                        "for_actor": actor_id, "hops": self.config.spillback_hops_max}
@@ -326,6 +337,10 @@ class GcsServer:
             except PeerDisconnected:
                 await trio.sleep(self.config.heartbeat_period_s)
                 continue
+            finally:
+                placement[1] = trio.current_time() + 2 * self.config.heartbeat_period_s
+                now = trio.current_time()
+                self.placements[target] = [p for p in self.placements[target] if p[1] > now]
             if "worker_address" not in grant:
                 await trio.sleep(self.config.infeasible_retry_period_s)
                 continue
