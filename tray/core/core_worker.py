@@ -194,6 +194,7 @@ class CoreWorker:
         self.endpoint = Endpoint(env, {name[len("handle_"):]: getattr(self, name)
                                        for name in dir(self) if name.startswith("handle_")},
                                  nursery)
+        self.endpoint.on_peer_closed = self._peer_gone
         self.job_id = JobID.from_int(0)
         self.driver_context: TaskContext | None = None
         self.refs: dict[ObjectID, RefEntry] = {}
@@ -392,6 +393,13 @@ class CoreWorker:
             del entry.borrowers[borrower]
         self._maybe_release(oid, entry)
 
+    def _peer_gone(self, address: str) -> None:
+        """A process died: it borrows nothing any more."""
+        for object_id, entry in list(self.refs.items()):
+            if entry.owned and address in entry.borrowers:
+                del entry.borrowers[address]
+                self._maybe_release(object_id, entry)
+
     def register_borrow_later(self, object_id: ObjectID, owner: str) -> None:
         self._send_later(owner, "add_borrower_oneway", object_id.binary(), self.address)
 
@@ -580,7 +588,11 @@ class CoreWorker:
         return failure
 
     async def _submit_task(self, task: PendingTask) -> None:
-        await self._ensure_exported(task.spec.function_id)
+        try:
+            await self._ensure_exported(task.spec.function_id)
+        except exceptions.TrayError as error:  # the GCS stayed unreachable
+            self._finish_task(task, [("error", serialize_error(error))] * task.spec.num_returns)
+            return
         failure = await self._resolve_dependencies(task)
         if failure is not None:
             self._finish_task(task, [("error", failure)] * task.spec.num_returns)
@@ -680,7 +692,10 @@ class CoreWorker:
                                              lease.gpu_ids)
         except PeerDisconnected:
             task.pushed_to = None
-            queue.leases.remove(lease)  # the node manager reclaims a dead worker's lease
+            queue.leases.remove(lease)
+            # Dead, or only cut off from us: either way the worker is done
+            # for (its node manager kills it if it lives) and the task retried.
+            self._send_later(lease.node_manager, "return_lease", lease.lease_id, False)
             self._task_worker_died(task, lease)
             self._pump(key, queue)
             return
@@ -947,7 +962,24 @@ class CoreWorker:
 
     # ------------------------------------------------------------ get/wait
 
+    def _blocking(self, blocked: bool) -> None:
+        """A task about to wait in get/wait lends its CPU back to its node
+        (and takes it again after), so nested tasks cannot starve each other
+        of CPUs — as Ray does."""
+        if self.mode == WORKER and self.actor_id is None and \
+                current_task.get(None) is not None:
+            self._send_later(self.env.node_manager_address,
+                             "worker_blocked" if blocked else "worker_unblocked",
+                             self.worker_id)
+
     async def get_async(self, refs: list, timeout: float | None, single: bool = False):
+        self._blocking(True)
+        try:
+            return await self._get(refs, timeout, single)
+        finally:
+            self._blocking(False)
+
+    async def _get(self, refs: list, timeout: float | None, single: bool):
         with trio.move_on_after(timeout if timeout is not None else float("inf")) as scope:
             values = [None] * len(refs)
 
@@ -973,6 +1005,14 @@ class CoreWorker:
 
     async def wait_async(self, refs: list, num_returns: int, timeout: float | None,
                          fetch_local: bool) -> tuple[list, list]:
+        self._blocking(True)
+        try:
+            return await self._wait(refs, num_returns, timeout, fetch_local)
+        finally:
+            self._blocking(False)
+
+    async def _wait(self, refs: list, num_returns: int, timeout: float | None,
+                    fetch_local: bool) -> tuple[list, list]:
         ready: set = set()
         enough = trio.Event()
 
@@ -1231,7 +1271,12 @@ class CoreWorker:
             self._finish_actor_call(task, state, [("error", failure)] * spec.num_returns)
             return
         while True:
-            info = await self._actor_info(state)
+            try:
+                info = await self._actor_info(state)
+            except exceptions.TrayError as error:  # the GCS stayed unreachable
+                self._finish_actor_call(task, state,
+                                        [("error", serialize_error(error))] * spec.num_returns)
+                return
             if info["state"] == "DEAD":
                 error = _actor_died_error(info, spec.name)
                 self._finish_actor_call(task, state,
@@ -1241,6 +1286,22 @@ class CoreWorker:
             try:
                 results, _ = await self.endpoint.call(info["address"], "actor_call", spec)
             except PeerDisconnected:
+                if await self._reachable(info["address"]):
+                    # Only the connection broke; the actor lives on, and the call
+                    # may or may not have run.
+                    if task.retries_left != 0 and not task.cancelled:
+                        if task.retries_left > 0:
+                            task.retries_left -= 1
+                        spec.attempt += 1
+                        self.tracer.record(self.name, "actor_call_retry", task=spec.task_id)
+                        continue
+                    error = exceptions.ActorUnavailableError(
+                        f"the connection to actor {state.actor_id} broke during {spec.name}; "
+                        "the call may or may not have run, and was not retried "
+                        "(max_task_retries=0)", state.actor_id)
+                    self._finish_actor_call(
+                        task, state, [("error", serialize_error(error))] * spec.num_returns)
+                    return
                 state.seen_incarnation = max(state.seen_incarnation, info["incarnation"])
                 if task.retries_left != 0 and not task.cancelled:
                     if task.retries_left > 0:
@@ -1254,6 +1315,13 @@ class CoreWorker:
                 return
             self._finish_actor_call(task, state, results)
             return
+
+    async def _reachable(self, address: str) -> bool:
+        try:
+            await self.endpoint.connect(address)
+        except PeerDisconnected:
+            return False
+        return True
 
     async def kill_actor(self, actor_id: str, no_restart: bool) -> None:
         await self.gcs_call("kill_actor", actor_id, no_restart)

@@ -45,6 +45,7 @@ class Lease:
     resources: dict
     gpu_allocation: list
     for_actor: str | None = None
+    blocked: bool = False  # its task waits in get/wait and lent its CPU back
 
 
 @dataclass
@@ -369,6 +370,28 @@ class NodeManager:
                             "gpu_ids": [i for i, _ in allocation]}
             waiter.event.set()
 
+    def _lease_of(self, worker_id: str) -> Lease | None:
+        for lease in self.leases.values():
+            if lease.worker_id == worker_id and lease.for_actor is None:
+                return lease
+        return None
+
+    def handle_worker_blocked(self, conn, worker_id: str) -> None:
+        lease = self._lease_of(worker_id)
+        if lease is None or lease.blocked:
+            return
+        lease.blocked = True
+        self.available["CPU"] = self.available.get("CPU", 0.0) + lease.resources.get("CPU", 0.0)
+        self._dispatch()
+
+    def handle_worker_unblocked(self, conn, worker_id: str) -> None:
+        lease = self._lease_of(worker_id)
+        if lease is None or not lease.blocked:
+            return
+        lease.blocked = False
+        # May oversubscribe the node for a while, as in Ray: the task runs on.
+        self.available["CPU"] = self.available.get("CPU", 0.0) - lease.resources.get("CPU", 0.0)
+
     def handle_return_lease(self, conn, lease_id: int, worker_ok: bool) -> None:
         self._release_lease(lease_id, worker_ok)
 
@@ -377,6 +400,8 @@ class NodeManager:
         if lease is None:
             return
         for name, amount in lease.resources.items():
+            if name == "CPU" and lease.blocked:
+                continue  # lent back already
             self.available[name] = self.available.get(name, 0.0) + amount
             assert self.available[name] <= self.total.get(name, 0.0) + scheduling.EPSILON
         self.gpus.release(lease.gpu_allocation)

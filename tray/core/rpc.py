@@ -180,6 +180,7 @@ class Endpoint:
         self._connections: dict[str, Connection] = {}
         self._inbound: dict[str, list[Connection]] = {}
         self._connecting: dict[str, trio.Event] = {}
+        # Called with the address of a peer process that has gone away.
         self.on_peer_closed: Callable[[str], None] | None = None
 
     async def serve(self) -> None:
@@ -204,8 +205,19 @@ class Endpoint:
             inbound.remove(connection)
             if not inbound:
                 del self._inbound[connection.peer]
-        if self.on_peer_closed is not None:
-            self.on_peer_closed(connection.peer)
+        if self.on_peer_closed is not None and connection.peer != "?":
+            self.nursery.start_soon(self._confirm_gone, connection.peer)
+
+    async def _confirm_gone(self, peer: str) -> None:
+        """A connection closed: tell ``on_peer_closed`` if the process behind
+        it is gone — not if only the connection broke (a reset)."""
+        await trio.sleep(0)  # not while this process is ending (a cancelled task stops here)
+        if self.is_connected(peer):
+            return
+        try:
+            await self.connect(peer)
+        except PeerDisconnected:
+            self.on_peer_closed(peer)
 
     async def connect(self, address: str) -> Connection:
         while True:

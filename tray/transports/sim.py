@@ -125,6 +125,7 @@ class SimNetwork:
         self._listeners: dict[str, trio.MemorySendChannel] = {}
         self._streams: dict[str, list[SimStream]] = {}
         self.messages_delivered = 0
+        self.dead: set[str] = set()  # addresses whose process died
         # Faults between machines ("n0", "n1", ...).
         self.blocked: set[tuple[str, str]] = set()  # (from, to) pairs held back
         self.stalled_until: dict[str, float] = {}  # machine -> virtual time
@@ -211,7 +212,10 @@ class SimNetwork:
         return SimTransport(self, owner)
 
     def close_all(self, owner: str) -> None:
-        """The process at ``owner`` died: close every stream end it held."""
+        """The process at ``owner`` died: close every stream end it held.
+        Until a process serves at that address again, code of the dead one
+        still unwinding can open no new stream."""
+        self.dead.add(owner)
         for stream in self._streams.pop(owner, []):
             stream.close()
         channel = self._listeners.pop(owner, None)
@@ -237,6 +241,7 @@ class SimTransport:
     async def serve(self, address: str, on_stream, *, task_status=trio.TASK_STATUS_IGNORED):
         if address in self.network._listeners:
             raise OSError(f"address {address} is already in use")
+        self.network.dead.discard(address)
         send, receive = trio.open_memory_channel(math.inf)
         self.network._listeners[address] = send
         task_status.started()
@@ -256,6 +261,8 @@ class SimTransport:
             stream.close()
 
     async def connect(self, address: str) -> SimStream:
+        if self.owner in self.network.dead:
+            raise ConnectionClosed(f"{self.owner} has exited")
         channel = self.network._listeners.get(address)
         if channel is None:
             raise ConnectionClosed(f"nothing listens at {address}")

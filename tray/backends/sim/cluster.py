@@ -123,6 +123,7 @@ class SimCluster:
         self.driver: CoreWorker | None = None
         self._scheduler_state = None
         self._failure_reported = False
+        self._gcs_down = False
 
     def _rng(self, name: str) -> random.Random:
         return random.Random(f"{self.seed}:{name}")
@@ -238,9 +239,12 @@ class SimCluster:
 
     def _env(self, address: str, node_index: int | None, **extra) -> ProcessEnv:
         node_id = self._node_ids[node_index] if node_index is not None else None
+        # A restarted node draws new ids (for its workers too), not its predecessor's.
+        generation = self._generation[node_index] if node_index is not None else 0
         return ProcessEnv(
             address=address, transport=self.network.transport(address),
-            rng=self._rng(f"process:{address}"), tracer=self.trace, config=self.config,
+            rng=self._rng(f"process:{address}:{generation}"), tracer=self.trace,
+            config=self.config,
             node_id=node_id, gcs_address=self.gcs_address,
             object_store=self.stores[node_index] if node_index is not None else None,
             node_manager_address=f"n{node_index}/raylet" if node_index is not None else "",
@@ -295,7 +299,8 @@ class SimCluster:
         index = process.node_index
         env = self._env(process.address, index, spawner=SimSpawner(self, index),
                         resources=self.node_resources,
-                        extra={"exit_process": lambda: self._fence_node(index)})
+                        extra={"exit_process": lambda: self._fence_node(index),
+                               "wait_for_gcs_s": HANG_TIMEOUT_S})
         process.component = NodeManager(env, nursery)
         await process.component.run()
 
@@ -431,12 +436,16 @@ class SimCluster:
 
     def _restart_gcs_now(self, down_for_s: float) -> None:
         self.trace.record("fault", "restart_gcs", down_for_s=down_for_s)
+        if self._gcs_down:
+            return  # down already: it comes back when the first restart says
+        self._gcs_down = True
         self.kill_process(self.gcs_address)
 
         async def start_again() -> None:
             await trio.sleep(down_for_s)
             while self.gcs_address in self.processes:  # the old one is still ending
                 await trio.sleep(0)
+            self._gcs_down = False
             await self._start_gcs()
         self._nursery.start_soon(start_again)
 
