@@ -171,6 +171,11 @@ class CallerQueue:
     so each step wakes exactly the next call."""
     next_seq: int = 0
     waiters: dict = field(default_factory=dict)  # seq -> trio.Event
+    # Calls that arrived here, and their replies, kept until the caller's
+    # floor passes them: a call re-sent after a broken connection gets the
+    # first one's reply instead of running twice.
+    started: dict = field(default_factory=dict)  # seq -> trio.Event (set when done)
+    replies: dict = field(default_factory=dict)  # seq -> reply
 
 
 # ================================================================ the worker
@@ -392,6 +397,12 @@ class CoreWorker:
         if entry.borrowers[borrower] <= 0:
             del entry.borrowers[borrower]
         self._maybe_release(oid, entry)
+
+    def handle_held_leases(self, conn, node_manager: str, lease_ids: list) -> list:
+        """Which of these leases from ``node_manager`` this process holds."""
+        held = {lease.lease_id for queue in self.queues.values() for lease in queue.leases
+                if lease.node_manager == node_manager}
+        return [lease_id for lease_id in lease_ids if lease_id in held]
 
     def _peer_gone(self, address: str) -> None:
         """A process died: it borrows nothing any more."""
@@ -1216,6 +1227,22 @@ class CoreWorker:
         queue = self.callers.get(spec.caller)
         if queue is None:
             queue = self.callers[spec.caller] = CallerQueue()
+        for seq in [seq for seq in queue.started if seq < spec.floor]:
+            del queue.started[seq]
+            queue.replies.pop(seq, None)
+        first = queue.started.get(spec.seq)
+        if first is not None:  # a re-sent call: it arrived here already
+            await first.wait()
+            if spec.seq in queue.replies:
+                return queue.replies[spec.seq]
+        done = queue.started[spec.seq] = trio.Event()
+        try:
+            reply = queue.replies[spec.seq] = await self._run_actor_call(queue, spec)
+        finally:
+            done.set()
+        return reply
+
+    async def _run_actor_call(self, queue: CallerQueue, spec: TaskSpec):
         if spec.floor > queue.next_seq:
             queue.next_seq = spec.floor
             self._wake(queue, all_due=True)

@@ -46,6 +46,8 @@ class GcsServer:
         self.names: dict[tuple[str, str], str] = {}
         # Actor placements not yet visible in heartbeats: node -> [[resources, until]].
         self.placements: dict[str, list] = {}
+        # Leases granted for actors still being created: (node address, lease id).
+        self.granting: set[tuple[str, int]] = set()
         self._recover()
 
     def _handlers(self) -> dict:
@@ -253,6 +255,16 @@ class GcsServer:
             except PeerDisconnected:
                 pass
 
+    def handle_held_leases(self, conn, node_manager: str, lease_ids: list) -> list:
+        """Which of these leases from ``node_manager`` host (or are creating)
+        an actor; the node reclaims the others (granted before a GCS
+        restart, or to a creation that was given up)."""
+        held = {actor.get("lease_id") for actor in self.actors.values()
+                if actor["state"] != DEAD and actor["node_id"] in self.nodes
+                and self.nodes[actor["node_id"]]["address"] == node_manager}
+        return [lease_id for lease_id in lease_ids
+                if lease_id in held or (node_manager, lease_id) in self.granting]
+
     def handle_worker_died(self, conn, worker_id: str, node_id: str, reason: str) -> None:
         for actor in sorted(self.actors.values(), key=lambda a: a["actor_id"]):
             if actor["worker_id"] == worker_id and actor["state"] in (ALIVE, PENDING):
@@ -344,17 +356,16 @@ class GcsServer:
             if "worker_address" not in grant:
                 await trio.sleep(self.config.infeasible_retry_period_s)
                 continue
-            actor = self.actors[actor_id]
-            if actor["state"] == DEAD:
-                await self._kill_worker(target, grant["worker_id"])
-                return
-            incarnation = actor["incarnation"] + 1
+            granting = (node["address"], grant["lease_id"])
+            self.granting.add(granting)
             try:
-                reply = await self.endpoint.call(grant["worker_address"], "create_actor",
-                                                 actor["creation"], grant["gpu_ids"], incarnation)
-            except PeerDisconnected:
-                self.tracer.record("gcs", "actor_creation_lost", actor=actor_id)
+                reply = await self._create_actor(actor_id, target, grant)
+            finally:
+                self.granting.discard(granting)
+            if reply == "retry":
                 continue
+            if reply == "dead":
+                return
             actor = self.actors[actor_id]
             if actor["state"] == DEAD:
                 await self._kill_worker(target, grant["worker_id"])
@@ -363,9 +374,29 @@ class GcsServer:
                 self._set_dead(actor, "its constructor raised an exception", reply)
                 await self._kill_worker(target, grant["worker_id"])
                 return
+            incarnation = actor["incarnation"] + 1
             actor.update(state=ALIVE, address=grant["worker_address"],
-                         worker_id=grant["worker_id"], node_id=target, incarnation=incarnation)
+                         worker_id=grant["worker_id"], node_id=target, incarnation=incarnation,
+                         lease_id=grant["lease_id"])
             self._save_actor(actor)
             self.tracer.record("gcs", "actor_alive", actor=actor_id, node=target,
                                incarnation=incarnation)
             return
+
+    async def _create_actor(self, actor_id: str, target: str, grant: dict):
+        """Run the constructor in the leased worker: None when it succeeded,
+        the serialized error when it raised, "retry" when the worker was
+        lost, "dead" when the actor was killed meanwhile."""
+        actor = self.actors[actor_id]
+        if actor["state"] == DEAD:
+            await self._kill_worker(target, grant["worker_id"])
+            return "dead"
+        try:
+            return await self.endpoint.call(grant["worker_address"], "create_actor",
+                                            actor["creation"], grant["gpu_ids"],
+                                            actor["incarnation"] + 1)
+        except PeerDisconnected:
+            # Dead, or only cut off: either way that worker is given up.
+            self.tracer.record("gcs", "actor_creation_lost", actor=actor_id)
+            await self._kill_worker(target, grant["worker_id"])
+            return "retry"

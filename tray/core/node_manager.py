@@ -46,6 +46,9 @@ class Lease:
     gpu_allocation: list
     for_actor: str | None = None
     blocked: bool = False  # its task waits in get/wait and lent its CPU back
+    # The connection the grant went out on: if it breaks, the grant may
+    # never have arrived, so the owner is asked whether it holds the lease.
+    conn: object = None
 
 
 @dataclass
@@ -98,6 +101,7 @@ class NodeManager:
         self.view: dict[str, scheduling.NodeView] = {}
         self.policy_state = scheduling.PolicyState(rng=env.rng)
         self._pulls: dict[bytes, trio.Event] = {}
+        self._reconciling: set[str] = set()
         self.endpoint = Endpoint(env, {name[len("handle_"):]: getattr(self, name)
                                        for name in dir(self) if name.startswith("handle_")},
                                  nursery)
@@ -157,10 +161,40 @@ class NodeManager:
             self.env.spawner.kill_worker(worker.worker_id)
             self._worker_died(worker, "idle")
 
+    def _reconcile_leases(self) -> None:
+        """Ask the owners of leases granted over connections that broke since
+        whether they hold them; those not held are reclaimed."""
+        orphans: dict[str, list] = {}
+        for lease_id, lease in sorted(self.leases.items()):
+            if lease.conn is not None and lease.conn.closed:
+                orphans.setdefault(lease.owner, []).append(lease_id)
+        for owner, lease_ids in sorted(orphans.items()):
+            if owner not in self._reconciling:
+                self._reconciling.add(owner)
+                self.nursery.start_soon(self._reconcile, owner, lease_ids)
+
+    async def _reconcile(self, owner: str, lease_ids: list) -> None:
+        try:
+            held = await self.endpoint.call(owner, "held_leases", self.env.address, lease_ids)
+        except PeerDisconnected:
+            return  # unreachable: ask again later (if it died, its leases go anyway)
+        finally:
+            self._reconciling.discard(owner)
+        for lease_id in lease_ids:
+            lease = self.leases.get(lease_id)
+            if lease is None:
+                continue
+            if lease_id in held:
+                lease.conn = None
+            else:
+                self.tracer.record(self.node_id[:8], "lease_reclaimed", lease=lease_id)
+                self._release_lease(lease_id, worker_ok=False)
+
     async def _heartbeat_loop(self) -> None:
         while True:
             await trio.sleep(self.config.heartbeat_period_s)
             self._reap_idle_workers()
+            self._reconcile_leases()
             try:
                 reply = await self.endpoint.call(self.env.gcs_address, "heartbeat",
                                                  self.node_id, dict(self.available))
@@ -324,6 +358,7 @@ class NodeManager:
             self._release_lease(lease.lease_id, worker_ok=True)
             return {}
         lease.worker_id = worker.worker_id
+        lease.conn = conn
         worker.state = "actor" if lease.for_actor else "leased"
         worker.lease_id = lease.lease_id
         grant.update(worker_id=worker.worker_id, worker_address=worker.address)
