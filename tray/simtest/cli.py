@@ -42,8 +42,6 @@ def add_arguments(parser: argparse.ArgumentParser, *, replay: bool) -> None:
                         choices=sorted(workloads.WORKLOADS), help="the program to run")
     parser.add_argument("--faults", default=DEFAULT_FAULTS,
                         choices=sorted(faults_module.PROFILES), help="the fault profile")
-    parser.add_argument("--strict", action="store_true",
-                        help="fail on the known tray issues too (see runner.KNOWN_ISSUES)")
     if replay:
         parser.add_argument("--seed", type=int, required=True, help="the seed to replay")
         parser.add_argument("--trace", metavar="PATH",
@@ -96,25 +94,22 @@ class _Progress:
                   file=sys.stderr, flush=True)
 
 
-def sweep(seeds, workload: str, faults: str, *, strict: bool = False,
-          determinism_every: int = 10, max_failures: int = 0, progress: bool = False,
-          on_failure=None) -> dict:
+def sweep(seeds, workload: str, faults: str, *, determinism_every: int = 10,
+          max_failures: int = 0, progress: bool = False, on_failure=None) -> dict:
     """Run ``seeds``; returns the summary (the JSON ``run --json`` prints)."""
     seeds = list(seeds)
     bar = _Progress(len(seeds), progress)
     started = time.perf_counter()
-    failures, digests, known, virtual_s, tasks, ran = [], {}, {}, 0.0, 0, 0
+    failures, digests, virtual_s, tasks, ran = [], {}, 0.0, 0, 0
     nondeterministic = []
     for seed in seeds:
-        result = runner.run_seed(seed, workload, faults, strict=strict)
+        result = runner.run_seed(seed, workload, faults)
         ran += 1
         digests[str(seed)] = result.digest
         virtual_s += result.virtual_time_s
         tasks += result.tasks
-        for issue in result.known_issues:
-            known.setdefault(issue, []).append(seed)
         if determinism_every and seed % determinism_every == 0:
-            again = runner.run_seed(seed, workload, faults, strict=strict)
+            again = runner.run_seed(seed, workload, faults)
             if again.digest != result.digest:
                 nondeterministic.append(seed)
                 result.ok = False
@@ -130,7 +125,7 @@ def sweep(seeds, workload: str, faults: str, *, strict: bool = False,
             break
     wall_s = time.perf_counter() - started
     return {
-        "seeds": ran, "workload": workload, "faults": faults, "strict": strict,
+        "seeds": ran, "workload": workload, "faults": faults,
         "failures": [f.failure_dict() for f in failures],
         "digests": digests,
         "virtual_time_s": round(virtual_s, 3),
@@ -138,7 +133,6 @@ def sweep(seeds, workload: str, faults: str, *, strict: bool = False,
         "seeds_per_minute": round(ran / wall_s * 60, 1) if wall_s > 0 else 0.0,
         "tasks": tasks,
         "tasks_per_second": round(tasks / wall_s, 1) if wall_s > 0 else 0.0,
-        "known_issues": {issue: seeds_hit for issue, seeds_hit in sorted(known.items())},
         "determinism_checked": sum(1 for s in seeds[:ran]
                                    if determinism_every and s % determinism_every == 0),
         "nondeterministic_seeds": nondeterministic,
@@ -151,7 +145,7 @@ def run(args) -> int:
             sys.stderr.write("\n" if sys.stderr.isatty() else "")
             print(result.report(), flush=True)
 
-    summary = sweep(args.seeds, args.workload, args.faults, strict=args.strict,
+    summary = sweep(args.seeds, args.workload, args.faults,
                     determinism_every=args.determinism_every, max_failures=args.max_failures,
                     progress=not args.json, on_failure=show)
     if args.json:
@@ -163,15 +157,11 @@ def run(args) -> int:
               f"{summary['wall_s']:.1f} s; {summary['seeds_per_minute']:.0f} seeds/min, "
               f"{summary['tasks_per_second']:.0f} simulated tasks/s; "
               f"{summary['determinism_checked']} seeds re-run for determinism")
-        for issue, hit in summary["known_issues"].items():
-            print(f"  known issue {issue!r} tolerated in {len(hit)} seed(s), e.g. seed "
-                  f"{hit[0]} (--strict fails on it): {runner.KNOWN_ISSUES[issue]}")
     return 1 if summary["failures"] else 0
 
 
 def replay(args) -> int:
-    result = runner.run_seed(args.seed, args.workload, args.faults, trace_path=args.trace,
-                             strict=args.strict)
+    result = runner.run_seed(args.seed, args.workload, args.faults, trace_path=args.trace)
     if result.ok:
         print(f"seed {args.seed} passed (workload {args.workload}, faults {args.faults}); "
               f"fault schedule: {'; '.join(result.schedule) or '(no faults)'}")

@@ -105,9 +105,9 @@ def plan(seed: int, profile: str, kinds_available: set, num_nodes: int) -> list[
 
 
 def _space_gcs_restarts(faults: list[Fault]) -> list[Fault]:
-    """A GCS restart is scheduled only once the previous one is back up:
-    the simulator's restart_gcs spins forever when a second restart lands
-    while the first is still down (reported; see the simtest report)."""
+    """A GCS restart is scheduled only once the previous one is back up, so
+    that each planned restart happens (one that lands while the GCS is down
+    does nothing)."""
     spaced, up_at = [], -1.0
     for fault in faults:
         if fault.kind == "gcs_restart":

@@ -40,7 +40,7 @@ from . import workloads
 LIVENESS_S = 120.0  # virtual seconds for all outstanding work once faults stop
 QUIESCE_S = 5.0  # virtual seconds for frees and lease returns to settle
 WAIT_TIMEOUT_S = 5.0
-HANG_S = 300.0  # any single blocking driver call (a hang beyond the liveness bound)  # a blocking call inside a workload piece waits at most this
+HANG_S = 300.0  # any single blocking driver call (a hang beyond the liveness bound)
 
 # Errors that a fault may cause, and only a fault.
 FAULT_ERRORS = (exceptions.WorkerCrashedError, exceptions.ActorDiedError,
@@ -71,7 +71,6 @@ class SeedResult:
     tasks: int = 0
     wall_s: float = 0.0
     num_nodes: int = 0
-    known_issues: list = field(default_factory=list)  # tolerated (see KNOWN_ISSUES)
 
     def replay_command(self) -> str:
         return (f"tray simtest replay --seed {self.seed} --workload {self.workload} "
@@ -118,9 +117,7 @@ class Expectation:
     ref: object
     expected: object
     label: str
-    actor_call: bool = False
-    nested: bool = False
-    app_retries: bool = False
+    app_retries: bool = False  # the task retries application errors
 
 
 class Program:
@@ -131,14 +128,9 @@ class Program:
     ANY_LIST = _Sentinel("ANY_LIST")
     CANCELLED_OR_VALUE = _Sentinel("CANCELLED_OR_VALUE")
 
-    def __init__(self, seed: int, kills: bool, cpus_total: float = 1.0,
-                 strict: bool = False) -> None:
+    def __init__(self, seed: int, kills: bool) -> None:
         self.rng = random.Random(f"{seed}:workload")
         self.kills = kills
-        self.strict = strict
-        # Tasks that block in get() while holding a CPU may take at most
-        # this many CPUs at once (see KNOWN_ISSUES["nested-get-deadlock"]).
-        self.blocking_budget = float("inf") if strict else cpus_total - 1
         self.wait_timeout_s = WAIT_TIMEOUT_S
         self.expectations: list[Expectation] = []
         self.limits: dict[str, int] = {}  # execution key -> max executions (-1: any)
@@ -146,7 +138,6 @@ class Program:
         self.actor_calls: dict[str, dict] = {}  # actor key -> {(caller, seq): limit}
         self.actors: list = []
         self.laters: list = []
-        self.known: set = set()  # known issues met and tolerated
         self._keys = 0
         self._retries = 0
 
@@ -157,21 +148,14 @@ class Program:
         self.limits[key] = -1 if retries < 0 else 1 + retries
         return key
 
-    def reserve_blocking(self, tasks: int) -> bool:
-        """May ``tasks`` more tasks block in get() holding a CPU each?"""
-        if tasks > self.blocking_budget:
-            return False
-        self.blocking_budget -= tasks
-        return True
-
     def task_retries(self) -> int:
         self._retries = self.rng.choice([0, 1, 3, -1] if self.kills else [0, 3])
         return self._retries
 
-    def expect(self, ref, expected, *, label: str, actor_call: bool = False,
-               nested: bool = False, app_retries: bool = False, **_details) -> None:
-        self.expectations.append(Expectation(ref, expected, label, actor_call, nested,
-                                             app_retries))
+    def expect(self, ref, expected, *, label: str, app_retries: bool = False,
+               **_details) -> None:
+        """``_details`` (actor_call=True, nested=True, ...) only document the call site."""
+        self.expectations.append(Expectation(ref, expected, label, app_retries))
 
     def error(self, error_class: type) -> ExpectError:
         return ExpectError(error_class)
@@ -181,11 +165,8 @@ class Program:
         self.actors.append(handle)
         return handle
 
-    def actor_call(self, actor_key: str, caller: str, seq: int, max_task_retries: int,
-                   via_task: bool = False) -> None:
+    def actor_call(self, actor_key: str, caller: str, seq: int, max_task_retries: int) -> None:
         limit = -1 if max_task_retries < 0 else 1 + max_task_retries
-        if via_task and limit > 0:
-            limit = limit  # a caller task runs once (max_retries=0), so the same bound
         self.actor_calls.setdefault(actor_key, {})[(caller, seq)] = limit
 
     def exact_executions(self, key: str, count: int) -> None:
@@ -348,61 +329,21 @@ def wait_for_graph(cluster) -> str:
     return "\n".join(lines) or "(nothing is waiting: the work was lost)"
 
 
-# Known bugs in tray that the sweep tolerates unless ``strict`` (each has a
-# pinned xfail test in tests/test_simtest.py): the sweep stays useful for
-# finding new bugs while these wait for their fix.
-KNOWN_ISSUES = {
-    "dead-borrower-leak": "an owner keeps an object alive for a borrower process that died "
-                          "(a killed actor or crashed worker holding a borrowed ref): the "
-                          "owner never drops a dead borrower, so the object leaks",
-    "dead-owner-lease": "a node manager keeps queueing (and then grants) lease requests of an "
-                        "owner process that died; the granted lease is never returned, so its "
-                        "CPU is lost and work waiting for it hangs",
-    "nested-get-deadlock": "a task blocked in get() keeps its CPU, so parents waiting on "
-                           "children can take every CPU and the children never start (Ray "
-                           "releases a blocked worker's CPU); workloads keep blocked tasks "
-                           "below the cluster's CPUs unless strict",
-}
-
-
-def _holds(cluster, address: str, oid) -> bool:
-    """Does the live process at ``address`` hold a reference to ``oid``?
-    (A restarted node reuses its dead workers' addresses, so being alive at
-    the address is not enough.)"""
-    process = cluster.processes.get(address)
-    if process is None or not process.alive or process.component is None:
-        return False
-    refs = getattr(process.component, "refs", None)
-    return refs is not None and oid in refs
-
-
-def leaks(cluster, strict: bool = False, known: set | None = None) -> list[str]:
-    """What is still held at quiescence and should not be; tolerated known
-    issues are added to ``known`` instead (unless ``strict``)."""
-    known = set() if known is None else known
+def leaks(cluster) -> list[str]:
+    """What is still held at quiescence and should not be."""
     from ..core.core_worker import CoreWorker
     from ..core.node_manager import NodeManager
 
     found = []
-    tolerated: set = set()  # object ids leaked by a known issue
     for address, component in _components(cluster):
         if isinstance(component, CoreWorker):
             if component.tasks:
                 found.append(f"{address} still tracks {len(component.tasks)} task(s)")
             owned = []
             for oid, entry in sorted(component.refs.items(), key=lambda kv: kv[0].hex()):
-                if not entry.owned:
-                    continue
-                only_dead_borrowers = entry.borrowers and not (
-                    entry.local or entry.submitted or entry.contained) and \
-                    not any(_holds(cluster, b, oid) for b in entry.borrowers)
-                if only_dead_borrowers and not strict:
-                    tolerated.add(oid.binary())
-                    known.add("dead-borrower-leak")
-                    continue
-                owned.append(oid.hex()[:12] + (f" (borrowed by dead {sorted(entry.borrowers)}: "
-                                               f"known issue dead-borrower-leak)"
-                                               if only_dead_borrowers else ""))
+                if entry.owned:
+                    owned.append(oid.hex()[:12] + (f" (borrowers {sorted(entry.borrowers)})"
+                                                   if entry.borrowers else ""))
             if owned:
                 found.append(f"{address} still owns object(s) nobody references: "
                              f"{owned[:5]}")
@@ -420,10 +361,9 @@ def leaks(cluster, strict: bool = False, known: set | None = None) -> list[str]:
             if busy:
                 found.append(f"{address} has workers still busy: {busy}")
     for index, store in enumerate(cluster.stores):
-        process = cluster.processes.get(f"n{index}/raylet")
-        if process is None:
+        if f"n{index}/raylet" not in cluster.processes:
             continue
-        left = [oid for oid in sorted(store._objects) if oid not in tolerated]
+        left = sorted(store._objects)
         if left:
             found.append(f"node {index}'s object store still holds {len(left)} object(s) "
                          f"({', '.join(o.hex()[:12] for o in left[:5])})")
@@ -462,7 +402,7 @@ def cluster_shape(seed: int) -> dict:
 
 
 def run_seed(seed: int, workload: str = "mixed", faults: str = "chaos", *,
-             trace_path: str | None = None, config=None, strict: bool = False) -> SeedResult:
+             trace_path: str | None = None, config=None) -> SeedResult:
     """Run one seed and check every invariant; never raises for a failure
     of the system under test (the result says what broke)."""
     if workload not in workloads.WORKLOADS:
@@ -473,8 +413,6 @@ def run_seed(seed: int, workload: str = "mixed", faults: str = "chaos", *,
                          f"{sorted(faults_module.PROFILES)}")
     if tray.is_initialized():
         tray.shutdown()
-    from . import cluster as current_cluster
-
     started = time.perf_counter()
     # A blocking call in the driver that waits this long in virtual time is
     # a hang (the simulator's default, a day, costs minutes of heartbeats).
@@ -483,12 +421,12 @@ def run_seed(seed: int, workload: str = "mixed", faults: str = "chaos", *,
     saved_hang_timeout_s = sim_cluster.HANG_TIMEOUT_S
     sim_cluster.HANG_TIMEOUT_S = HANG_S
     try:
-        return _run_seed(seed, workload, faults, trace_path, config, strict, started)
+        return _run_seed(seed, workload, faults, trace_path, config, started)
     finally:
         sim_cluster.HANG_TIMEOUT_S = saved_hang_timeout_s
 
 
-def _run_seed(seed, workload, faults, trace_path, config, strict, started) -> SeedResult:
+def _run_seed(seed, workload, faults, trace_path, config, started) -> SeedResult:
     from . import cluster as current_cluster
 
     ledger = workloads.reset_ledger()
@@ -500,8 +438,7 @@ def _run_seed(seed, workload, faults, trace_path, config, strict, started) -> Se
     cluster = current_cluster()
     schedule = faults_module.plan(seed, faults, faults_module.available_kinds(cluster),
                                   shape["num_nodes"])
-    program = Program(seed, kills=faults_module.kills(schedule),
-                      cpus_total=shape["num_nodes"] * shape["num_cpus"], strict=strict)
+    program = Program(seed, kills=faults_module.kills(schedule))
     injector = faults_module.Injector(cluster, seed, schedule)
     failure: InvariantViolation | None = None
     virtual_time_s = 0.0
@@ -525,13 +462,9 @@ def _run_seed(seed, workload, faults, trace_path, config, strict, started) -> Se
                 later()
             _liveness_and_values(cluster, program)
             _check_executions(program, ledger)
-            _quiesce(cluster, program, strict)
+            _quiesce(cluster, program)
         except InvariantViolation as violation:
             failure = violation
-            if not strict and violation.invariant == "no-hang" and \
-                    DEAD_OWNER in violation.message:
-                program.known.add("dead-owner-lease")
-                failure = None
         except (KeyboardInterrupt, SystemExit):
             raise
         except BaseException as error:  # noqa: BLE001 - the run itself broke
@@ -559,8 +492,7 @@ def _run_seed(seed, workload, faults, trace_path, config, strict, started) -> Se
                         digest=trace_digest(), schedule=injector.applied or
                         [f.describe() for f in schedule],
                         virtual_time_s=round(virtual_time_s, 6), tasks=tasks,
-                        wall_s=time.perf_counter() - started, num_nodes=shape["num_nodes"],
-                        known_issues=sorted(program.known))
+                        wall_s=time.perf_counter() - started, num_nodes=shape["num_nodes"])
     if failure is not None:
         result.invariant, result.message = failure.invariant, failure.message
     return result
@@ -583,7 +515,7 @@ def _liveness_and_values(cluster, program: Program) -> None:
         _check_value(program, expectation, value)
 
 
-def _quiesce(cluster, program: Program, strict: bool) -> None:
+def _quiesce(cluster, program: Program) -> None:
     for handle in program.actors:
         tray.kill(handle)
     program.expectations.clear()
@@ -591,7 +523,7 @@ def _quiesce(cluster, program: Program, strict: bool) -> None:
     program.laters.clear()
     gc.collect()
     _advance(cluster, QUIESCE_S)
-    found = leaks(cluster, strict, program.known)
+    found = leaks(cluster)
     if found:
         raise InvariantViolation("nothing-leaks-at-quiescence", "\n".join(found))
 

@@ -219,14 +219,10 @@ def dag(program) -> None:
 
 def nested(program) -> None:
     rng = program.rng
+    # Parents block in get() and lend their CPU back while they wait, so a
+    # tree with more blocked parents than the cluster has CPUs (up to 5 on
+    # a 1-CPU cluster) still finishes.
     n, depth = rng.randint(1, 4), rng.randint(1, 2)
-    # Parents block in get() while holding a CPU (a known tray limitation:
-    # see KNOWN_ISSUES); keep the blocked parents below the cluster's CPUs.
-    while not program.reserve_blocking(1 + (n if depth > 1 else 0)):
-        if depth > 1:
-            depth, n = depth - 1, rng.randint(1, 4)
-        else:
-            return
     retries = program.task_retries()
     ref = nested_sum.options(max_retries=retries).remote(program.key("nested"), n, depth)
 
@@ -308,9 +304,7 @@ def actors(program) -> None:
         account = tray.get_actor(options["name"])
     state_safe = restarts == 0  # restarted actors lose their balance
     amounts_total = 0
-    callers = rng.randint(1, 3)
-    while callers > 1 and not program.reserve_blocking(callers - 1):
-        callers -= 1  # caller tasks block in get() holding a CPU
+    callers = rng.randint(1, 3)  # caller tasks block in get() on their calls
     driver_amounts = [rng.randint(1, 9) for _ in range(rng.randint(1, 6))]
     # Some amounts come from tasks, so calls become ready out of order and
     # the actor must hold the early arrivals back.
@@ -332,7 +326,7 @@ def actors(program) -> None:
         program.expect(ref, program.ANY_LIST, label="actor caller task", nested=True)
         amounts_total += sum(amounts)
         for seq in range(len(amounts)):
-            program.actor_call(key, caller, seq, task_retries, via_task=True)
+            program.actor_call(key, caller, seq, task_retries)
     final = account.total.remote("driver", len(driver_amounts))
     program.actor_call(key, "driver", len(driver_amounts), task_retries)
     if callers == 1:
