@@ -1,6 +1,6 @@
 """The simtest harness: sweeps pass, output has the promised shape, replay
-reproduces a run's digest in a fresh process, and the tray bugs the sweep
-found stay pinned (xfail until fixed; see KNOWN_ISSUES in tray/simtest/runner.py)."""
+reproduces a run's digest in a fresh process, and the seeds that found tray
+bugs keep passing."""
 
 from __future__ import annotations
 
@@ -49,14 +49,23 @@ def test_run_json_has_the_promised_fields(capsys):
     assert summary["seeds_per_minute"] > 0
 
 
-def test_failure_report_names_the_seed_schedule_and_replay_command():
-    result = runner.run_seed(28, "mixed", "worker_crash", strict=True)
-    assert not result.ok
+def test_failure_report_names_the_seed_schedule_and_replay_command(monkeypatch):
+    from tray.core.core_worker import CoreWorker
+
+    def keep(self, queue, lease, worker_ok):
+        queue.leases.remove(lease)  # a planted bug: forget the lease, never return it
+
+    monkeypatch.setattr(CoreWorker, "_return_lease", keep)
+    result = runner.run_seed(2, "dag", "worker_crash")
+    assert not result.ok and result.invariant == "nothing-leaks-at-quiescence"
     text = result.report()
-    assert "seed 28" in text and "worker_crash" in text and result.invariant in text
-    assert "tray simtest replay --seed 28 --workload mixed --faults worker_crash" in text
-    assert "nox -s simtest -- --seed 28" in text
+    assert "seed 2" in text and "worker_crash" in text and result.invariant in text
+    assert "lease(s) not returned" in text
+    assert "fault schedule: t=" in text
+    assert "tray simtest replay --seed 2 --workload dag --faults worker_crash" in text
+    assert "nox -s simtest -- --seed 2 --workload dag --faults worker_crash" in text
     assert result.failure_dict()["digest"] == result.digest
+    assert result.failure_dict()["replay"] == result.replay_command()
 
 
 def test_replay_in_a_fresh_process_gives_the_digest_of_the_run(tmp_path):
@@ -85,26 +94,33 @@ def test_schedules_are_seeded_and_differ_between_seeds():
 
 
 # ===================================================== bugs the sweep found
-# Each runs its seed in strict mode, which fails on the known issue; the
-# xfail comes off when the fix lands.
+# Each seed failed on a tray bug, now fixed; it must keep passing.
 
 FOUND = [
-    ("dead-borrower-leak", 7, "mixed", "none", "nothing-leaks-at-quiescence"),
-    ("nested-get-deadlock", 15, "mixed", "none", "no-hang"),
-    ("dead-owner-lease", 28, "mixed", "worker_crash", "no-hang"),
-    ("gcs-restart-loses-put-objects", 4, "mixed", "gcs_restart", "get-returns-model-value"),
-    ("stall-hang", 19, "mixed", "stall", "no-hang"),
-    ("reset-loses-remove-borrower", 6, "mixed", "reset", "nothing-leaks-at-quiescence"),
-    ("reset-crashes-a-process", 0, "mixed", "reset", "runs-without-crashing"),
+    # nothing-leaks-at-quiescence: an owner kept an object alive for a
+    # borrower that had died (a killed actor holding a borrowed ref).
+    ("dead-borrower-leak", 7, "mixed", "none"),
+    # no-hang: a task blocked in get() kept its CPU, so parents waiting on
+    # children took every CPU and the children never ran.
+    ("nested-get-deadlock", 15, "mixed", "none"),
+    # no-hang: a node manager queued, then granted, a lease request of an
+    # owner that had died; the lease was never returned, its CPU was lost.
+    ("dead-owner-lease", 28, "mixed", "worker_crash"),
+    # get-returns-model-value: a GCS restart lost put objects.
+    ("gcs-restart-loses-put-objects", 4, "mixed", "gcs_restart"),
+    # no-hang: work hung after a node stalled.
+    ("stall-hang", 19, "mixed", "stall"),
+    # nothing-leaks-at-quiescence: a connection reset lost a borrower's
+    # remove-borrower message, so the object leaked.
+    ("reset-loses-remove-borrower", 6, "mixed", "reset"),
+    # runs-without-crashing: a connection reset crashed a process.
+    ("reset-crashes-a-process", 0, "mixed", "reset"),
 ]
 
 
-@pytest.mark.parametrize("issue,seed,workload,faults,invariant", FOUND,
-                         ids=[f[0] for f in FOUND])
-@pytest.mark.xfail(reason="a tray bug found by the sweep (see the simtest report); "
-                          "remove this mark when it passes", strict=False)
-def test_found_bug_stays_fixed(issue, seed, workload, faults, invariant):
-    result = runner.run_seed(seed, workload, faults, strict=True)
+@pytest.mark.parametrize("issue,seed,workload,faults", FOUND, ids=[f[0] for f in FOUND])
+def test_found_bug_stays_fixed(issue, seed, workload, faults):
+    result = runner.run_seed(seed, workload, faults)
     assert result.ok, f"{issue}: {result.report()}"
 
 
