@@ -25,6 +25,17 @@ def test_readme_tutorial_runs(tmp_path):
     assert "bad input" in result.stdout
 
 
+def test_readme_fault_tolerance_example_runs(tmp_path):
+    [block] = [b for b in _python_blocks((ROOT / "README.md").read_text())
+               if "sim.kill_node" in b and "sim.advance" in b]
+    script = tmp_path / "fault_tolerance.py"
+    script.write_text(block)
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                            timeout=120, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "1000000.0"
+
+
 @pytest.mark.parametrize("flags", [[], ["--sim"]], ids=["local", "sim"])
 def test_first_example_program_runs(flags):
     result = subprocess.run([sys.executable, str(ROOT / "examples" / "hello.py"), *flags],

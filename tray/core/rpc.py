@@ -218,6 +218,8 @@ class Endpoint:
             await self.connect(peer)
         except PeerDisconnected:
             self.on_peer_closed(peer)
+        except ValueError:
+            pass  # not a process's address (a one-off client): nothing to clean up
 
     async def connect(self, address: str) -> Connection:
         while True:
