@@ -27,3 +27,24 @@ PINNED = [
 def test_chaos_seed_stays_fixed(seed, bug):
     result = runner.run_seed(seed, "mixed", "chaos")
     assert result.ok, f"{bug}: {result.report()}"
+
+
+def test_first_run_in_a_process_repeats_like_later_runs():
+    # Seed 413 used a task through .options() before using it plainly: each
+    # variant pickled the function on its own, at different moments, so the
+    # first run in a process exported one function more than later runs.
+    first = runner.run_seed(413, "mixed", "default")
+    second = runner.run_seed(413, "mixed", "default")
+    assert first.digest == second.digest
+
+
+def test_options_variants_share_one_export():
+    import tray
+
+    @tray.remote
+    def f(x):
+        return x
+
+    variant = f.options(num_cpus=0.5)
+    assert variant._export is f._export
+    assert variant._export.get() == f._export.get()

@@ -105,6 +105,23 @@ def _namespace() -> str:
 
 # ==================================================================== tasks
 
+class _Export:
+    """A function or class pickled once, at its first use, and shared by
+    every ``.options()`` variant, so that all of them run the same code
+    under one function id (whichever variant is used first)."""
+
+    def __init__(self, target) -> None:
+        self.target = target
+        self._blob: bytes | None = None
+        self._function_id = ""
+
+    def get(self) -> tuple[str, bytes]:
+        if self._blob is None:
+            self._blob = cloudpickle.dumps(self.target)
+            self._function_id = function_id_of(self._blob)
+        return self._function_id, self._blob
+
+
 class RemoteFunction:
     """What ``@tray.remote`` makes of a function."""
 
@@ -112,8 +129,7 @@ class RemoteFunction:
         self._function = function
         self._options = opts.validate(dict(options), opts.TASK_OPTIONS, "a remote function")
         self._signature = _signature_of(function)
-        self._blob: bytes | None = None
-        self._function_id: str | None = None
+        self._export = _Export(function)
         functools.update_wrapper(self, function)
 
     def __call__(self, *args, **kwargs):
@@ -124,7 +140,7 @@ class RemoteFunction:
         merged = dict(self._options)
         merged.update(opts.validate(options, opts.TASK_OPTIONS, "a remote function"))
         clone = RemoteFunction(self._function, merged)
-        clone._blob, clone._function_id = self._blob, self._function_id
+        clone._export = self._export
         return clone
 
     def remote(self, *args, **kwargs):
@@ -134,18 +150,16 @@ class RemoteFunction:
                 self._signature.bind(*args, **kwargs)
             except TypeError as error:
                 raise TypeError(f"{self._function.__name__}.remote(): {error}") from None
-        if self._blob is None:
-            self._blob = cloudpickle.dumps(self._function)
-            self._function_id = function_id_of(self._blob)
+        function_id, blob = self._export.get()
         options = self._options
         num_returns = options.get("num_returns", 1)
         max_retries = options.get("max_retries")
 
         def submit():
-            worker.export_function(self._function_id, self._blob)
+            worker.export_function(function_id, blob)
             return worker.submit_task(
                 name=getattr(self._function, "__qualname__", "task"),
-                function_id=self._function_id, args=args, kwargs=kwargs,
+                function_id=function_id, args=args, kwargs=kwargs,
                 num_returns=num_returns, resources=opts.resources_of(options, 1.0),
                 strategy=opts.to_strategy(options.get("scheduling_strategy")),
                 max_retries=3 if max_retries is None else max_retries,
@@ -199,8 +213,7 @@ class ActorClass:
     def __init__(self, cls, options: dict) -> None:
         self._cls = cls
         self._options = opts.validate(dict(options), opts.ACTOR_OPTIONS, "an actor class")
-        self._blob: bytes | None = None
-        self._function_id: str | None = None
+        self._export = _Export(cls)
         self.__name__ = cls.__name__
         self.__qualname__ = cls.__qualname__
         self.__doc__ = cls.__doc__
@@ -213,7 +226,7 @@ class ActorClass:
         merged = dict(self._options)
         merged.update(opts.validate(options, opts.ACTOR_OPTIONS, "an actor class"))
         clone = ActorClass(self._cls, merged)
-        clone._blob, clone._function_id = self._blob, self._function_id
+        clone._export = self._export
         return clone
 
     def remote(self, *args, **kwargs) -> ActorHandle:
@@ -224,9 +237,7 @@ class ActorClass:
                 init_signature.bind(*args, **kwargs)
             except TypeError as error:
                 raise TypeError(f"{self._cls.__name__}.remote(): {error}") from None
-        if self._blob is None:
-            self._blob = cloudpickle.dumps(self._cls)
-            self._function_id = function_id_of(self._blob)
+        function_id, blob = self._export.get()
         options = self._options
         namespace = options.get("namespace") or _namespace()
         meta = {name: {"num_returns": m["num_returns"]} for name, m in
@@ -234,9 +245,9 @@ class ActorClass:
         is_async = any(inspect.iscoroutinefunction(member) for _, member in
                        inspect.getmembers(self._cls, inspect.isfunction))
         def prepare():
-            worker.export_function(self._function_id, self._blob)
+            worker.export_function(function_id, blob)
             return worker.prepare_actor(
-                class_name=self._cls.__name__, function_id=self._function_id, args=args,
+                class_name=self._cls.__name__, function_id=function_id, args=args,
                 kwargs=kwargs, resources=opts.resources_of(options, 0.0),
                 strategy=opts.to_strategy(options.get("scheduling_strategy")),
                 options=options, namespace=namespace, method_meta=meta, is_async=is_async)
