@@ -1,6 +1,6 @@
-"""GCS storage backends for real clusters: Redis (durable across a GCS
-restart). The in-memory storage lives in ``backends/sim/stores.py`` and
-serves both backends.
+"""GCS storage backends: in memory (the local backend's default, and the
+simulator's, where it outlives a simulated GCS crash as Redis would), and
+Redis (durable across a GCS restart of a real cluster).
 
 Each GCS table is one Redis hash ``<prefix>:<table>``; values are the GCS's
 pickled records. Calls are synchronous: a local Redis answers in tens of
@@ -8,11 +8,26 @@ microseconds, and the GCS does no other I/O while it updates its tables."""
 
 from __future__ import annotations
 
-import redis
-
 from ..exceptions import TrayError
 
 CONNECT_TIMEOUT_S = 5.0
+
+
+class MemoryStorage:
+    def __init__(self) -> None:
+        self._tables: dict[str, dict[str, bytes]] = {}
+
+    def put(self, table: str, key: str, value: bytes) -> None:
+        self._tables.setdefault(table, {})[key] = value
+
+    def get(self, table: str, key: str) -> bytes | None:
+        return self._tables.get(table, {}).get(key)
+
+    def delete(self, table: str, key: str) -> None:
+        self._tables.get(table, {}).pop(key, None)
+
+    def scan(self, table: str) -> list[tuple[str, bytes]]:
+        return sorted(self._tables.get(table, {}).items())
 
 
 class RedisStorage:
@@ -20,6 +35,8 @@ class RedisStorage:
         host, _, port = address.rpartition(":")
         if not host or not port.isdigit():
             raise ValueError(f"bad Redis address {address!r}: use host:port")
+        import redis  # only clusters that use Redis pay for the import
+
         self.address = address
         self.prefix = prefix
         self._client = redis.Redis(host=host, port=int(port),

@@ -132,6 +132,9 @@ class GcsServer:
             view[node_id] = scheduling.NodeView(node_id, address, total, available, alive)
         return view
 
+    def handle_get_view(self, conn) -> dict:
+        return self._view()
+
     def handle_get_all_nodes(self, conn) -> list[dict]:
         return [dict(node) for _, node in sorted(self.nodes.items())]
 

@@ -58,10 +58,22 @@ class _Waiter:
     grant: dict | None = None
 
 
-def pack_object(data: bytes, buffers: list) -> bytes:
-    parts = [bytes(memoryview(b).cast("B")) for b in buffers]
-    header = struct.pack(f"<II{len(parts)}Q", len(data), len(parts), *(len(p) for p in parts))
-    return header + data + b"".join(parts)
+def packed_slice(data: bytes, buffers: list, offset: int, size: int) -> tuple[int, bytes]:
+    """Bytes ``[offset, offset + size)`` of an object's packed form (a header,
+    the pickle, then each buffer) and the packed form's length, copying
+    only that slice."""
+    parts = [memoryview(data).cast("B"), *(memoryview(b).cast("B") for b in buffers)]
+    header = struct.pack(f"<II{len(buffers)}Q", len(data), len(buffers),
+                         *(p.nbytes for p in parts[1:]))
+    parts.insert(0, memoryview(header))
+    total = sum(p.nbytes for p in parts)
+    chunk, start = [], 0
+    for part in parts:
+        end = start + part.nbytes
+        if end > offset and start < offset + size:
+            chunk.append(part[max(0, offset - start):min(part.nbytes, offset + size - start)])
+        start = end
+    return total, b"".join(chunk)
 
 
 def unpack_object(blob: bytes) -> tuple[bytes, list]:
@@ -328,6 +340,11 @@ class NodeManager:
         resources = request["resources"]
         hops = request.get("hops", 0)
         strategy = request["strategy"]
+        if strategy.kind == "NODE_AFFINITY" and strategy.node_id not in self.view:
+            try:  # a node that joined since the last view update?
+                self._update_view(await self.endpoint.call(self.env.gcs_address, "get_view"))
+            except PeerDisconnected:
+                pass
         if hops >= self.config.spillback_hops_max and scheduling.fits(resources, self.total):
             target = self.node_id
         else:
@@ -508,8 +525,7 @@ class NodeManager:
         entry = self.store.get(object_id)
         if entry is None:
             return None
-        blob = pack_object(*entry)  # TODO(local backend): cache the packed form per pull
-        return len(blob), blob[offset:offset + size]
+        return packed_slice(*entry, offset, size)
 
     def handle_free_objects(self, conn, object_ids: list) -> None:
         for object_id in object_ids:

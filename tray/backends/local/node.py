@@ -26,8 +26,7 @@ from ...core.ids import NodeID
 from ...core.interfaces import NullTracer, ProcessEnv
 from ...core.node_manager import NodeManager
 from ...transports.tcp import TcpTransport
-from ..sim.stores import MemoryStorage
-from ..storage import RedisStorage
+from ..storage import MemoryStorage, RedisStorage
 from .session import Session
 from .store import ShmObjectStore
 

@@ -1,27 +1,14 @@
-"""The simulator's stores: GCS storage that outlives a simulated GCS crash
-(it models Redis), and a node object store of in-process bytes with the
-same capacity accounting as the shared-memory store."""
+"""The simulator's node object store: in-process bytes with the same
+capacity accounting as the shared-memory store. (Its GCS storage is
+``backends.storage.MemoryStorage``: it outlives a simulated GCS crash, as
+Redis does.)"""
 
 from __future__ import annotations
 
 from ...exceptions import ObjectStoreFullError
+from ..storage import MemoryStorage
 
-
-class MemoryStorage:
-    def __init__(self) -> None:
-        self._tables: dict[str, dict[str, bytes]] = {}
-
-    def put(self, table: str, key: str, value: bytes) -> None:
-        self._tables.setdefault(table, {})[key] = value
-
-    def get(self, table: str, key: str) -> bytes | None:
-        return self._tables.get(table, {}).get(key)
-
-    def delete(self, table: str, key: str) -> None:
-        self._tables.get(table, {}).pop(key, None)
-
-    def scan(self, table: str) -> list[tuple[str, bytes]]:
-        return sorted(self._tables.get(table, {}).items())
+__all__ = ["MemoryObjectStore", "MemoryStorage"]
 
 
 class MemoryObjectStore:
