@@ -1313,30 +1313,24 @@ class CoreWorker:
             try:
                 results, _ = await self.endpoint.call(info["address"], "actor_call", spec)
             except PeerDisconnected:
-                if await self._reachable(info["address"]):
-                    # Only the connection broke; the actor lives on, and the call
-                    # may or may not have run.
-                    if task.retries_left != 0 and not task.cancelled:
-                        if task.retries_left > 0:
-                            task.retries_left -= 1
-                        spec.attempt += 1
-                        self.tracer.record(self.name, "actor_call_retry", task=spec.task_id)
-                        continue
-                    error = exceptions.ActorUnavailableError(
-                        f"the connection to actor {state.actor_id} broke during {spec.name}; "
-                        "the call may or may not have run, and was not retried "
-                        "(max_task_retries=0)", state.actor_id)
-                    self._finish_actor_call(
-                        task, state, [("error", serialize_error(error))] * spec.num_returns)
-                    return
-                state.seen_incarnation = max(state.seen_incarnation, info["incarnation"])
+                # Dead, or (when it still answers) only the connection broke:
+                # then the actor lives on, and the call may or may not have run.
+                cut_off = await self._reachable(info["address"])
+                if not cut_off:
+                    state.seen_incarnation = max(state.seen_incarnation, info["incarnation"])
                 if task.retries_left != 0 and not task.cancelled:
                     if task.retries_left > 0:
                         task.retries_left -= 1
                     spec.attempt += 1
                     self.tracer.record(self.name, "actor_call_retry", task=spec.task_id)
                     continue
-                error = await self._actor_failure(state, spec)
+                if cut_off:
+                    error = exceptions.ActorUnavailableError(
+                        f"the connection to actor {state.actor_id} broke during {spec.name}; "
+                        "the call may or may not have run, and was not retried "
+                        "(max_task_retries=0)", state.actor_id)
+                else:
+                    error = await self._actor_failure(state, spec)
                 self._finish_actor_call(task, state,
                                         [("error", serialize_error(error))] * spec.num_returns)
                 return
