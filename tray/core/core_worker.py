@@ -9,6 +9,8 @@ Owner side (the process that called ``.remote()`` or ``put``):
   * waits for a task's dependencies, leases workers per scheduling class
     (following spillback), pushes tasks to leased workers, keeps a lease
     while it has queued tasks of that class, retries tasks whose worker died;
+  * keeps the lineage (spec) of finished tasks whose results live in node
+    stores, and re-runs one when every copy of a result is lost;
   * submits actor calls stamped with per-caller sequence numbers.
 
 Executor side (a worker running tasks):
@@ -17,7 +19,9 @@ Executor side (a worker running tasks):
     its trio task (blocking ``tray.get`` inside suspends through greenback),
     stores results (small inline in the reply, large in the node's store);
   * hosts at most one actor, running calls from each caller in sequence
-    order.
+    order, and answers a call re-sent after a broken connection with the
+    first execution's reply;
+  * lends its CPU back to its node while a task waits in get/wait.
 
 Nothing here knows whether it runs in a real process or in the simulator."""
 
@@ -717,8 +721,7 @@ class CoreWorker:
             self._return_lease(queue, lease, worker_ok=True)
         results, app_error = reply
         if app_error and not task.cancelled and self._should_retry_exception(task, results):
-            task.retries_left -= 1 if task.retries_left > 0 else 0
-            spec.attempt += 1
+            _spend_retry(task)
             self.tracer.record(self.name, "task_retry", task=spec.task_id, attempt=spec.attempt,
                                reason="exception")
             queue.tasks.append(task)
@@ -746,9 +749,7 @@ class CoreWorker:
             error = exceptions.TaskCancelledError(f"task {spec.name} ({spec.task_id.hex()}) "
                                                   "was cancelled")
         elif task.retries_left != 0:
-            if task.retries_left > 0:
-                task.retries_left -= 1
-            spec.attempt += 1
+            _spend_retry(task)
             self.tracer.record(self.name, "task_retry", task=spec.task_id, attempt=spec.attempt,
                                reason="worker died")
             self._enqueue(task)
@@ -933,9 +934,7 @@ class CoreWorker:
                     f"{where} and cannot be re-created: its argument {arg[1].hex()} was freed"))
             arg_entry.submitted += 1
             holds.append(ObjectID(arg[1]))
-        if task.retries_left > 0:
-            task.retries_left -= 1
-        spec.attempt += 1
+        _spend_retry(task)
         for return_id in spec.return_ids:
             returned = self.refs.get(ObjectID(return_id))
             if returned is not None:
@@ -983,7 +982,16 @@ class CoreWorker:
                              "worker_blocked" if blocked else "worker_unblocked",
                              self.worker_id)
 
+    def _ready_here(self, ref: ObjectRef, local: bool = True) -> bool:
+        """Is ``ref`` an object this process owns, ready (and, if ``local``,
+        in this node's store or in memory)? No waiting needed then."""
+        entry = self.refs.get(ref.object_id())
+        return entry is not None and entry.owned and entry.ready and (
+            entry.inline is not None or not local or self.store.contains(ref.binary()))
+
     async def get_async(self, refs: list, timeout: float | None, single: bool = False):
+        if all(self._ready_here(ref) for ref in refs):
+            return await self._get(refs, timeout, single)  # nothing to wait for
         self._blocking(True)
         try:
             return await self._get(refs, timeout, single)
@@ -1029,10 +1037,7 @@ class CoreWorker:
         # Objects this process owns that are ready (and local, when asked)
         # need no watcher: a wait loop over many refs stays cheap.
         for ref in refs:
-            entry = self.refs.get(ref.object_id())
-            if entry is not None and entry.owned and entry.ready and (
-                    entry.inline is not None or not fetch_local or
-                    self.store.contains(ref.binary())):
+            if self._ready_here(ref, fetch_local):
                 ready.add(ref.object_id())
                 if len(ready) >= num_returns:
                     enough.set()
@@ -1327,13 +1332,11 @@ class CoreWorker:
             except PeerDisconnected:
                 # Dead, or (when it still answers) only the connection broke:
                 # then the actor lives on, and the call may or may not have run.
-                cut_off = await self._reachable(info["address"])
+                cut_off = await self.endpoint.reachable(info["address"])
                 if not cut_off:
                     state.seen_incarnation = max(state.seen_incarnation, info["incarnation"])
                 if task.retries_left != 0 and not task.cancelled:
-                    if task.retries_left > 0:
-                        task.retries_left -= 1
-                    spec.attempt += 1
+                    _spend_retry(task)
                     self.tracer.record(self.name, "actor_call_retry", task=spec.task_id)
                     continue
                 if cut_off:
@@ -1348,13 +1351,6 @@ class CoreWorker:
                 return
             self._finish_actor_call(task, state, results)
             return
-
-    async def _reachable(self, address: str) -> bool:
-        try:
-            await self.endpoint.connect(address)
-        except PeerDisconnected:
-            return False
-        return True
 
     async def kill_actor(self, actor_id: str, no_restart: bool) -> None:
         await self.gcs_call("kill_actor", actor_id, no_restart)
@@ -1388,6 +1384,13 @@ class CoreWorker:
     def _finish_actor_call(self, task: PendingTask, state: ActorState, results: list) -> None:
         state.unfinished.pop(task.spec.seq, None)
         self._finish_task(task, results)
+
+
+def _spend_retry(task: PendingTask) -> None:
+    """One more attempt of ``task``, out of its budget (-1: unlimited)."""
+    if task.retries_left > 0:
+        task.retries_left -= 1
+    task.spec.attempt += 1
 
 
 class _ArgumentError(Exception):

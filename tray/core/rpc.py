@@ -212,14 +212,19 @@ class Endpoint:
         """A connection closed: tell ``on_peer_closed`` if the process behind
         it is gone — not if only the connection broke (a reset)."""
         await trio.sleep(0)  # not while this process is ending (a cancelled task stops here)
-        if self.is_connected(peer):
-            return
         try:
-            await self.connect(peer)
-        except PeerDisconnected:
-            self.on_peer_closed(peer)
+            if not await self.reachable(peer):
+                self.on_peer_closed(peer)
         except ValueError:
             pass  # not a process's address (a one-off client): nothing to clean up
+
+    async def reachable(self, address: str) -> bool:
+        """Does a process still listen at ``address``? (Connects if need be.)"""
+        try:
+            await self.connect(address)
+        except PeerDisconnected:
+            return False
+        return True
 
     async def connect(self, address: str) -> Connection:
         while True:
