@@ -371,3 +371,67 @@ def test_worker_crash_inside_actor_with_os_exit_restarts_it(backend):
             tray.get(actor.ping.remote())
     finally:
         tray.shutdown()
+
+
+# ============================================================ error messages
+
+def test_fault_api_rejects_bad_input(sim):
+    head, other = sim.node_ids()[0], sim.node_ids()[1]
+    with pytest.raises(ValueError, match="is alive"):
+        sim.restart_node(other)
+    with pytest.raises(ValueError, match="both sides"):
+        sim.partition([head, other], [other])
+    with pytest.raises(ValueError, match="factor must be positive"):
+        sim.slow_node(other, 0)
+    with pytest.raises(ValueError, match="restart_after_s must be >= 0"):
+        sim.kill_node(other, restart_after_s=-1)
+
+
+def test_gcs_unreachable_for_too_long_is_a_tray_error(sim):
+    sim.restart_gcs(down_for_s=120.0)
+    with pytest.raises(tex.TrayError, match=r"GCS .* unreachable for 60.0 s \(during get_all_nodes\)"):
+        tray.nodes()
+    sim.advance(120.0)
+    assert len(tray.nodes()) == 3  # back, with its tables
+
+
+@tray.remote
+class Maker:
+    def make(self):
+        return np.full(BIG, 3.0)
+
+
+def test_lost_result_of_an_actor_call_cannot_be_re_created(sim):
+    victim = sim.node_ids()[1]
+    maker = Maker.options(scheduling_strategy=on(victim, soft=False)).remote()
+    ref = maker.make.remote()
+    tray.wait([ref], fetch_local=False)
+    sim.kill_node(victim)
+    sim.advance(DEATH_S)
+    with pytest.raises(tex.ObjectReconstructionFailedError, match="returned by an actor call"):
+        tray.get(ref)
+
+
+def test_lost_object_whose_argument_was_freed_cannot_be_re_created(sim):
+    victim = sim.node_ids()[1]
+    first = produce.options(scheduling_strategy=on(victim)).remote("p", 1.0)
+    second = plus_one.options(scheduling_strategy=on(victim)).remote("q", first)
+    tray.wait([second], fetch_local=False)
+    del first  # nothing keeps the argument now
+    sim.kill_node(victim)
+    sim.advance(DEATH_S)
+    with pytest.raises(tex.ObjectReconstructionFailedError, match="its argument .* was freed"):
+        tray.get(second)
+
+
+def test_actor_call_cut_by_a_reset_fails_once_and_the_actor_lives_on(sim):
+    victim = sim.node_ids()[1]
+    counter = Counter.options(scheduling_strategy=on(victim, soft=False)).remote()
+    assert tray.get(counter.add.remote(1)) == 1
+    ref = counter.sleep_then_add.remote(5.0, 10)
+    sim.advance(1.0)
+    sim.reset_connections(victim)
+    with pytest.raises(tex.ActorUnavailableError, match="may or may not have run"):
+        tray.get(ref)
+    # The same instance: the cut call ran there (11), and nothing ran twice.
+    assert tray.get(counter.add.remote(100)) == 111

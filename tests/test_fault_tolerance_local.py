@@ -18,6 +18,7 @@ import psutil
 import pytest
 from redis_server import redis_server
 from test_cluster_cli import _tray
+from test_local_backend import _wait_until
 
 import tray
 from tray.backends.local.session import free_port
@@ -25,15 +26,6 @@ from tray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 pytestmark = pytest.mark.skipif("local" not in os.environ.get("TRAY_TEST_BACKENDS", "local"),
                                 reason="the local backend is not under test")
-
-
-def _wait_until(condition, timeout_s: float = 30.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.1)
-    return False
 
 
 @tray.remote
@@ -98,7 +90,7 @@ def test_killed_node_work_is_retried_re_created_and_restarted_elsewhere():
         assert tray.get(actor.node.remote()) == other
         assert tray.get(actor.add.remote(5)) == 5
         running = slow_square.options(scheduling_strategy=there).remote(tally, 6, 60.0)
-        assert _wait_until(lambda: tray.get(tally.count.remote("slow")) == 1)
+        assert _wait_until(lambda: tray.get(tally.count.remote("slow")) == 1, timeout_s=30)
 
         node = _node_process(1)
         victims = [node, *node.children(recursive=True)]
@@ -151,7 +143,7 @@ def test_gcs_killed_with_redis_behind_it_comes_back_and_the_workload_finishes(
                         return int(file.read()) != gcs_pid
                 except (OSError, ValueError):
                     return False
-            assert _wait_until(restarted)
+            assert _wait_until(restarted, timeout_s=30)
             found = tray.get_actor("ledger")
             assert tray.get(found.add.remote(3)) == 6  # same actor, same state
             assert [n["Alive"] for n in tray.nodes()] == [True]
@@ -201,7 +193,7 @@ def test_detached_actor_outlives_its_driver_and_non_detached_dies(tmp_path, monk
             except ValueError:
                 return True
             return False
-        assert _wait_until(ephemeral_gone)
+        assert _wait_until(ephemeral_gone, timeout_s=30)
     finally:
         if tray.is_initialized():
             tray.shutdown()
