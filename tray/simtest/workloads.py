@@ -377,4 +377,21 @@ def mixed(program) -> None:
         PIECES[program.rng.choice(names)](program)
 
 
-WORKLOADS = {**PIECES, "mixed": mixed}
+def _library_workloads() -> dict:
+    """The libraries' workloads (tray.data, tray.tune, ...): each library keeps
+    its programs and reference models in a module ``workloads_<library>.py``
+    beside this one, exporting a ``WORKLOADS`` dict of its own."""
+    import importlib
+    import os
+    import pkgutil
+
+    found: dict = {}
+    here = os.path.dirname(__file__)
+    for info in sorted(pkgutil.iter_modules([here]), key=lambda info: info.name):
+        if info.name.startswith("workloads_"):
+            module = importlib.import_module(f"{__package__}.{info.name}")
+            found.update(module.WORKLOADS)
+    return found
+
+
+WORKLOADS = {**PIECES, "mixed": mixed, **_library_workloads()}
