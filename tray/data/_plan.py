@@ -1,0 +1,106 @@
+"""Logical plans and their compilation to physical operators.
+
+A ``Dataset`` is an immutable node of a logical plan: transforms add a
+node and return a new dataset; nothing runs until a consumer asks. On
+execution the plan compiles into the physical operators of ``_executor``;
+the one optimisation is Ray's most important: adjacent map operators that
+run as tasks with the same resources are **fused** into one task (their
+transform chains concatenated), reads included, so read -> map_batches ->
+filter is one task per block and one block in the store, not three.
+A map on an actor pool is not fused with its neighbours (its actors hold
+state that tasks cannot).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from . import _executor as E
+from . import _transforms as T
+
+
+@dataclass(eq=False)
+class LogicalOp:
+    kind: str  # "input", "read", "map", "all_to_all", "limit", "union"
+    name: str
+    inputs: list = field(default_factory=list)
+    params: dict = field(default_factory=dict)
+
+
+def input_op(name: str, bundles: list) -> LogicalOp:
+    return LogicalOp("input", name, [], {"bundles": list(bundles)})
+
+
+def read_op(name: str, read_tasks: list) -> LogicalOp:
+    return LogicalOp("read", name, [], {"read_tasks": list(read_tasks)})
+
+
+def map_op(parent: LogicalOp, name: str, transform: T.Transform, *, remote_args=None,
+           pool_size=None, concurrency=None, min_rows_per_bundle=None) -> LogicalOp:
+    return LogicalOp("map", name, [parent], {
+        "transform": transform, "remote_args": dict(remote_args or {}),
+        "pool_size": pool_size, "concurrency": concurrency,
+        "min_rows_per_bundle": min_rows_per_bundle})
+
+
+def all_to_all_op(parents: list, name: str, plan_fn) -> LogicalOp:
+    """``plan_fn(*bundles_per_input)`` is a generator of rounds (``_shuffle``)."""
+    return LogicalOp("all_to_all", name, list(parents), {"plan_fn": plan_fn})
+
+
+def limit_op(parent: LogicalOp, limit: int) -> LogicalOp:
+    return LogicalOp("limit", f"Limit[{limit}]", [parent], {"limit": limit})
+
+
+def union_op(parents: list) -> LogicalOp:
+    return LogicalOp("union", "Union", list(parents))
+
+
+def _fusable(op: E.Operator, node: LogicalOp) -> bool:
+    params = node.params
+    return (isinstance(op, E.MapOperator) and op.pool_size is None and params["pool_size"] is None
+            and op.concurrency == params["concurrency"]
+            and _resources(op.remote_args) == _resources(params["remote_args"])
+            and not getattr(op, "_started", False))
+
+
+def _resources(remote_args: dict) -> tuple:
+    return tuple(sorted((k, repr(v)) for k, v in remote_args.items()))
+
+
+def compile_plan(node: LogicalOp) -> E.Operator:
+    """The physical operator tree for ``node`` (a fresh one per execution)."""
+    if node.kind == "input":
+        return E.InputOperator(node.name, node.params["bundles"])
+    if node.kind == "read":
+        source = E.InputOperator(f"{node.name}Tasks", [
+            E.Bundle([], [], items=[task]) for task in node.params["read_tasks"]])
+        return E.MapOperator(node.name, source, [T.ReadTransform(node.name)],
+                             remote_args={}, is_read=True)
+    if node.kind == "map":
+        upstream = compile_plan(node.inputs[0])
+        params = node.params
+        if _fusable(upstream, node):
+            upstream.chain = [*upstream.chain, params["transform"]]
+            upstream.name = f"{upstream.name}->{node.name}"
+            return upstream
+        return E.MapOperator(node.name, upstream, [params["transform"]],
+                             remote_args=params["remote_args"], pool_size=params["pool_size"],
+                             concurrency=params["concurrency"],
+                             min_rows_per_bundle=params["min_rows_per_bundle"])
+    if node.kind == "all_to_all":
+        return E.AllToAllOperator(node.name, [compile_plan(p) for p in node.inputs],
+                                  node.params["plan_fn"])
+    if node.kind == "limit":
+        return E.LimitOperator(node.name, compile_plan(node.inputs[0]), node.params["limit"])
+    if node.kind == "union":
+        return E.UnionOperator(node.name, [compile_plan(p) for p in node.inputs])
+    raise ValueError(f"unknown logical operator kind {node.kind!r}")
+
+
+def describe(node: LogicalOp) -> str:
+    """The plan as Ray prints it: ``Map(f) <- ReadRange``."""
+    if not node.inputs:
+        return node.name
+    inner = " + ".join(describe(p) for p in node.inputs)
+    return f"{node.name} <- {inner}" if len(node.inputs) == 1 else f"{node.name} <- ({inner})"
