@@ -1,0 +1,3 @@
+from .bc import BC, BCConfig
+
+__all__ = ["BC", "BCConfig"]

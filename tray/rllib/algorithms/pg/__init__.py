@@ -1,0 +1,3 @@
+from .pg import PG, PGConfig
+
+__all__ = ["PG", "PGConfig"]

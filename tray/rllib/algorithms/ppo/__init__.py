@@ -1,0 +1,3 @@
+from .ppo import PPO, PPOConfig
+
+__all__ = ["PPO", "PPOConfig"]

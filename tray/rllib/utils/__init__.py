@@ -1,0 +1,1 @@
+"""Helpers shared by tray.rllib's components: spaces, postprocessing, metrics."""
