@@ -2,9 +2,11 @@
 
 Addresses are ``unix:/path/to/socket`` or ``tcp:host:port``.
 
-Framing: every message is pickled with protocol 5; its out-of-band buffers
-(NumPy and Arrow data inside objects) are not copied into the pickle but sent
-as frames of their own. On the wire a message is
+Framing
+-------
+Every message is pickled with protocol 5; its out-of-band buffers (NumPy and
+Arrow data inside objects) are not copied into the pickle but sent as frames
+of their own. On the wire a message is
 
     header  = u32 frame count N, then N x u64 frame sizes
     frame 0 = the pickle stream, frames 1..N-1 = the buffers
@@ -13,34 +15,127 @@ A message larger than ``frame_bytes_max`` or with more than
 ``frames_per_message_max`` frames is malformed: that connection is closed
 with a log line, and the process goes on.
 
-Authentication: messages carry pickles, so no pickle is loaded from a peer
-before it proves it knows the cluster's token. Both sides send a random
-nonce and answer the other's with HMAC-SHA256(token, role + nonce)."""
+Authentication
+--------------
+Messages carry pickles, and loading a pickle runs code, so nothing is loaded
+from a peer before it has proved that it knows the cluster's token. The
+handshake (docs/security.md gives the argument and compares it with SCRAM,
+TLS 1.3 and Noise) is
+
+    client -> server   "TRAY/2 RAW\\n" or "TRAY/2 TLS\\n"     (the client's mode)
+    server -> client   the server's mode; different modes end the handshake
+                       [TLS: a TLS 1.3 handshake, both sides show certificates]
+    client -> server   peer name P (the address it meant to reach), nonce Nc
+    server -> client   nonce Ns
+    client -> server   HMAC(token, "client" | mode | P | Nc | Ns)
+    server -> client   status byte; if accepted, HMAC(token, "server" | mode | P | Nc | Ns)
+
+The client proves first, so the server is never an oracle that answers for
+nonces of the caller's choosing before the caller has proved anything; each
+proof covers both nonces (fresh in this session), the signer's role (a proof
+cannot be reflected back in the other direction) and P, which the server
+checks against its own addresses: a client tricked into connecting to a relay
+signs the relay's address, which the real server refuses. What the handshake
+alone cannot stop is an attacker on the network path taking over a connection
+after it was authenticated; between machines on a network you do not trust,
+use TLS.
+
+TLS
+---
+A cluster started with ``tray start --tls`` has a token that begins with
+``tls:``; every process that holds it speaks TLS 1.3 over TCP (Unix sockets
+stay within one machine and a 0700 directory). The certificates are derived
+from the token: an Ed25519 CA and one node certificate it signs, built
+deterministically (``cryptography``, the optional ``tray[tls]`` extra), so
+the token is the only secret to hand out and every process can rebuild them.
+Both sides show the node certificate and accept only certificates of their
+cluster's CA; the token handshake then runs inside the TLS channel.
+
+Limits
+------
+A connection that never finishes its handshake holds a descriptor until
+``auth_timeout_s``. At most ``handshakes_per_listener_max`` handshakes are in
+progress per listener and ``handshakes_per_source_max`` per source IP; past
+that, the oldest is shed (a real peer finishes in milliseconds, so the oldest
+are the idle ones), and new clients still get in.
+
+Fork
+----
+A task may fork (``os.fork``, ``multiprocessing`` with the fork start
+method). The child shares the parent's sockets and its trio loop's epoll
+instance: if it went on reading or writing them, it would steal the parent's
+messages and events or answer calls in its place. After a fork the child's
+copies of every tray socket point at /dev/null and its trio loop gets an
+epoll of its own; a child that returns from the task into tray, or calls tray
+at all, exits at once (status 0) without a word on the wire, and the parent
+answers the call."""
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import datetime
+import functools
 import hashlib
 import hmac
 import logging
 import os
 import pickle
+import resource
 import secrets
+import select
+import ssl
 import struct
+import tempfile
+import weakref
 
 import trio
 
 from ..core.interfaces import ConnectionClosed
+from ..exceptions import TrayError
 
 logger = logging.getLogger("tray.transport")
 
 NONCE_BYTES = 32
+PROOF_BYTES = 32  # HMAC-SHA256
+PEER_NAME_BYTES_MAX = 1024
 frame_bytes_max = 1 << 34  # 16 GiB: one message, all frames together
 frames_per_message_max = 1 << 16
 auth_timeout_s = 10.0
+TLS_TOKEN_PREFIX = b"tls:"
+
+_PREAMBLE_RAW = b"TRAY/2 RAW\n"
+_PREAMBLE_TLS = b"TRAY/2 TLS\n"
+_PREAMBLE_BYTES = len(_PREAMBLE_RAW)
+_ACCEPTED, _WRONG_PROOF, _WRONG_PEER = b"\x00", b"\x01", b"\x02"
+
+
+def _default_handshake_limits() -> tuple[int, int]:
+    """A quarter of the descriptors this process may open (at most 256, at
+    least 16) for handshakes in progress on one listener, a quarter of that
+    for one source: idle connections can never take all descriptors."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        soft = 1 << 20
+    per_listener = max(16, min(256, soft // 4))
+    return per_listener, max(4, per_listener // 4)
+
+
+# Module-level so that a process (or a test) can lower them before it serves.
+handshakes_per_listener_max, handshakes_per_source_max = _default_handshake_limits()
 
 
 class AuthenticationError(ConnectionClosed):
-    """The peer does not know the cluster's token."""
+    """The peer does not know the cluster's token (or the handshake failed)."""
+
+
+class WrongPeerError(AuthenticationError):
+    """The process that answered is not the one this connection was meant
+    for: a relay, or an address that reaches it only through NAT or a proxy."""
+
+
+class TlsUnavailableError(TrayError):
+    """The cluster's token asks for TLS, and this Python lacks what it needs."""
 
 
 class MalformedFrame(ConnectionClosed):
@@ -58,10 +153,78 @@ def parse_address(address: str) -> tuple[str, str, int]:
     raise ValueError(f"bad address {address!r}: use unix:/path or tcp:host:port")
 
 
+def _socket_name(sockaddr) -> str:
+    """``tcp:IP:PORT`` for a socket address as getsockname/getpeername give it."""
+    return f"tcp:{sockaddr[0]}:{sockaddr[1]}"
+
+
+# ================================================================ fork safety
+
+_forked_child = False
+# Every socket this module opened and has not closed (WeakSet: a trio socket
+# that is garbage collected has been closed).
+_sockets: weakref.WeakSet = weakref.WeakSet()
+
+
+def _track(sock) -> None:
+    _sockets.add(sock)
+
+
+def _after_fork_in_child() -> None:
+    global _forked_child
+    _forked_child = True
+    placeholder = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+    try:
+        for sock in list(_sockets):
+            fd = sock.fileno()
+            if fd >= 0:
+                # The child's copy now reads EOF-less errors from /dev/null;
+                # the parent's connection is untouched (it holds its own
+                # reference to the socket, so no FIN is sent either).
+                os.dup2(placeholder, fd, inheritable=False)
+    finally:
+        os.close(placeholder)
+    _give_trio_loop_its_own_epoll()
+
+
+def _give_trio_loop_its_own_epoll() -> None:
+    """The trio loop of the forking thread (if any) shares its epoll instance
+    with the parent; trio registers fds with EPOLLONESHOT, so one epoll_wait
+    in the child would take events the parent is waiting for. Point the
+    child's epoll descriptor at a new, empty instance."""
+    try:
+        from trio._core._run import GLOBAL_RUN_CONTEXT
+
+        epoll = GLOBAL_RUN_CONTEXT.runner.io_manager._epoll
+    except AttributeError:  # no trio loop in this thread, or not the epoll backend
+        return
+    fresh = select.epoll()
+    try:
+        os.dup2(fresh.fileno(), epoll.fileno(), inheritable=False)
+    finally:
+        fresh.close()
+
+
+def _exit_forked_child() -> None:
+    os.write(2, f"tray: process {os.getpid()}, forked inside a task, returned to tray or "
+                "called it; it exits now (the parent answers the call)\n".encode())
+    os._exit(0)
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+# ================================================================== streams
+
+
 class _Reader:
     def __init__(self, stream: trio.abc.Stream) -> None:
         self._stream = stream
         self._buffer = bytearray()
+
+    @property
+    def buffered_bytes(self) -> int:
+        return len(self._buffer)
 
     async def exactly(self, size: int) -> bytearray:
         while len(self._buffer) < size:
@@ -74,9 +237,15 @@ class _Reader:
         return data
 
 
+# trio's SSLStream encrypts all of one send_all in memory before sending
+# any: big frames go to it in pieces.
+_TLS_SEND_CHUNK_BYTES = 1 << 20
+
+
 class TcpStream:
     def __init__(self, stream: trio.abc.Stream, peer: str, reader: _Reader) -> None:
         self._stream = stream
+        self._chunk_bytes = _TLS_SEND_CHUNK_BYTES if isinstance(stream, trio.SSLStream) else 0
         # The handshake's reader: it may already hold the first message's bytes.
         self._reader = reader
         self._send_lock = trio.Lock()
@@ -84,6 +253,8 @@ class TcpStream:
         self.closed = False
 
     async def send(self, message) -> None:
+        if _forked_child:
+            _exit_forked_child()
         buffers: list = []
         data = pickle.dumps(message, protocol=5, buffer_callback=buffers.append)
         frames = [memoryview(data)] + [b.raw() for b in buffers]
@@ -92,12 +263,19 @@ class TcpStream:
             try:
                 await self._stream.send_all(header)
                 for frame in frames:
-                    await self._stream.send_all(frame)
+                    if self._chunk_bytes and frame.nbytes > self._chunk_bytes:
+                        frame = frame.cast("B")
+                        for start in range(0, frame.nbytes, self._chunk_bytes):
+                            await self._stream.send_all(frame[start:start + self._chunk_bytes])
+                    else:
+                        await self._stream.send_all(frame)
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as error:
                 self.closed = True
                 raise ConnectionClosed(f"sending to {self.peer}: {error}") from None
 
     async def receive(self):
+        if _forked_child:
+            _exit_forked_child()
         try:
             (count,) = struct.unpack("<I", await self._reader.exactly(4))
             if not 1 <= count <= frames_per_message_max:
@@ -130,34 +308,274 @@ class TcpStream:
                 pass
 
 
-def _answer(token: bytes, role: bytes, nonce: bytes) -> bytes:
-    return hmac.new(token, role + nonce, hashlib.sha256).digest()
+# ================================================================ handshake
 
 
-async def _handshake(stream: trio.abc.Stream, token: bytes, server: bool) -> _Reader:
+def _length_prefixed(*fields: bytes) -> bytes:
+    return b"".join(struct.pack("<I", len(field)) + field for field in fields)
+
+
+def _proof(token: bytes, signer: bytes, mode: bytes, peer: bytes, client_nonce: bytes,
+           server_nonce: bytes) -> bytes:
+    """What one side signs: the protocol, the signer's role, the mode (TLS or
+    not), the server address the client meant to reach, and both nonces.
+    Length prefixes keep the fields from sliding into each other."""
+    transcript = b"tray handshake/2\0" + _length_prefixed(signer, mode, peer, client_nonce,
+                                                          server_nonce)
+    return hmac.new(token, transcript, hashlib.sha256).digest()
+
+
+def _mode_name(preamble: bytes) -> str:
+    return "TLS" if preamble == _PREAMBLE_TLS else "no TLS"
+
+
+async def _server_handshake(stream: trio.abc.Stream, token: bytes,
+                            tls: ssl.SSLContext | None, names: frozenset[bytes]
+                            ) -> tuple[trio.abc.Stream, _Reader]:
     reader = _Reader(stream)
-    mine = secrets.token_bytes(NONCE_BYTES)
-    with trio.fail_after(auth_timeout_s):
-        await stream.send_all(mine)
-        theirs = bytes(await reader.exactly(NONCE_BYTES))
-        my_role, their_role = (b"server", b"client") if server else (b"client", b"server")
-        await stream.send_all(_answer(token, my_role, theirs))
-        proof = bytes(await reader.exactly(32))
-    if not hmac.compare_digest(proof, _answer(token, their_role, mine)):
-        raise AuthenticationError("the peer does not know this cluster's token")
-    return reader
+    theirs = bytes(await reader.exactly(_PREAMBLE_BYTES))
+    if theirs not in (_PREAMBLE_RAW, _PREAMBLE_TLS):
+        raise AuthenticationError("not a tray/2 handshake (an older tray, or not tray)")
+    mine = _PREAMBLE_TLS if tls is not None else _PREAMBLE_RAW
+    await stream.send_all(mine)
+    if theirs != mine:
+        raise AuthenticationError(f"the client speaks {_mode_name(theirs)}, this cluster "
+                                  f"{_mode_name(mine)}: its token is not this cluster's")
+    if tls is not None:
+        assert reader.buffered_bytes == 0, "the client sent TLS bytes before our preamble"
+        stream = trio.SSLStream(stream, tls, server_side=True)
+        await stream.do_handshake()
+        reader = _Reader(stream)
+    (peer_bytes,) = struct.unpack("<H", await reader.exactly(2))
+    if peer_bytes > PEER_NAME_BYTES_MAX:
+        raise AuthenticationError(f"a peer name of {peer_bytes} bytes")
+    peer = bytes(await reader.exactly(peer_bytes))
+    client_nonce = bytes(await reader.exactly(NONCE_BYTES))
+    server_nonce = secrets.token_bytes(NONCE_BYTES)
+    await stream.send_all(server_nonce)
+    proof = bytes(await reader.exactly(PROOF_BYTES))
+    # Nothing that depends on the token leaves this process before the
+    # client's proof is checked.
+    if peer not in names:
+        await stream.send_all(_WRONG_PEER)
+        raise WrongPeerError(f"the client meant to reach {peer.decode(errors='replace')}, "
+                             f"not this process ({', '.join(sorted(n.decode() for n in names))})"
+                             ": a relay, or an address behind NAT or a proxy")
+    if not hmac.compare_digest(proof, _proof(token, b"client", mine, peer, client_nonce,
+                                             server_nonce)):
+        await stream.send_all(_WRONG_PROOF)
+        raise AuthenticationError("the client does not know this cluster's token")
+    await stream.send_all(_ACCEPTED + _proof(token, b"server", mine, peer, client_nonce,
+                                             server_nonce))
+    return stream, reader
+
+
+async def _client_handshake(stream: trio.abc.Stream, token: bytes,
+                            tls: ssl.SSLContext | None, peer: bytes
+                            ) -> tuple[trio.abc.Stream, _Reader]:
+    reader = _Reader(stream)
+    mine = _PREAMBLE_TLS if tls is not None else _PREAMBLE_RAW
+    await stream.send_all(mine)
+    theirs = bytes(await reader.exactly(_PREAMBLE_BYTES))
+    if theirs not in (_PREAMBLE_RAW, _PREAMBLE_TLS):
+        raise AuthenticationError("the server does not speak tray/2 (an older tray, or not "
+                                  "tray)")
+    if theirs != mine:
+        if theirs == _PREAMBLE_TLS:
+            raise AuthenticationError(
+                "the cluster uses TLS and this token does not: use the token that "
+                "'tray start --head --tls' printed (it begins with 'tls:')")
+        raise AuthenticationError("this token asks for TLS but the server does not use it: "
+                                  "refusing to talk without TLS")
+    if tls is not None:
+        stream = trio.SSLStream(stream, tls, server_side=False)
+        await stream.do_handshake()
+        reader = _Reader(stream)
+    client_nonce = secrets.token_bytes(NONCE_BYTES)
+    await stream.send_all(struct.pack("<H", len(peer)) + peer + client_nonce)
+    server_nonce = bytes(await reader.exactly(NONCE_BYTES))
+    await stream.send_all(_proof(token, b"client", mine, peer, client_nonce, server_nonce))
+    status = bytes(await reader.exactly(1))
+    if status == _WRONG_PEER:
+        raise WrongPeerError(f"the process that answered is not {peer.decode()}: the "
+                             "connection went through a relay, NAT or a proxy")
+    if status != _ACCEPTED:
+        raise AuthenticationError("the cluster rejected this token")
+    proof = bytes(await reader.exactly(PROOF_BYTES))
+    if not hmac.compare_digest(proof, _proof(token, b"server", mine, peer, client_nonce,
+                                             server_nonce)):
+        raise AuthenticationError("the server does not know this cluster's token")
+    return stream, reader
+
+
+# ====================================================================== TLS
+
+
+def _derived_secret(token: bytes, label: bytes) -> bytes:
+    return hmac.new(token, b"tray tls/1 " + label, hashlib.sha256).digest()
+
+
+@functools.lru_cache(maxsize=4)
+def tls_contexts(token: bytes) -> tuple[ssl.SSLContext, ssl.SSLContext]:
+    """(server, client) TLS 1.3 contexts for the cluster whose token this is."""
+    try:
+        from cryptography import x509
+        from cryptography.hazmat.primitives import serialization
+        from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+        from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+    except ImportError:
+        raise TlsUnavailableError(
+            "this cluster uses TLS (its token begins with 'tls:'), which needs the "
+            "cryptography package: pip install 'tray[tls]'") from None
+    ca_key = Ed25519PrivateKey.from_private_bytes(_derived_secret(token, b"ca key"))
+    node_key = Ed25519PrivateKey.from_private_bytes(_derived_secret(token, b"node key"))
+    fingerprint = hashlib.sha256(ca_key.public_key().public_bytes(
+        serialization.Encoding.Raw, serialization.PublicFormat.Raw)).hexdigest()[:16]
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME,
+                                            f"tray cluster CA {fingerprint}")])
+    # Fixed dates and serials: every process derives the same certificates.
+    not_before = datetime.datetime(2020, 1, 1, tzinfo=datetime.UTC)
+    not_after = datetime.datetime(9999, 12, 31, tzinfo=datetime.UTC)
+
+    def usage(*, signs_certificates: bool) -> x509.KeyUsage:
+        return x509.KeyUsage(digital_signature=not signs_certificates,
+                             content_commitment=False, key_encipherment=False,
+                             data_encipherment=False, key_agreement=False,
+                             key_cert_sign=signs_certificates, crl_sign=signs_certificates,
+                             encipher_only=False, decipher_only=False)
+
+    def serial(label: bytes) -> int:
+        return int.from_bytes(_derived_secret(token, label)[:16], "big") >> 1
+
+    ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name)
+          .public_key(ca_key.public_key()).serial_number(serial(b"ca serial"))
+          .not_valid_before(not_before).not_valid_after(not_after)
+          .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+          .add_extension(usage(signs_certificates=True), critical=True)
+          .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()),
+                         critical=False)
+          .sign(ca_key, None))
+    node = (x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME,
+                                                        f"tray node {fingerprint}")]))
+            .issuer_name(ca_name).public_key(node_key.public_key())
+            .serial_number(serial(b"node serial"))
+            .not_valid_before(not_before).not_valid_after(not_after)
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(usage(signs_certificates=False), critical=True)
+            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH,
+                                                  ExtendedKeyUsageOID.CLIENT_AUTH]),
+                           critical=False)
+            .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(
+                ca_key.public_key()), critical=False)
+            .sign(ca_key, None))
+    chain_pem = node.public_bytes(serialization.Encoding.PEM) + node_key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption())
+    contexts = []
+    for purpose in (ssl.PROTOCOL_TLS_SERVER, ssl.PROTOCOL_TLS_CLIENT):
+        context = ssl.SSLContext(purpose)
+        context.minimum_version = ssl.TLSVersion.TLSv1_3
+        # Node addresses are IPs that no certificate could list; what proves
+        # a peer is a certificate signed by this cluster's CA.
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_REQUIRED
+        context.verify_flags |= ssl.VERIFY_X509_STRICT
+        context.load_verify_locations(cadata=ca.public_bytes(serialization.Encoding.PEM)
+                                      .decode())
+        # load_cert_chain reads files only: a 0600 file (mkstemp), removed at once.
+        fd, path = tempfile.mkstemp(prefix="tray-tls-")
+        try:
+            os.write(fd, chain_pem)
+            os.close(fd)
+            context.load_cert_chain(path)
+        finally:
+            os.unlink(path)
+        contexts.append(context)
+    return contexts[0], contexts[1]
+
+
+# ================================================================ transport
+
+
+@dataclasses.dataclass(frozen=True)
+class TransportStatistics:
+    handshakes_in_progress: int
+    handshakes_shed: int  # the oldest, dropped to let a newer one in
+    handshakes_rejected: int  # failed: wrong token, wrong peer, timeout, garbage
+    connections_open: int  # authenticated, served
+
+
+class _HandshakeGate:
+    """Handshakes in progress on one listener, oldest first."""
+
+    def __init__(self, per_listener_max: int, per_source_max: int) -> None:
+        assert per_listener_max >= 1 and per_source_max >= 1
+        self.per_listener_max = per_listener_max
+        self.per_source_max = per_source_max
+        self._in_progress: dict[int, tuple[str | None, trio.CancelScope]] = {}
+        self._per_source: dict[str, int] = {}
+        self._next_key = 0
+        self.shed = 0
+
+    def __len__(self) -> int:
+        return len(self._in_progress)
+
+    def admit(self, source: str | None, scope: trio.CancelScope) -> int:
+        key = self._next_key
+        self._next_key += 1
+        self._in_progress[key] = (source, scope)
+        if source is not None:
+            self._per_source[source] = self._per_source.get(source, 0) + 1
+            if self._per_source[source] > self.per_source_max:
+                self._shed(next(k for k, (s, _) in self._in_progress.items() if s == source))
+        if len(self._in_progress) > self.per_listener_max:
+            self._shed(next(iter(self._in_progress)))
+        assert len(self._in_progress) <= self.per_listener_max
+        return key
+
+    def _shed(self, key: int) -> None:
+        self.shed += 1
+        self._in_progress[key][1].cancel()
+        self.done(key)
+
+    def done(self, key: int) -> None:
+        entry = self._in_progress.pop(key, None)
+        if entry is not None and entry[0] is not None:
+            left = self._per_source[entry[0]] - 1
+            if left:
+                self._per_source[entry[0]] = left
+            else:
+                del self._per_source[entry[0]]
 
 
 class TcpTransport:
-    """The real transport; ``token`` authenticates every connection."""
+    """The real transport; ``token`` authenticates every connection, and a
+    token that begins with ``tls:`` puts every TCP connection in TLS 1.3."""
 
     def __init__(self, token: bytes) -> None:
         if len(token) < 16:
             raise ValueError("the cluster token must have at least 16 bytes")
         self.token = token
+        self.uses_tls = token.startswith(TLS_TOKEN_PREFIX)
+        self._gates: list[_HandshakeGate] = []
+        self._rejected = 0
+        self._connections_open = 0
+
+    def statistics(self) -> TransportStatistics:
+        return TransportStatistics(
+            handshakes_in_progress=sum(len(gate) for gate in self._gates),
+            handshakes_shed=sum(gate.shed for gate in self._gates),
+            handshakes_rejected=self._rejected, connections_open=self._connections_open)
+
+    def _tls(self, kind: str, server: bool) -> ssl.SSLContext | None:
+        if kind != "tcp" or not self.uses_tls:
+            return None
+        return tls_contexts(self.token)[0 if server else 1]
 
     async def serve(self, address: str, on_stream, *, task_status=trio.TASK_STATUS_IGNORED):
         kind, host_or_path, port = parse_address(address)
+        tls = self._tls(kind, server=True)  # fails here, not per connection, without cryptography
         if kind == "unix":
             if os.path.exists(host_or_path):
                 os.unlink(host_or_path)
@@ -170,35 +588,101 @@ class TcpTransport:
                 listeners = await trio.open_tcp_listeners(port, host=host_or_path)
             except OSError as error:
                 raise OSError(f"cannot listen on {host_or_path}:{port}: {error.strerror}") from None
+        for listener in listeners:
+            _track(listener.socket)
+        gate = _HandshakeGate(handshakes_per_listener_max, handshakes_per_source_max)
+        self._gates.append(gate)
+        names = frozenset({address.encode()})
         task_status.started()
-        await trio.serve_listeners(lambda stream: self._accepted(stream, on_stream), listeners)
+        await trio.serve_listeners(
+            lambda stream: self._accepted(stream, on_stream, kind, tls, names, gate), listeners)
 
-    async def _accepted(self, stream, on_stream) -> None:
+    async def _accepted(self, stream, on_stream, kind: str, tls, names: frozenset[bytes],
+                        gate: _HandshakeGate) -> None:
+        _track(stream.socket)
+        source = None
+        if kind == "tcp":
+            try:
+                source = stream.socket.getpeername()[0]
+                # The address the client reached, as this side sees it: what
+                # a client that resolved a host name signs.
+                names = names | {_socket_name(stream.socket.getsockname()).encode()}
+            except OSError:  # already gone
+                await stream.aclose()
+                return
+        scope = trio.CancelScope(deadline=trio.current_time() + auth_timeout_s)
+        key = gate.admit(source, scope)
+        failure: BaseException | None = None
         try:
-            reader = await _handshake(stream, self.token, server=True)
-        except (ConnectionClosed, trio.TooSlowError, trio.BrokenResourceError, OSError) as error:
-            logger.warning("rejected a connection: %s", error)
+            with scope:
+                wrapped_stream, reader = await _server_handshake(stream, self.token, tls,
+                                                                 names)
+        except (ConnectionClosed, trio.BrokenResourceError, ssl.SSLError, OSError) as error:
+            failure = error
+        finally:
+            gate.done(key)
+        if failure is None and scope.cancelled_caught:
+            failure = trio.TooSlowError("shed: too many handshakes in progress" if
+                                        scope.deadline > trio.current_time() else
+                                        f"no handshake within {auth_timeout_s} s")
+        if failure is not None:
+            self._rejected += 1
+            if isinstance(failure, trio.TooSlowError):
+                logger.debug("dropped a connection: %s", failure)
+            else:
+                logger.warning("rejected a connection: %s", failure)
             with trio.CancelScope(shield=True):
                 await stream.aclose()
             return
-        wrapped = TcpStream(stream, "?", reader)
+        wrapped = TcpStream(wrapped_stream, "?", reader)
+        self._connections_open += 1
         try:
             await on_stream(wrapped)
         except ConnectionClosed as error:  # one bad connection never takes the node down
             logger.warning("connection closed: %s", error)
         finally:
+            self._connections_open -= 1
             await wrapped.aclose()
 
     async def connect(self, address: str) -> TcpStream:
+        if _forked_child:
+            _exit_forked_child()
         kind, host_or_path, port = parse_address(address)
+        tls = self._tls(kind, server=False)
+        stream = None
         try:
             if kind == "unix":
                 stream = await trio.open_unix_socket(host_or_path)
+                peer = address
             else:
                 stream = await trio.open_tcp_stream(host_or_path, port)
-            reader = await _handshake(stream, self.token, server=False)
+                peer = _socket_name(stream.socket.getpeername())
+            _track(stream.socket)
+            with trio.fail_after(auth_timeout_s):
+                wrapped_stream, reader = await _client_handshake(stream, self.token, tls,
+                                                                 peer.encode())
         except AuthenticationError:
+            await _close_quietly(stream)
             raise
-        except (OSError, trio.BrokenResourceError, trio.TooSlowError, ConnectionClosed) as error:
+        except ssl.SSLError as error:
+            await _close_quietly(stream)
+            raise AuthenticationError(f"TLS with {address} failed ({error.reason}): the "
+                                      "peer is not of this cluster") from None
+        except trio.BrokenResourceError as error:
+            await _close_quietly(stream)
+            if isinstance(error.__cause__, ssl.SSLError):
+                raise AuthenticationError(f"TLS with {address} failed "
+                                          f"({error.__cause__.reason}): the peer is not of "
+                                          "this cluster") from None
             raise ConnectionClosed(f"cannot connect to {address}: {error}") from None
-        return TcpStream(stream, address, reader)
+        except (OSError, trio.TooSlowError, ConnectionClosed) as error:
+            await _close_quietly(stream)
+            raise ConnectionClosed(f"cannot connect to {address}: {error}") from None
+        return TcpStream(wrapped_stream, address, reader)
+
+
+async def _close_quietly(stream) -> None:
+    if stream is None:
+        return
+    with trio.CancelScope(shield=True), contextlib.suppress(trio.BrokenResourceError, OSError):
+        await stream.aclose()
