@@ -5,19 +5,28 @@ GCS listens on TCP at that port, and the node manager and workers on TCP
 ports of their own. It prints the address and the cluster token; on this
 machine both are also kept (mode 0600) where ``tray.init(address="auto")``,
 ``tray start --address`` and ``tray status`` find them. On another machine,
-pass the token with ``--token`` or ``TRAY_CLUSTER_TOKEN``.
+pass the token in ``TRAY_CLUSTER_TOKEN`` or a 0600 file (``--token-file``):
+never on the command line, where every user of the machine reads it in the
+process list. ``--tls`` (the default when the head listens on an IP other
+than loopback) puts traffic between machines in TLS; the token then begins
+with ``tls:`` and carries that choice to every process that holds it.
 
-``tray stop`` stops every node this machine started with ``tray start``."""
+``tray stop`` stops the nodes this user started on this machine with ``tray
+start``: a node is signalled only when its pid, its start time, its owner and
+its command line all match what ``tray start`` recorded, so a recycled pid
+is never hit."""
 
 from __future__ import annotations
 
+import argparse
+import ipaddress
 import json
 import os
-import signal
+import secrets
 import socket
+import stat
 import subprocess
 import sys
-import time
 
 import psutil
 import trio
@@ -34,10 +43,16 @@ from ..backends.local.session import (
     CURRENT_CLUSTER_FILE,
     ROOT,
     Session,
+    UnsafeSessionRoot,
+    check_private_directory,
+    create_private_file,
     free_port,
+    open_private_file,
+    read_private_file,
     write_current_cluster,
 )
 from ..exceptions import TrayError
+from ..transports.tcp import TLS_TOKEN_PREFIX, TlsUnavailableError, tls_contexts
 
 NODE_MARKER = "started-by-tray-start.json"
 
@@ -56,8 +71,19 @@ def add_parsers(commands) -> None:
     start.add_argument("--object-store-memory", type=int, default=None, help="bytes")
     start.add_argument("--redis-address", default="",
                        help="keep the GCS tables in Redis at HOST:PORT (head only)")
-    start.add_argument("--token", default=None,
-                       help="the cluster token (joining from another machine)")
+    start.add_argument("--token-file", default=None, metavar="PATH",
+                       help="a file (mode 0600, yours) holding the cluster token: the head "
+                            "uses it instead of a new one; a joining node uses it instead of "
+                            "TRAY_CLUSTER_TOKEN. The token is never taken on the command line, "
+                            "where every user of the machine can read it (/proc/PID/cmdline)")
+    # Refused with an explanation rather than unknown: it used to exist.
+    start.add_argument("--token", default=None, help=argparse.SUPPRESS)
+    start.add_argument("--tls", action=argparse.BooleanOptionalAction, default=None,
+                       help="(head) TLS 1.3 between all processes on TCP, with certificates "
+                            "derived from the token; on by default when --node-ip is not a "
+                            "loopback address (needs the cryptography package: tray[tls])")
+    start.epilog = ("The token: a joining node reads it from TRAY_CLUSTER_TOKEN or --token-file "
+                    "(or, on the head's machine, from where tray start --head keeps it).")
     commands.add_parser("stop", help="stop every node started on this machine by tray start")
     status = commands.add_parser("status", help="nodes, resources, usage and actors")
     status.add_argument("--address", default="auto")
@@ -72,7 +98,61 @@ def _port_is_free(ip: str, port: int) -> bool:
     return True
 
 
+def _is_loopback(ip: str) -> bool:
+    try:
+        return ipaddress.ip_address(ip).is_loopback
+    except ValueError:
+        return ip == "localhost"
+
+
+def read_token_file(path: str) -> str:
+    """The token kept in ``path``, which must be this user's and unreadable
+    by anyone else."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as error:
+        raise TrayError(f"cannot read the token file {path}: {error.strerror}") from None
+    with os.fdopen(fd, "rb") as file:
+        info = os.fstat(file.fileno())
+        if info.st_uid != os.getuid():
+            raise TrayError(f"the token file {path} belongs to user {info.st_uid}, not to you")
+        if info.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+            raise TrayError(f"the token file {path} has mode {stat.S_IMODE(info.st_mode):o}: "
+                            f"others can read the token; chmod 600 {path}")
+        token = file.read().decode().strip()
+    if len(token) < 16:
+        raise TrayError(f"the token in {path} is too short (at least 16 characters)")
+    return token
+
+
+def _head_token(args) -> str:
+    token = read_token_file(args.token_file) if args.token_file else secrets.token_hex(32)
+    tls = args.tls
+    if tls is None:
+        tls = token.startswith(TLS_TOKEN_PREFIX.decode()) or not _is_loopback(args.node_ip)
+    if tls and not token.startswith(TLS_TOKEN_PREFIX.decode()):
+        token = TLS_TOKEN_PREFIX.decode() + token
+    if not tls and token.startswith(TLS_TOKEN_PREFIX.decode()):
+        raise TrayError("this token begins with 'tls:', which asks for TLS; drop --no-tls")
+    if tls:
+        try:
+            tls_contexts(token.encode())  # fail here, with the reason, not in the node
+        except TlsUnavailableError as error:
+            raise TrayError(f"{error}; or start with --no-tls on a network you trust") from None
+    elif not _is_loopback(args.node_ip):
+        print("tray start: warning: without --tls, traffic between machines is neither "
+              "encrypted nor protected from someone on the network path, who could take over "
+              "an authenticated connection; use --tls unless you trust the network",
+              file=sys.stderr)
+    return token
+
+
 def start(args) -> int:
+    if args.token is not None:
+        print("tray start: --token would show the token to every user of this machine in the "
+              "process list (/proc/PID/cmdline); pass it in TRAY_CLUSTER_TOKEN or in a file "
+              "only you can read (--token-file PATH)", file=sys.stderr)
+        return 2
     try:
         resources = json.loads(args.resources)
         if not isinstance(resources, dict):
@@ -81,22 +161,27 @@ def start(args) -> int:
         print(f"tray start: --resources must be a JSON object, got {args.resources!r}",
               file=sys.stderr)
         return 2
-    if args.head:
-        if not _port_is_free(args.node_ip, args.port):
-            print(f"tray start: port {args.port} on {args.node_ip} is busy (another cluster, "
-                  "or another program); choose another with --port", file=sys.stderr)
-            return 1
-        token = args.token
-        gcs = f"tcp:{args.node_ip}:{args.port}"
-    else:
-        try:
+    try:
+        if args.head:
+            if not _port_is_free(args.node_ip, args.port):
+                print(f"tray start: port {args.port} on {args.node_ip} is busy (another "
+                      "cluster, or another program); choose another with --port",
+                      file=sys.stderr)
+                return 1
+            token = _head_token(args)
+            gcs = f"tcp:{args.node_ip}:{args.port}"
+        else:
+            if args.tls is not None:
+                print("tray start: --tls is chosen by the head; a joining node follows its "
+                      "token", file=sys.stderr)
+                return 2
             gcs, token_bytes = _join_target(args)
             trio.run(query_gcs, gcs, token_bytes, "get_all_nodes")
-        except (TrayError, ValueError) as error:
-            print(f"tray start: {error}", file=sys.stderr)
-            return 1
-        token = token_bytes.decode()
-    session = Session.create(token)
+            token = token_bytes.decode()
+        session = Session.create(token)
+    except (TrayError, ValueError) as error:
+        print(f"tray start: {error}", file=sys.stderr)
+        return 1
     cpus = (os.cpu_count() or 1) if args.num_cpus is None else args.num_cpus
     gpus = detect_gpu_count() if args.num_gpus is None else args.num_gpus
     total_memory = psutil.virtual_memory().total
@@ -113,9 +198,9 @@ def start(args) -> int:
         command.append("--head")
         if args.redis_address:
             command += ["--redis-address", args.redis_address]
-    log = open(session.path("node.log"), "ab")
-    node = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                            start_new_session=True)
+    with open_private_file(session.path("node.log")) as log:
+        node = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                start_new_session=True)
     try:
         info = _wait_for_node(session, 0, node)
     except TrayError as error:
@@ -123,16 +208,21 @@ def start(args) -> int:
         print(open(session.path("node.log")).read()[-2000:], file=sys.stderr)
         session.remove()
         return 1
-    with open(session.path(NODE_MARKER), "w") as file:
-        json.dump({"pid": node.pid, "gcs": gcs, "head": bool(args.head)}, file)
+    # What proves, later, that a process is this node: its pid alone may be
+    # recycled, not together with its start time.
+    create_private_file(session.path(NODE_MARKER), json.dumps({
+        "pid": node.pid, "create_time": psutil.Process(node.pid).create_time(),
+        "uid": os.getuid(), "gcs": gcs, "head": bool(args.head)}))
     address = gcs.removeprefix("tcp:")
     if args.head:
         write_current_cluster({"address": address, "token": session.token().decode(),
                                "session_dir": session.directory})
-        print(f"Started the head node {info['node_id']} at {address}.")
+        tls = " (TLS)" if session.token().startswith(TLS_TOKEN_PREFIX) else ""
+        print(f"Started the head node {info['node_id']} at {address}{tls}.")
         print(f"  Join from this machine:    tray start --address {address}")
         print(f"  Join from another machine: TRAY_CLUSTER_TOKEN={session.token().decode()} "
               f"tray start --address {address} --node-ip <that machine's IP>")
+        print(f"    (or copy {session.path('token')} there, mode 0600, and pass --token-file)")
         print(f"  In a driver:               tray.init(address=\"{address}\")  (or \"auto\")")
     else:
         print(f"Started node {info['node_id']}, joined the cluster at {address}.")
@@ -140,24 +230,51 @@ def start(args) -> int:
 
 
 def _join_target(args) -> tuple[str, bytes]:
-    if args.token:
-        os.environ["TRAY_CLUSTER_TOKEN"] = args.token
+    if args.token_file:
+        # This process's environment only: /proc/PID/environ is readable by
+        # this user alone, unlike the command line.
+        os.environ["TRAY_CLUSTER_TOKEN"] = read_token_file(args.token_file)
     return resolve_cluster(args.address)
+
+
+# ===================================================================== stop
+
+STOP_TIMEOUT_S = 5.0
+# psutil computes start times from clock ticks since boot: the same process
+# always reads the same value, another process started in another tick not.
+CREATE_TIME_TOLERANCE_S = 0.005
 
 
 def stop(args) -> int:
     stopped = 0
-    if os.path.isdir(ROOT):
-        for name in sorted(os.listdir(ROOT)):
-            session = Session(os.path.join(ROOT, name))
-            marker = session.path(NODE_MARKER)
-            if not os.path.exists(marker):
-                continue
-            with open(marker) as file:
-                pid = json.load(file)["pid"]
-            _terminate_group(pid)
-            session.remove()
+    try:
+        if os.path.lexists(ROOT):
+            check_private_directory(ROOT)
+            names = sorted(os.listdir(ROOT))
+        else:
+            names = []
+    except UnsafeSessionRoot as error:
+        print(f"tray stop: {error}", file=sys.stderr)
+        return 1
+    for name in names:
+        if not name.startswith("session-"):
+            continue
+        session = Session(os.path.join(ROOT, name))
+        try:
+            check_private_directory(session.directory)
+            marker = json.loads(read_private_file(session.path(NODE_MARKER)))
+        except FileNotFoundError:
+            continue  # a tray.init() cluster's session, or one still starting
+        except (UnsafeSessionRoot, OSError, ValueError) as error:
+            print(f"tray stop: skipping {session.directory}: {error}", file=sys.stderr)
+            continue
+        node = _recorded_node(marker, session)
+        if node is None:
+            continue
+        if node is not _GONE:
+            _terminate_node(node)
             stopped += 1
+        session.remove()
     try:
         os.unlink(CURRENT_CLUSTER_FILE)
     except FileNotFoundError:
@@ -166,20 +283,66 @@ def stop(args) -> int:
     return 0
 
 
-def _terminate_group(pid: int) -> None:
+_GONE = object()
+
+
+def _recorded_node(marker: dict, session: Session):
+    """The node process this session's marker describes, ``_GONE`` if it has
+    exited, or None (with a message) if a process holds its pid but cannot be
+    proved to be it: then nothing is signalled, and the session is kept."""
+    pid, started = marker.get("pid"), marker.get("create_time")
+    if not isinstance(pid, int) or not isinstance(started, (int, float)):
+        print(f"tray stop: {session.directory} records no start time for its node (pid "
+              f"{pid}): it cannot be told from another process with that pid, so it is left "
+              "alone; stop it yourself, then remove that directory", file=sys.stderr)
+        return None
     try:
-        os.kill(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        if not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
-            break
-        time.sleep(0.05)
+        process = psutil.Process(pid)
+        same = (abs(process.create_time() - started) <= CREATE_TIME_TOLERANCE_S
+                and process.uids().real == os.getuid()
+                and session.directory in process.cmdline())
+    except psutil.NoSuchProcess:
+        return _GONE
+    except psutil.AccessDenied:
+        same = False
+    if not same:
+        print(f"tray stop: pid {pid} is no longer the node of {session.directory} (another "
+              "process has that pid now): not signalling it", file=sys.stderr)
+        return _GONE
+    return process
+
+
+def _group_members(leader: psutil.Process) -> list[psutil.Process]:
+    """The other processes of the node's process group (its workers, its
+    GCS): while any of them lives, the kernel gives nobody else that group
+    id, and psutil refuses to signal a Process whose pid was reused."""
+    members = []
+    for process in psutil.process_iter():
+        try:
+            if process.pid != leader.pid and os.getpgid(process.pid) == leader.pid and \
+                    process.uids().real == os.getuid():
+                members.append(process)
+        except (psutil.Error, ProcessLookupError, PermissionError):
+            pass
+    return members
+
+
+def _terminate_node(node: psutil.Process) -> None:
+    members = _group_members(node)
     try:
-        os.killpg(pid, signal.SIGKILL)  # the node's workers too
-    except (ProcessLookupError, PermissionError):
+        node.terminate()  # the node kills its workers on the way out
+        psutil.wait_procs([node], timeout=STOP_TIMEOUT_S)
+    except psutil.NoSuchProcess:
         pass
+    known = {process.pid for process in members}
+    members += [p for p in _group_members(node) if p.pid not in known]
+    if node.is_running() and node.status() != psutil.STATUS_ZOMBIE:
+        members.append(node)
+    for process in members:
+        try:
+            process.kill()
+        except psutil.NoSuchProcess:
+            pass
 
 
 def status(args) -> int:
@@ -190,18 +353,18 @@ def status(args) -> int:
     except (TrayError, ValueError) as error:
         print(f"tray status: {error}", file=sys.stderr)
         return 1
-    alive = [node for node in nodes if node["alive"]]
+    alive = [node for node in nodes if node.alive]
     print(f"Cluster at {gcs.removeprefix('tcp:')}: {len(alive)} live node(s), "
           f"{len(nodes) - len(alive)} dead")
     for node in nodes:
-        state = "alive" if node["alive"] else "dead "
-        total = node["resources"]
-        available = node.get("available", total)
+        state = "alive" if node.alive else "dead "
+        total = node.resources
+        available = node.available
         usage = ", ".join(f"{name} {total[name] - available.get(name, 0):g}/{total[name]:g}"
                           for name in sorted(total) if name != "memory")
-        print(f"  {state} {node['node_id']}  {node.get('hostname', '?')}  {usage}")
+        print(f"  {state} {node.node_id}  {node.hostname or '?'}  {usage}")
     print(f"Actors: {len(actors)}")
     for actor in actors:
-        name = f" name={actor['name']!r}" if actor.get("name") else ""
-        print(f"  {actor['state']:<16} {actor['class_name']} {actor['actor_id']}{name}")
+        name = f" name={actor.name!r}" if actor.name else ""
+        print(f"  {actor.state:<16} {actor.class_name} {actor.actor_id}{name}")
     return 0
