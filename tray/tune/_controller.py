@@ -402,7 +402,7 @@ class TuneController:
         trial.runner_id = runner_id
         trial.stop_requested = None
         truncate = trial.truncate_history
-        trial.truncate_history = False
+        trial.truncate_history = True
         restore = trial.restore_from
         self._dirty = True
         config = self.spec.checkpoint_config

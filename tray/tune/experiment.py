@@ -51,7 +51,9 @@ class Trial:
     error_object: Any = None  # the exception itself, when it pickles
     stopped_early: bool = False  # stopped by a scheduler or a stop criterion
     stop_requested: str | None = None  # "stop" / "pause", applied at the next report
-    truncate_history: bool = False  # the next start drops results past its checkpoint
+    # The next start drops results and checkpoints its lost past wrote beyond the
+    # checkpoint it resumes from; False only right after a PBT exploit.
+    truncate_history: bool = True
 
     @property
     def checkpoint(self) -> CheckpointRecord | None:

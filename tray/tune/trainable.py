@@ -192,7 +192,6 @@ class TrainableSpec:
         return self.trainable(config, **{k: tray.get(v) for k, v in self.parameters.items()})
 
 
-TrainableSpec.__module__ = "tray.tune"
 
 
 def as_spec(trainable: Any) -> TrainableSpec:
