@@ -28,8 +28,8 @@ class ExecutionOptions:
 @dataclass
 class DataContext:
     execution_options: ExecutionOptions = field(default_factory=ExecutionOptions)
-    # The share of the cluster's object store that one execution's blocks may
-    # take when resource_limits.object_store_memory is not set (Ray's 0.5).
+    # The share of a node's object store (the smallest) that one execution's
+    # blocks may take when resource_limits.object_store_memory is not set.
     object_store_memory_fraction: float = 0.5
     # Per-operator progress bars on stderr, shown only when it is a terminal.
     enable_progress_bars: bool = True

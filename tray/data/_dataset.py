@@ -132,7 +132,7 @@ def _pool_and_concurrency(fn, compute, concurrency, what: str):
         if concurrency is None:
             raise ValueError(f"{what}: fn is the callable class {fn.__name__!r}, which runs on "
                              "a pool of actors: say how many with concurrency=N")
-        if not callable(getattr(fn, "__call__", None)) or "__call__" not in dir(fn):
+        if not any("__call__" in vars(k) for k in fn.__mro__[:-1]):
             raise TypeError(f"{what}: the class {fn.__name__!r} has no __call__ method")
         return concurrency, None
     if isinstance(compute, TaskPoolStrategy) and compute.size:
@@ -204,6 +204,7 @@ class Dataset:
         """Apply ``fn`` to batches: a function runs as tasks, a callable
         class on a pool of ``concurrency`` actors (each constructs it once)."""
         name = f"MapBatches({_fn_name(fn)})"
+        explicit_batch_size = isinstance(batch_size, int) and not isinstance(batch_size, bool)
         pool, task_concurrency = _pool_and_concurrency(fn, compute, concurrency, "map_batches")
         if not inspect.isclass(fn) and (fn_constructor_args or fn_constructor_kwargs):
             raise ValueError("map_batches: fn_constructor_args and fn_constructor_kwargs apply "
@@ -220,7 +221,8 @@ class Dataset:
         args = _remote_args(num_cpus, num_gpus, memory, ray_remote_args, actor=pool is not None)
         return self._with(P.map_op(self._plan, name, transform, remote_args=args,
                                    pool_size=pool, concurrency=task_concurrency,
-                                   min_rows_per_bundle=batch_size))
+                                   min_rows_per_bundle=batch_size,
+                                   explicit_batch_size=explicit_batch_size))
 
     def _row_op(self, kind, label: str, fn, compute, fn_args, fn_kwargs, fn_constructor_args,
                 fn_constructor_kwargs, num_cpus, num_gpus, memory, concurrency,

@@ -745,21 +745,39 @@ def _operator_error(error: exceptions.TaskError, op_name: str) -> exceptions.Tas
 FALLBACK_STORE_BYTES = 2 * 1024**3
 
 
-def store_capacity_bytes() -> int:
-    """The object store capacity of the cluster's live nodes, summed.
+def _simulated_store_bytes() -> int:
+    """In the simulator, the fault toolkit's cluster knows its store size."""
+    from tray import simtest
 
-    tray's ``nodes()`` does not report store sizes yet (Ray's reports
-    ``object_store_memory`` among the resources); both spellings are read
-    when present, else a conservative default."""
-    total = 0
+    try:
+        cluster = simtest.cluster()
+    except exceptions.TrayError:
+        return 0
+    return int(getattr(cluster, "object_store_bytes", 0) or 0)
+
+
+def store_capacity_bytes() -> int:
+    """The smallest object store among the live nodes.
+
+    The smallest, not the sum: the scheduler packs tasks onto the driver's
+    node until it is half busy, so every block of a pipeline may land in
+    one store, and the simulator's stores do not spill. tray's ``nodes()``
+    does not report store sizes yet (Ray's reports ``object_store_memory``
+    among the resources); both spellings are read when present, else the
+    simulator's size, else a conservative default."""
+    sizes = []
     for node in tray.nodes():
         if not node.get("Alive"):
             continue
         size = node.get("ObjectStoreMemory") or node.get("object_store_memory") or \
             node["Resources"].get("object_store_memory")
-        total += int(size or 0)
-    if total:
-        return total
+        if size:
+            sizes.append(int(size))
+    if sizes:
+        return min(sizes)
+    simulated = _simulated_store_bytes()
+    if simulated:
+        return simulated
     try:
         import psutil
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from . import _executor as E
 from . import _transforms as T
+from ._context import DataContext
 
 
 @dataclass(eq=False)
@@ -36,11 +37,13 @@ def read_op(name: str, read_tasks: list) -> LogicalOp:
 
 
 def map_op(parent: LogicalOp, name: str, transform: T.Transform, *, remote_args=None,
-           pool_size=None, concurrency=None, min_rows_per_bundle=None) -> LogicalOp:
+           pool_size=None, concurrency=None, min_rows_per_bundle=None,
+           explicit_batch_size=False) -> LogicalOp:
     return LogicalOp("map", name, [parent], {
         "transform": transform, "remote_args": dict(remote_args or {}),
         "pool_size": pool_size, "concurrency": concurrency,
-        "min_rows_per_bundle": min_rows_per_bundle})
+        "min_rows_per_bundle": min_rows_per_bundle,
+        "explicit_batch_size": explicit_batch_size})
 
 
 def all_to_all_op(parents: list, name: str, plan_fn) -> LogicalOp:
@@ -57,15 +60,19 @@ def union_op(parents: list) -> LogicalOp:
 
 
 def _fusable(op: E.Operator, node: LogicalOp) -> bool:
+    """Fuse unless resources differ, an actor pool is involved, or the map
+    asked for batches of a size that only bundling blocks can give."""
     params = node.params
-    return (isinstance(op, E.MapOperator) and op.pool_size is None and params["pool_size"] is None
+    return (isinstance(op, E.MapOperator) and not params.get("explicit_batch_size") and op.pool_size is None and params["pool_size"] is None
             and op.concurrency == params["concurrency"]
             and _resources(op.remote_args) == _resources(params["remote_args"])
             and not getattr(op, "_started", False))
 
 
 def _resources(remote_args: dict) -> tuple:
-    return tuple(sorted((k, repr(v)) for k, v in remote_args.items()))
+    """What must match for two map operators to share tasks (retries may
+    differ: the fused task takes the larger budget)."""
+    return tuple(sorted((k, repr(v)) for k, v in remote_args.items() if k != "max_retries"))
 
 
 def compile_plan(node: LogicalOp) -> E.Operator:
@@ -75,12 +82,18 @@ def compile_plan(node: LogicalOp) -> E.Operator:
     if node.kind == "read":
         source = E.InputOperator(f"{node.name}Tasks", [
             E.Bundle([], [], items=[task]) for task in node.params["read_tasks"]])
+        retries = DataContext.get_current().task_max_retries
         return E.MapOperator(node.name, source, [T.ReadTransform(node.name)],
-                             remote_args={}, is_read=True)
+                             remote_args={"max_retries": retries}, is_read=True)
     if node.kind == "map":
         upstream = compile_plan(node.inputs[0])
         params = node.params
         if _fusable(upstream, node):
+            retries = [upstream.remote_args.get("max_retries"),
+                       params["remote_args"].get("max_retries")]
+            upstream.remote_args.update(params["remote_args"])
+            if None not in retries:
+                upstream.remote_args["max_retries"] = -1 if -1 in retries else max(retries)
             upstream.chain = [*upstream.chain, params["transform"]]
             upstream.name = f"{upstream.name}->{node.name}"
             return upstream
