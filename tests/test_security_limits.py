@@ -180,6 +180,18 @@ def test_a_task_whose_forked_child_also_returns_gives_the_parents_value():
         answer, child = tray.get(forks_and_leaves_first.remote(), timeout=60)
         assert answer == "the parent"
 
+        @tray.remote(max_retries=0)
+        def forks_with_a_large_value():
+            import numpy as np
+
+            child = os.fork()
+            if child == 0:
+                return np.full(1_000_000, 1.0)  # 8 MB: through the object store
+            os.waitpid(child, 0)
+            return np.full(1_000_000, 2.0)
+
+        assert set(tray.get(forks_with_a_large_value.remote(), timeout=60)) == {2.0}
+
         @tray.remote
         def pid():
             return os.getpid()

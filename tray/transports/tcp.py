@@ -67,8 +67,8 @@ instance: if it went on reading or writing them, it would steal the parent's
 messages and events or answer calls in its place. After a fork the child's
 copies of every tray socket point at /dev/null and its trio loop gets an
 epoll of its own; a child that returns from the task into tray, or calls tray
-at all, exits at once (status 0) without a word on the wire, and the parent
-answers the call."""
+at all, exits at once (status 0) without a word on the wire or a write to the
+object store (``inert_after_fork``), and the parent answers the call."""
 
 from __future__ import annotations
 
@@ -205,13 +205,30 @@ def _give_trio_loop_its_own_epoll() -> None:
         fresh.close()
 
 
-def _exit_forked_child() -> None:
+def _exit_forked_child(*_args, **_kwargs) -> None:
     os.write(2, f"tray: process {os.getpid()}, forked inside a task, returned to tray or "
                 "called it; it exits now (the parent answers the call)\n".encode())
     os._exit(0)
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def inert_after_fork(obj, *method_names: str) -> None:
+    """In a child forked from this process, calling one of ``obj``'s
+    ``method_names`` ends the child as using a connection does. For what the
+    child shares with its parent besides sockets: the object store, whose
+    objects are the parent's to write and free (a child returning a large
+    value from the task would otherwise put it under the parent's object id)."""
+    target = weakref.ref(obj)
+
+    def after_in_child() -> None:
+        live = target()
+        if live is not None:
+            for name in method_names:
+                setattr(live, name, _exit_forked_child)
+
+    os.register_at_fork(after_in_child=after_in_child)
 
 
 # ================================================================== streams
