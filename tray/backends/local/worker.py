@@ -21,7 +21,7 @@ from ...core.config import DEFAULT_CONFIG
 from ...core.context import current_worker
 from ...core.core_worker import WORKER, CoreWorker
 from ...core.interfaces import NullTracer, ProcessEnv
-from ...transports.tcp import TcpTransport
+from ...transports.tcp import TcpTransport, inert_after_fork
 from .session import Session, free_port
 from .store import ShmObjectStore
 
@@ -46,10 +46,13 @@ async def run_worker(args) -> None:
         address = f"tcp:{args.listen_ip}:{free_port(args.listen_ip)}"
     else:
         address = session.address(f"worker-{args.worker_id[:12]}")
+    store = ShmObjectStore(args.store_dir, args.object_store_bytes, args.spill_dir)
+    # A child forked inside a task must not write or free its parent's objects.
+    inert_after_fork(store, "put", "delete")
     env = ProcessEnv(
         address=address, transport=TcpTransport(session.token()), rng=random.Random(),
         tracer=NullTracer(), config=DEFAULT_CONFIG, node_id=args.node_id,
-        object_store=ShmObjectStore(args.store_dir, args.object_store_bytes, args.spill_dir),
+        object_store=store,
         gcs_address=args.gcs, node_manager_address=args.node_manager,
         extra={"exit_process": lambda: os._exit(1), "on_gpu_ids": _set_gpu_ids})
     async with trio.open_nursery() as nursery:
