@@ -52,15 +52,17 @@ from ._session import Work
 from .error import TuneError
 from .experiment import CheckpointRecord, Trial
 from .schedulers.trial_scheduler import TrialScheduler
-from .search.searcher import Searcher
+from .search.searcher import ConcurrencyLimiter, Searcher
 from .search.variant_generator import BasicVariantGenerator, _path_str, flatten, format_tag, leaves
 from .trainable import TrainableSpec, shape_key
 
 STATE_FILE = "experiment_state.pkl"
 SETTINGS_FILE = "tuner.pkl"
 SNAPSHOT_PERIOD_S = 1.0
-# Trials created ahead of need by the default generator: enough to keep
-# every runner busy, bounded so a huge grid is not materialized up front.
+# Trials created ahead of need by the default generator: twice what the
+# cluster can run at once (at least PENDING_TRIALS_MIN), never more than
+# PENDING_TRIALS_MAX, so a huge grid is not materialized up front.
+PENDING_TRIALS_MIN = 16
 PENDING_TRIALS_MAX = 1000
 STOP_GRACE_S = 5.0  # a trial told to stop that does not report within this is killed
 TABLE_ROWS_MAX = 20
@@ -124,6 +126,7 @@ class TuneController:
         self._started = False
         self._restore = restore
         self._save_requested: str | None = None  # a class trainable asked to save (PBT)
+        self._pending_ahead = PENDING_TRIALS_MIN  # updated from the cluster's size by poll
 
     # ================================================= scheduler's view
 
@@ -311,7 +314,7 @@ class TuneController:
         if not isinstance(self.state.search, BasicVariantGenerator):
             return
         pending = sum(1 for t in self.state.trials.values() if t.status == Trial.PENDING)
-        while pending < PENDING_TRIALS_MAX and self._create_trial() is not None:
+        while pending < self._pending_ahead and self._create_trial() is not None:
             pending += 1
 
     def _running(self) -> list[Trial]:
@@ -431,6 +434,16 @@ class TuneController:
         result["config"] = trial.config
         trial.last_result = result
         self._dirty = True
+        missing = [m for m in self.spec.strict_metrics if m not in result]
+        if missing:
+            error = ValueError(
+                f"Trial {trial} reported {sorted(k for k in result if k != 'config')} without "
+                f"the metric(s) {missing} that the experiment optimizes (TuneConfig metric, "
+                f"search algorithm or scheduler): include them in every tune.report() call")
+            trial.status, trial.runner_id = Trial.ERROR, None
+            trial.error, trial.error_object = str(error), error
+            self._stop_all(error)
+            return ("stop", False)
         if checkpoint is not None:
             self._register_checkpoint(trial, checkpoint, result)
         self._save_requested = None
@@ -591,6 +604,14 @@ class TuneController:
 
         return [n for n in tray.nodes() if n["Alive"]]
 
+    def _default_options(self) -> dict:
+        """The resource shape of trials not created yet (a per-config request
+        that cannot be computed without a config counts as one CPU)."""
+        try:
+            return self.trainable.resources_for({})
+        except Exception:  # noqa: BLE001 - a user's function of the config
+            return {"num_cpus": 1}
+
     def _capacity(self, options: dict) -> int:
         """How many runners of this shape the live nodes can hold in total."""
         needs = {"CPU": options.get("num_cpus", 1), "GPU": options.get("num_gpus", 0),
@@ -611,6 +632,9 @@ class TuneController:
         ones to kill, whether the experiment is over, and the progress."""
         self._runners = dict(census)
         self._check_budget()
+        if self._started:
+            capacity = self._capacity(self._default_options())
+            self._pending_ahead = min(PENDING_TRIALS_MAX, max(PENDING_TRIALS_MIN, 2 * capacity))
         if self._stopping_since is None:
             self._fill_pending()
         kill = []
@@ -627,10 +651,15 @@ class TuneController:
                     entry = demand.setdefault(self._shape(trial),
                                               {"options": trial.resources, "count": 0})
                     entry["count"] += 1
-            if not self._search_exhausted() and not demand:
-                # An adaptive searcher makes trials on demand: hold one runner for it.
-                options = self.trainable.resources_for({})
-                demand[shape_key(options)] = {"options": options, "count": 1}
+            if not self._search_exhausted():
+                # More trials will come (an adaptive searcher makes them on demand):
+                # hold as many runners as fit, or as the searcher lets run at once.
+                options = self._default_options()
+                entry = demand.setdefault(shape_key(options), {"options": options, "count": 0})
+                entry["count"] += self._capacity(options)
+                search = self.state.search
+                if isinstance(search, ConcurrencyLimiter):
+                    limit = min(filter(None, [limit, search.max_concurrent]))
             budget = limit
             for _shape, entry in sorted(demand.items()):
                 count = min(entry["count"], max(self._capacity(entry["options"]), 1))

@@ -184,12 +184,6 @@ class Session:
 
     def send(self, result: dict, checkpoint: dict | None) -> tuple:
         """Write the result line and ask the controller what to do."""
-        missing = [m for m in self.work.strict_metrics if m not in result]
-        if missing:
-            raise ValueError(
-                f"Trial {self.work.trial_name} reported {sorted(k for k in result)} without "
-                f"the metric(s) {missing} that the experiment optimizes (TuneConfig metric, "
-                f"search algorithm or scheduler): include them in every tune.report() call")
         line = dict(result)
         line["checkpoint_dir_name"] = os.path.basename(checkpoint["path"]) if checkpoint else None
         line["config"] = self.work.config

@@ -1,0 +1,435 @@
+"""tray.tune on the simulated backend: search spaces, trainables, schedulers,
+search algorithms, fault tolerance, results, and the errors users can cause.
+
+Virtual time makes every ``time.sleep`` in a trainable free, and a seed
+makes every experiment replay, so most behaviour is tested here; a few
+tests on real processes live in test_tune_local.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import time
+
+import pytest
+
+import tray
+import tray.simtest
+from tray import tune
+from tray.tune.search.variant_generator import BasicVariantGenerator, resolve
+
+# ================================================================ trainables
+
+
+def quadratic(config):
+    """Score peaks at x = 0.5; one report per virtual 0.1 s."""
+    for step in range(1, config.get("steps", 4) + 1):
+        time.sleep(0.1)
+        tune.report({"score": -((config["x"] - 0.5) ** 2) * 10 + step, "step": step})
+
+
+def checkpointed(config):
+    """Accumulates its state in checkpoints; fails once at ``fail_at``."""
+    start, total = 0, 0.0
+    checkpoint = tune.get_checkpoint()
+    if checkpoint is not None:
+        with open(os.path.join(checkpoint.path, "state.json")) as file:
+            start, total = json.load(file)
+    marker = os.path.join(config["marker_dir"], tune.get_context().get_trial_id())
+    for step in range(start + 1, config["steps"] + 1):
+        time.sleep(0.05)
+        total += config["x"]
+        if step == config.get("fail_at") and not os.path.exists(marker + ".failed"):
+            open(marker + ".failed", "w").close()
+            raise RuntimeError("planned failure")
+        directory = os.path.join(config["marker_dir"], f"tmp-{tune.get_context().get_trial_id()}")
+        os.makedirs(directory, exist_ok=True)
+        with open(os.path.join(directory, "state.json"), "w") as file:
+            json.dump([step, total], file)
+        tune.report({"total": total}, checkpoint=tune.Checkpoint.from_directory(directory))
+
+
+class Counter(tune.Trainable):
+    def setup(self, config, offset=0):
+        self.value = config["start"] + offset
+        self.resets = 0
+
+    def step(self):
+        time.sleep(0.05)
+        self.value += 1
+        if self.config.get("crash_at") == self.value and \
+                not os.path.exists(self.config["marker"]):
+            open(self.config["marker"], "w").close()
+            os._exit(1)  # in the simulator: this worker only
+        return {"value": self.value, "done": self.iteration + 1 >= self.config["steps"]}
+
+    def save_checkpoint(self, checkpoint_dir):
+        return {"value": self.value}
+
+    def load_checkpoint(self, checkpoint):
+        self.value = checkpoint["value"]
+
+    def reset_config(self, new_config):
+        self.value = new_config["start"]
+        self.resets += 1
+        return True
+
+
+def no_metric(config):
+    tune.report({"something_else": 1})
+
+
+def with_data(config, data=None, scale=1):
+    tune.report({"sum": float(data.sum()) * scale + config["x"]})
+
+
+def timed(config):
+    start = time.time()
+    time.sleep(1.0)
+    tune.report({"start": start, "end": time.time()})
+
+
+# ================================================================ helpers
+
+
+@pytest.fixture
+def sim():
+    tray.init(backend="sim", seed=3, num_cpus=4)
+    yield tray.simtest.cluster()
+    tray.shutdown()
+
+
+def run(trainable, tmp_path, name="exp", **kwargs):
+    run_kwargs = {k: kwargs.pop(k) for k in ("stop", "failure_config", "checkpoint_config",
+                                             "verbose") if k in kwargs}
+    run_kwargs.setdefault("verbose", 0)
+    param_space = kwargs.pop("param_space", {})
+    tuner = tune.Tuner(trainable, param_space=param_space,
+                       tune_config=tune.TuneConfig(**kwargs),
+                       run_config=tune.RunConfig(name=name, storage_path=str(tmp_path),
+                                                 **run_kwargs))
+    return tuner.fit()
+
+
+def history(result):
+    with open(os.path.join(result.path, "result.json")) as file:
+        return [json.loads(line) for line in file]
+
+
+# ================================================================ search spaces
+
+
+def test_domains_sample_within_their_bounds_from_the_given_rng():
+    rng = random.Random(0)
+    space = {"u": tune.uniform(1, 2), "q": tune.quniform(0, 1, 0.25),
+             "log": tune.loguniform(1e-4, 1e-1), "i": tune.randint(0, 3),
+             "qi": tune.qrandint(0, 10, 5), "n": tune.randn(10, 0.001),
+             "c": tune.choice(["a", "b"]), "nested": {"deep": tune.lograndint(1, 100)},
+             "derived": tune.sample_from(lambda spec: spec.config.i * 10), "const": 7}
+    seen_i, seen_qi = set(), set()
+    for _ in range(300):
+        config, _ = resolve(space, rng)
+        assert 1 <= config["u"] < 2
+        assert config["q"] in (0.0, 0.25, 0.5, 0.75, 1.0)
+        assert 1e-4 <= config["log"] <= 1e-1
+        seen_i.add(config["i"])
+        seen_qi.add(config["qi"])
+        assert abs(config["n"] - 10) < 0.01
+        assert config["c"] in ("a", "b")
+        assert 1 <= config["nested"]["deep"] < 100
+        assert config["derived"] == config["i"] * 10
+        assert config["const"] == 7
+    assert seen_i == {0, 1, 2}  # randint: upper exclusive
+    assert seen_qi == {0, 5, 10}  # qrandint: upper inclusive
+    assert resolve(space, random.Random(5))[0] == resolve(space, random.Random(5))[0]
+
+
+def test_grid_search_times_num_samples_first_key_fastest():
+    generator = BasicVariantGenerator(random_state=1)
+    generator.setup({"a": tune.grid_search([1, 2]), "b": tune.grid_search(["x", "y"]),
+                     "r": tune.uniform(0, 1)}, num_samples=2, seed=0)
+    configs = [config for config, _ in generator.iter_configs()]
+    assert [(c["a"], c["b"]) for c in configs] == [(1, "x"), (2, "x"), (1, "y"), (2, "y")] * 2
+    assert len({c["r"] for c in configs}) == 8  # random draws are per variant
+
+
+def test_points_to_evaluate_run_first():
+    generator = BasicVariantGenerator(points_to_evaluate=[{"x": 0.5}], random_state=0)
+    generator.setup({"x": tune.uniform(0, 1), "y": tune.choice([1])}, num_samples=3, seed=0)
+    configs = [config for config, _ in generator.iter_configs()]
+    assert configs[0] == {"x": 0.5, "y": 1}
+    assert len(configs) == 3
+
+
+def test_bad_search_spaces_fail_with_clear_errors():
+    with pytest.raises(ValueError, match="grid search"):
+        tune.Tuner(quadratic, param_space={"x": {"grid_search": 3}})
+    with pytest.raises(ValueError, match="lower .* less than upper"):
+        tune.uniform(2, 1)
+    with pytest.raises(ValueError, match="list of categories"):
+        tune.choice("abc")
+    optuna = pytest.importorskip("optuna")
+    with pytest.raises(TypeError, match="search space type tray.tune does not know"):
+        tune.Tuner(quadratic,
+                   param_space={"x": optuna.distributions.FloatDistribution(0, 1)})
+
+
+# ================================================================ experiments
+
+
+def test_function_trainable_results_and_files(sim, tmp_path):
+    grid = run(quadratic, tmp_path, metric="score", mode="max", num_samples=4,
+               param_space={"x": tune.uniform(0, 1), "steps": 3})
+    assert len(grid) == 4 and grid.num_errors == 0 and grid.num_terminated == 4
+    best = grid.get_best_result()
+    assert best.config["x"] == min((r.config["x"] for r in grid), key=lambda x: abs(x - 0.5))
+    assert best.metrics["training_iteration"] == 3
+    assert [row["training_iteration"] for row in history(best)] == [1, 2, 3]
+    frame = grid.get_dataframe()
+    assert {"config/x", "score", "training_iteration", "logdir"} <= set(frame.columns)
+    assert list(best.metrics_dataframe["step"]) == [1, 2, 3]
+    assert json.load(open(os.path.join(best.path, "params.json")))["x"] == best.config["x"]
+    assert tune.Tuner.can_restore(grid.experiment_path)
+    # filter_metric picks each trial's best row, not its last.
+    assert len(grid.get_dataframe(filter_metric="score", filter_mode="min")) == 4
+
+
+def _asha_experiment(seed: int, tmp_path) -> tuple:
+    tray.init(backend="sim", seed=seed, num_cpus=3)
+    try:
+        grid = run(quadratic, tmp_path / f"run{seed}-{random.random()}", metric="score",
+                   mode="max", num_samples=12, param_space={"x": tune.uniform(0, 1), "steps": 8},
+                   scheduler=tune.schedulers.ASHAScheduler(max_t=8, grace_period=1,
+                                                           reduction_factor=2))
+        stopped_at = [(r.config["x"], r.metrics["training_iteration"]) for r in grid]
+        return stopped_at, grid.get_best_result().config, tray.simtest.trace_digest()
+    finally:
+        tray.shutdown()
+
+
+def test_asha_stops_at_rungs_and_a_seed_replays(tmp_path):
+    first = _asha_experiment(11, tmp_path)
+    again = _asha_experiment(11, tmp_path)
+    assert first == again  # same trials, decisions, best result and event trace
+    iterations = [iteration for _x, iteration in first[0]]
+    assert set(iterations) <= {1, 2, 4, 8}
+    assert iterations.count(8) < len(iterations)  # some were stopped early
+    other = _asha_experiment(12, tmp_path)
+    assert other[0] != first[0]  # another simulation seed draws other trials
+
+
+def test_class_trainable_checkpoints_and_survives_a_worker_crash(sim, tmp_path):
+    marker = str(tmp_path / "crashed")
+    grid = run(Counter, tmp_path, num_samples=1,
+               param_space={"start": 10, "steps": 6, "crash_at": 14, "marker": marker},
+               failure_config=tune.FailureConfig(max_failures=1),
+               checkpoint_config=tune.CheckpointConfig(checkpoint_frequency=2))
+    [result] = grid
+    assert os.path.exists(marker)  # the worker did crash once
+    assert result.status == "TERMINATED" and result.error is None
+    # Resumed from the checkpoint at iteration 2 (value 12): no lost or doubled steps.
+    assert result.metrics["value"] == 16
+    assert [row["value"] for row in history(result)] == [11, 12, 13, 14, 15, 16]
+    assert result.checkpoint is not None
+
+
+def test_function_trainable_resumes_from_its_checkpoint(sim, tmp_path):
+    grid = run(checkpointed, tmp_path, num_samples=1, metric="total", mode="max",
+               param_space={"x": 2.0, "steps": 5, "fail_at": 4, "marker_dir": str(tmp_path)},
+               failure_config=tune.FailureConfig(max_failures=2),
+               checkpoint_config=tune.CheckpointConfig(num_to_keep=2))
+    [result] = grid
+    assert result.status == "TERMINATED"
+    assert result.metrics["total"] == 10.0  # 5 steps of 2.0, none lost or doubled
+    assert [row["training_iteration"] for row in history(result)] == [1, 2, 3, 4, 5]
+    kept = sorted(name for name in os.listdir(result.path) if name.startswith("checkpoint_"))
+    assert len(kept) == 2  # num_to_keep
+    assert "Failure # 1" in open(os.path.join(result.path, "error.txt")).read()
+
+
+def test_errors_beyond_max_failures_are_reported_not_raised(sim, tmp_path):
+    grid = run(checkpointed, tmp_path, num_samples=1,
+               param_space={"x": 1.0, "steps": 3, "fail_at": 2,
+                            "marker_dir": str(tmp_path / "none")},
+               failure_config=tune.FailureConfig(max_failures=0))
+    os.makedirs(tmp_path / "none", exist_ok=True)
+    [result] = grid
+    assert result.status == "ERROR"
+    assert isinstance(result.error, RuntimeError) or "planned failure" in str(result.error) \
+        or "No such file" in str(result.error)
+    assert grid.num_errors == 1 and grid.errors
+
+
+def test_with_parameters_puts_once_and_with_resources_limits_concurrency(sim, tmp_path):
+    import numpy as np
+
+    data = np.ones(100_000)
+    wrapped = tune.with_parameters(with_data, data=data, scale=2)
+    assert all(isinstance(ref, tray.ObjectRef) for ref in wrapped.parameters.values())
+    grid = run(wrapped, tmp_path, num_samples=3, param_space={"x": tune.randint(0, 5)})
+    assert sorted(r.metrics["sum"] - r.config["x"] for r in grid) == [200_000.0] * 3
+
+    grid = run(tune.with_resources(timed, {"cpu": 2}), tmp_path, name="res", num_samples=6)
+    spans = [(r.metrics["start"], r.metrics["end"]) for r in grid]
+    overlap = max(sum(1 for s, e in spans if s <= t < e) for t, _ in spans)
+    assert overlap == 2  # 4 CPUs, 2 per trial
+    with pytest.raises(ValueError, match="no node of the cluster has that much"):
+        run(tune.with_resources(timed, {"cpu": 64}), tmp_path, name="big")
+
+
+def test_user_errors_are_clear(sim, tmp_path):
+    with pytest.raises(ValueError, match="without the metric"):
+        run(no_metric, tmp_path, name="m", metric="score", mode="max")
+    with pytest.raises(ValueError, match="needs a metric and a mode"):
+        run(quadratic, tmp_path, name="n", metric="score",
+            scheduler=tune.schedulers.ASHAScheduler(), param_space={"x": 0.1})
+    with pytest.raises(ValueError, match="mode must be 'min' or 'max'"):
+        tune.TuneConfig(metric="score", mode="maximize")
+    grid = run(quadratic, tmp_path, name="o", param_space={"x": 0.2, "steps": 1})
+    with pytest.raises(ValueError, match="No mode is provided"):
+        grid.get_best_result(metric="score")
+    with pytest.raises(RuntimeError, match="No best trial found"):
+        grid.get_best_result(metric="nope", mode="max")
+    with pytest.raises(RuntimeError, match="inside a trial"):
+        tune.report({"x": 1})
+    with pytest.raises(TypeError, match="trainable"):
+        tune.Tuner(42)
+    with pytest.raises(ValueError, match="num_samples"):
+        tune.TuneConfig(num_samples=0)
+
+
+def test_tune_needs_a_cluster(tmp_path):
+    with pytest.raises(tray.exceptions.NotInitializedError, match="tray.init"):
+        run(quadratic, tmp_path, param_space={"x": 0.1})
+
+
+class Alternate(tune.search.Searcher):
+    """A user's searcher: x = 0, 1, 2, ... and it watches what ends."""
+
+    def __init__(self):
+        super().__init__(metric="end", mode="max")
+        self.count, self.completed = 0, []
+
+    def suggest(self, trial_id):
+        if self.count >= 6:
+            return tune.search.Searcher.FINISHED
+        self.count += 1
+        return {"x": self.count / 10}
+
+    def on_trial_complete(self, trial_id, result=None, error=False):
+        self.completed.append(result["end"])
+
+
+def test_custom_searcher_with_concurrency_limiter(sim, tmp_path):
+    limited = tune.search.ConcurrencyLimiter(Alternate(), max_concurrent=2)
+    grid = run(timed, tmp_path, search_alg=limited, num_samples=10)
+    assert len(grid) == 6  # the searcher said FINISHED after six
+    assert sorted(r.config["x"] for r in grid) == [0.1, 0.2, 0.3, 0.4, 0.5, 0.6]
+    spans = [(r.metrics["start"], r.metrics["end"]) for r in grid]
+    assert max(sum(1 for s, e in spans if s <= t < e) for t, _ in spans) == 2  # 4 CPUs free
+
+
+def test_optuna_search_is_seeded_and_replays(tmp_path):
+    pytest.importorskip("optuna")
+    from tray.tune.search.optuna import OptunaSearch
+
+    def once(tag):
+        tray.init(backend="sim", seed=5, num_cpus=2)
+        try:
+            grid = run(quadratic, tmp_path, name=tag, metric="score", mode="max",
+                       num_samples=8, search_alg=OptunaSearch(seed=7),
+                       param_space={"x": tune.uniform(0, 1), "steps": 2})
+            return [round(r.config["x"], 12) for r in grid], grid.get_best_result().config
+        finally:
+            tray.shutdown()
+
+    first, again = once("a"), once("b")
+    assert first == again and len(first[0]) == 8
+    with pytest.raises(ValueError, match="grid search"):
+        OptunaSearch(metric="score", mode="max").set_search_properties(
+            None, None, {"x": tune.grid_search([1, 2])})
+
+
+def pbt_trainable(config):
+    checkpoint = tune.get_checkpoint()
+    step, value = 0, 0.0
+    if checkpoint is not None:
+        with open(os.path.join(checkpoint.path, "s.json")) as file:
+            step, value = json.load(file)
+    while step < 20:
+        time.sleep(0.1)
+        step += 1
+        value += config["lr"]
+        directory = os.path.join(tune.get_context().get_trial_dir(), "staging")
+        os.makedirs(directory, exist_ok=True)
+        with open(os.path.join(directory, "s.json"), "w") as file:
+            json.dump([step, value], file)
+        tune.report({"value": value}, checkpoint=tune.Checkpoint.from_directory(directory))
+
+
+def test_pbt_exploits_and_explores(sim, tmp_path):
+    pbt = tune.schedulers.PopulationBasedTraining(
+        time_attr="training_iteration", perturbation_interval=4,
+        hyperparam_mutations={"lr": [0.1, 0.5, 1.0, 2.0]})
+    grid = run(pbt_trainable, tmp_path, metric="value", mode="max", num_samples=1,
+               scheduler=pbt, param_space={"lr": tune.grid_search([0.1, 0.2, 0.4, 0.8])})
+    assert grid.num_errors == 0 and grid.num_terminated == 4
+    policies = [f for f in os.listdir(grid.experiment_path) if f.startswith("pbt_policy_")]
+    assert policies  # some trial exploited another
+    # The trial that started with the worst lr copied better weights: it ends
+    # above what its own lr alone gives (0.1 * 20 steps).
+    [slowest] = [r for r in grid if r.trial_id.endswith("_00000")]
+    assert slowest.metrics["value"] > 0.1 * 20 + 1e-9
+    assert grid.get_best_result().metrics["value"] >= 0.8 * 20 - 1e-9
+
+
+def test_hyperband_and_median_stopping_account_for_every_trial(sim, tmp_path):
+    grid = run(Counter, tmp_path, name="hb", metric="value", mode="max", num_samples=9,
+               param_space={"start": tune.randint(0, 100), "steps": 9},
+               checkpoint_config=tune.CheckpointConfig(checkpoint_frequency=1),
+               scheduler=tune.schedulers.HyperBandScheduler(max_t=9, reduction_factor=3))
+    assert len(grid) == 9 and grid.num_terminated == 9
+    iterations = sorted(r.metrics["training_iteration"] for r in grid)
+    assert iterations[-1] == 9 and iterations[0] < 9
+    best = grid.get_best_result()
+    assert best.config["start"] == max(r.config["start"] for r in grid)
+
+    grid = run(quadratic, tmp_path, name="median", metric="score", mode="max", num_samples=8,
+               param_space={"x": tune.uniform(0, 1), "steps": 10},
+               scheduler=tune.schedulers.MedianStoppingRule(
+                   time_attr="training_iteration", grace_period=2, min_samples_required=2))
+    assert grid.num_terminated == 8
+    assert any(r.metrics["training_iteration"] < 10 for r in grid)
+
+
+def test_stop_criteria_time_budget_and_reuse(sim, tmp_path):
+    grid = run(quadratic, tmp_path, name="stop", num_samples=2, stop={"step": 2},
+               param_space={"x": 0.3, "steps": 10})
+    assert [r.metrics["training_iteration"] for r in grid] == [2, 2]
+    grid = run(quadratic, tmp_path, name="budget", num_samples=-1, time_budget_s=3.0,
+               param_space={"x": tune.uniform(0, 1), "steps": 5})
+    assert 4 <= grid.num_terminated <= len(grid) < 100  # sampled until the budget ran out
+    grid = run(Counter, tmp_path, name="reuse", num_samples=4, reuse_actors=True,
+               max_concurrent_trials=1, param_space={"start": 0, "steps": 2})
+    assert [r.metrics["value"] for r in grid] == [2, 2, 2, 2]
+
+
+def test_progress_table_is_printed(sim, tmp_path, capsys):
+    run(quadratic, tmp_path, metric="score", mode="max", num_samples=2, verbose=1,
+        param_space={"x": tune.uniform(0, 1), "steps": 2})
+    out = capsys.readouterr().out
+    assert "== Status (done) ==" in out
+    assert "Trial name" in out and "TERMINATED" in out and "score" in out
+
+
+def test_checkpoint_retention_by_score(sim, tmp_path):
+    grid = run(checkpointed, tmp_path, num_samples=1,
+               param_space={"x": -1.0, "steps": 6, "marker_dir": str(tmp_path)},
+               checkpoint_config=tune.CheckpointConfig(
+                   num_to_keep=2, checkpoint_score_attribute="total",
+                   checkpoint_score_order="max"))
+    [result] = grid
+    kept = [c for c, _ in result.best_checkpoints]
+    # Totals fall every step: the best (first) and the latest survive.
+    assert [os.path.basename(c.path) for c in kept] == ["checkpoint_000000", "checkpoint_000005"]
