@@ -27,6 +27,7 @@ import socket
 import stat
 import subprocess
 import sys
+import time
 
 import psutil
 import trio
@@ -327,16 +328,27 @@ def _group_members(leader: psutil.Process) -> list[psutil.Process]:
     return members
 
 
+def _running(process: psutil.Process) -> bool:
+    """Alive and not a zombie (a node's parent, tray start, has exited: the
+    zombie waits for init, which may take its time)."""
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 def _terminate_node(node: psutil.Process) -> None:
     members = _group_members(node)
     try:
         node.terminate()  # the node kills its workers on the way out
-        psutil.wait_procs([node], timeout=STOP_TIMEOUT_S)
     except psutil.NoSuchProcess:
         pass
+    deadline = time.monotonic() + STOP_TIMEOUT_S
+    while time.monotonic() < deadline and _running(node):
+        time.sleep(0.02)
     known = {process.pid for process in members}
     members += [p for p in _group_members(node) if p.pid not in known]
-    if node.is_running() and node.status() != psutil.STATUS_ZOMBIE:
+    if _running(node):
         members.append(node)
     for process in members:
         try:
