@@ -433,3 +433,74 @@ def test_checkpoint_retention_by_score(sim, tmp_path):
     kept = [c for c, _ in result.best_checkpoints]
     # Totals fall every step: the best (first) and the latest survive.
     assert [os.path.basename(c.path) for c in kept] == ["checkpoint_000000", "checkpoint_000005"]
+
+
+# ================================================================ driver death
+
+def ledgered(config):
+    """Appends its index to the ledger when it starts; the ``kill_at`` trial
+    kills the whole driver process (once), after the snapshot caught up."""
+    with open(config["ledger"], "a") as file:
+        file.write(f"{config['i']}\n")
+    time.sleep(2.0 if config["i"] == config["kill_at"] else 0.1)
+    if config["i"] == config["kill_at"] and not os.path.exists(config["ledger"] + ".killed"):
+        open(config["ledger"] + ".killed", "w").close()
+        import signal
+
+        os.kill(config["driver_pid"], signal.SIGKILL)
+        time.sleep(60)
+    tune.report({"score": config["i"]})
+
+
+DRIVER_SCRIPT = """
+import os, sys
+sys.path.insert(0, {tests!r})
+import tray
+from tray import tune
+import {module} as module
+tray.init({init})
+tune.Tuner(module.ledgered, param_space={{"i": tune.grid_search(list(range(5))), "kill_at": 3,
+                                         "ledger": {ledger!r}, "driver_pid": os.getpid()}},
+           tune_config=tune.TuneConfig(max_concurrent_trials=1),
+           run_config=tune.RunConfig(name="killed", storage_path={storage!r}, verbose=0)).fit()
+print("fit returned: the driver was not killed")
+"""
+
+
+def run_killed_driver(tmp_path, init: str, module: str) -> str:
+    """Start an experiment in a child process whose trial 3 SIGKILLs it."""
+    import subprocess
+    import sys
+
+    ledger = str(tmp_path / "ledger.txt")
+    script = tmp_path / "driver.py"
+    script.write_text(DRIVER_SCRIPT.format(
+        tests=os.path.dirname(__file__), module=module, init=init, ledger=ledger,
+        storage=str(tmp_path)))
+    # Output to a file, not a pipe: the killed driver's cluster may hold a pipe open
+    # for a moment after the driver itself is gone.
+    with open(tmp_path / "driver.log", "w") as log:
+        returncode = subprocess.run([sys.executable, str(script)], stdout=log,
+                                    stderr=subprocess.STDOUT, timeout=120).returncode
+    assert returncode == -9, (tmp_path / "driver.log").read_text()
+    assert os.path.exists(ledger + ".killed")
+    return ledger
+
+
+def check_restored(tmp_path, ledger: str) -> None:
+    started_before = open(ledger).read().split()
+    assert started_before == ["0", "1", "2", "3"]
+    path = str(tmp_path / "killed")
+    assert tune.Tuner.can_restore(path)
+    grid = tune.Tuner.restore(path, trainable=ledgered).fit()
+    assert sorted(r.config["i"] for r in grid) == [0, 1, 2, 3, 4]
+    assert grid.num_terminated == 5
+    assert sorted(r.metrics["score"] for r in grid) == [0, 1, 2, 3, 4]
+    # Finished trials were not run again; the one killed mid-run was, and 4 ran once.
+    assert open(ledger).read().split() == ["0", "1", "2", "3", "3", "4"]
+
+
+def test_restore_after_the_driver_died_sim(tmp_path):
+    ledger = run_killed_driver(tmp_path, "backend='sim', seed=1, num_cpus=2", "test_tune")
+    tray.init(backend="sim", seed=2, num_cpus=2)
+    check_restored(tmp_path, ledger)
