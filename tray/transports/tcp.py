@@ -129,9 +129,10 @@ class AuthenticationError(ConnectionClosed):
     """The peer does not know the cluster's token (or the handshake failed)."""
 
 
-class WrongPeerError(AuthenticationError):
+class WrongPeerError(ConnectionClosed):
     """The process that answered is not the one this connection was meant
-    for: a relay, or an address that reaches it only through NAT or a proxy."""
+    for: a relay, or an address that reaches it only through NAT or a proxy.
+    (Not an AuthenticationError: the token may well be right.)"""
 
 
 class TlsUnavailableError(TrayError):
@@ -678,7 +679,7 @@ class TcpTransport:
             with trio.fail_after(auth_timeout_s):
                 wrapped_stream, reader = await _client_handshake(stream, self.token, tls,
                                                                  peer.encode())
-        except AuthenticationError:
+        except (AuthenticationError, WrongPeerError):
             await _close_quietly(stream)
             raise
         except ssl.SSLError as error:
