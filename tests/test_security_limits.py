@@ -94,6 +94,42 @@ def test_idle_connections_do_not_lock_new_clients_out(tmp_path, sources, listene
         server.wait()
 
 
+async def test_shedding_is_counted_and_keeps_the_newest(monkeypatch):
+    from tray.transports import tcp
+
+    monkeypatch.setattr(tcp, "handshakes_per_source_max", 3)
+    monkeypatch.setattr(tcp, "handshakes_per_listener_max", 100)
+    transport = TcpTransport(TOKEN)
+    address = f"tcp:127.0.0.1:{free_port()}"
+
+    async def echo(stream):
+        while True:
+            await stream.send(await stream.receive())
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(transport.serve, address, echo)
+        idle = [await trio.open_tcp_stream("127.0.0.1", int(address.rpartition(":")[2]))
+                for _ in range(10)]
+        with trio.fail_after(30):
+            while transport.statistics().handshakes_shed < 7:
+                await trio.sleep(0.01)
+            assert transport.statistics().handshakes_in_progress == 3
+            # The oldest went first: the first seven see the server close.
+            for stream in idle[:7]:
+                assert await stream.receive_some(64) == b""
+            stream = await TcpTransport(TOKEN).connect(address)
+            await stream.send("in")
+            assert await stream.receive() == "in"
+        statistics = transport.statistics()
+        assert statistics.handshakes_shed == 8  # one more idle one made room
+        assert statistics.connections_open == 1
+        assert statistics.handshakes_rejected == 0
+        await stream.aclose()
+        for stream in idle:
+            await stream.aclose()
+        nursery.cancel_scope.cancel()
+
+
 # ============================================================ the token
 
 

@@ -639,16 +639,17 @@ class TcpTransport:
             failure = error
         finally:
             gate.done(key)
-        if failure is None and scope.cancelled_caught:
-            failure = trio.TooSlowError("shed: too many handshakes in progress" if
-                                        scope.deadline > trio.current_time() else
-                                        f"no handshake within {auth_timeout_s} s")
-        if failure is not None:
+        shed = failure is None and scope.cancelled_caught and \
+            scope.deadline > trio.current_time()
+        if failure is None and scope.cancelled_caught and not shed:
+            failure = trio.TooSlowError(f"no handshake within {auth_timeout_s} s")
+        if shed:
+            # Counted by the gate; a flood would make one log line per connection.
+            logger.debug("shed a handshake: too many in progress")
+        elif failure is not None:
             self._rejected += 1
-            if isinstance(failure, trio.TooSlowError):
-                logger.debug("dropped a connection: %s", failure)
-            else:
-                logger.warning("rejected a connection: %s", failure)
+            logger.warning("rejected a connection: %s", failure)
+        if shed or failure is not None:
             with trio.CancelScope(shield=True):
                 await stream.aclose()
             return
