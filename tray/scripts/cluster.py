@@ -85,7 +85,8 @@ def add_parsers(commands) -> None:
                             "loopback address (needs the cryptography package: tray[tls])")
     start.epilog = ("The token: a joining node reads it from TRAY_CLUSTER_TOKEN or --token-file "
                     "(or, on the head's machine, from where tray start --head keeps it).")
-    commands.add_parser("stop", help="stop every node started on this machine by tray start")
+    commands.add_parser("stop", help="stop the nodes you started on this machine with tray "
+                                     "start (only processes it can prove are those nodes)")
     status = commands.add_parser("status", help="nodes, resources, usage and actors")
     status.add_argument("--address", default="auto")
 
