@@ -22,3 +22,13 @@ def test_readme_tune_example_runs_and_replays(tmp_path):
     assert "16 trials; best config:" in outputs[0]
     assert "best loss:" in outputs[0]
     assert outputs[0] == outputs[1]  # same seed, same trials, decisions and best
+
+
+def test_tune_examples_run_on_the_simulator():
+    for name, expected in (("hyperparameter_search.py", "stopped early by ASHA"),
+                           ("pbt.py", "8 trials, 0 errors")):
+        done = subprocess.run([sys.executable, str(ROOT / "examples" / name), "--sim"],
+                              capture_output=True, text=True, timeout=180)
+        assert done.returncode == 0, done.stderr
+        assert expected in done.stdout
+        assert "best" in done.stdout
