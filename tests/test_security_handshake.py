@@ -221,6 +221,13 @@ def test_each_proof_binds_role_mode_peer_and_both_nonces():
     assert tcp._proof(**slid) != reference
 
 
+def test_peer_names_read_alike_from_both_ends():
+    # A dual-stack server sees an IPv4 client's target as ::ffff:a.b.c.d.
+    assert tcp._socket_name(("::ffff:10.0.0.5", 6380, 0, 0)) == "tcp:10.0.0.5:6380"
+    assert tcp._socket_name(("10.0.0.5", 6380)) == "tcp:10.0.0.5:6380"
+    assert tcp._socket_name(("::1", 6380, 0, 0)) == "tcp:::1:6380"
+
+
 async def test_authenticated_round_trip_and_a_wrong_token():
     async with trio.open_nursery() as nursery:
         server = await Server(TOKEN).start(nursery)

@@ -78,6 +78,7 @@ import datetime
 import functools
 import hashlib
 import hmac
+import ipaddress
 import logging
 import os
 import pickle
@@ -155,8 +156,15 @@ def parse_address(address: str) -> tuple[str, str, int]:
 
 
 def _socket_name(sockaddr) -> str:
-    """``tcp:IP:PORT`` for a socket address as getsockname/getpeername give it."""
-    return f"tcp:{sockaddr[0]}:{sockaddr[1]}"
+    """``tcp:IP:PORT`` for a socket address as getsockname/getpeername give
+    it; an IPv4 address seen through a dual-stack socket (::ffff:a.b.c.d)
+    reads as the IPv4 address, as the other side sees it."""
+    host = sockaddr[0]
+    with contextlib.suppress(ValueError):
+        mapped = getattr(ipaddress.ip_address(host), "ipv4_mapped", None)
+        if mapped is not None:
+            host = str(mapped)
+    return f"tcp:{host}:{sockaddr[1]}"
 
 
 # ================================================================ fork safety
