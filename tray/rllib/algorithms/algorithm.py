@@ -506,6 +506,9 @@ class Algorithm:
         if self.eval_env_runner_group is not None:
             self.eval_env_runner_group.stop()
         self.learner_group.stop()
+        # Drop the broadcast ref now, not whenever the garbage collector
+        # gets to this object: frees then happen in program order.
+        self._weights_ref = None
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(iteration={self.iteration})"

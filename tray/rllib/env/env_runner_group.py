@@ -59,6 +59,14 @@ def _fault_errors():
             exceptions.ObjectLostError, exceptions.TaskError)
 
 
+def _describe(error: BaseException) -> str:
+    """The user's own exception for an error raised by the env, else the error."""
+    cause = getattr(error, "cause", None)
+    if isinstance(cause, BaseException):
+        return f"{type(cause).__name__}: {str(cause)[:300]}"
+    return f"{type(error).__name__}: {str(error)[:300]}"
+
+
 class EnvRunnerGroup:
     def __init__(self, config, module_specs: dict, *, num_env_runners: int | None = None,
                  evaluation: bool = False) -> None:
@@ -270,7 +278,7 @@ class EnvRunnerGroup:
                 f"env runner {index} failed {self.consecutive_failures[index]} times in a row "
                 f"(num_consecutive_env_runner_failures_tolerance="
                 f"{config.num_consecutive_env_runner_failures_tolerance}); last error: "
-                f"{type(error).__name__}: {str(error)[:500]}") from error
+                f"{_describe(error)}") from error
         self.num_restarts += 1
         if isinstance(error, exceptions.ActorUnavailableError):
             return  # tray is restarting the actor; its next request waits for it

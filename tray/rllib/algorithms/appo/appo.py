@@ -125,13 +125,15 @@ class APPO(Algorithm):
             results = self._sample_sync(self.config.total_train_batch_size)
             return self._update(self._merge_chunks(results))
         for _ in range(WAITS_PER_STEP_MAX):
-            for index in group.indices_without_request():
-                group.submit(index, self._weights_for(group), self.weights_version)
+            self._submit_to_idle_runners()
             for result in group.fetch_ready(self.config.sample_timeout_s):
                 self._record_sample(result)
                 self._lags.append(self.weights_version - result["weights_version"])
                 self._buffer.append(result)
                 self._buffered_steps += result["env_steps"]
+            # Runners that delivered sample on at once, with the newest
+            # weights there are, while the learner works.
+            self._submit_to_idle_runners()
             if self._buffered_steps >= self.config.total_train_batch_size:
                 batch = self._merge_chunks(self._buffer)
                 self._buffer, self._buffered_steps = [], 0
@@ -139,6 +141,11 @@ class APPO(Algorithm):
         raise RuntimeError(f"APPO gathered {self._buffered_steps} of "
                            f"{self.config.total_train_batch_size} env steps in "
                            f"{WAITS_PER_STEP_MAX} waits: are the env runners alive?")
+
+    def _submit_to_idle_runners(self) -> None:
+        group = self.env_runner_group
+        for index in group.indices_without_request():
+            group.submit(index, self._weights_for(group), self.weights_version)
 
     def _extra_env_runner_metrics(self) -> dict:
         lags, self._lags = self._lags, []
