@@ -247,6 +247,9 @@ class _Reader:
     def __init__(self, stream: trio.abc.Stream) -> None:
         self._stream = stream
         self._buffer = bytearray()
+        # A TLS read returns one record (16 KiB) but allocates what it is
+        # asked for: ask for little. A socket read returns what it can.
+        self._receive_bytes_max = 1 << 18 if isinstance(stream, trio.SSLStream) else 1 << 62
 
     @property
     def buffered_bytes(self) -> int:
@@ -254,7 +257,8 @@ class _Reader:
 
     async def exactly(self, size: int) -> bytearray:
         while len(self._buffer) < size:
-            chunk = await self._stream.receive_some(max(65536, size - len(self._buffer)))
+            chunk = await self._stream.receive_some(
+                min(self._receive_bytes_max, max(65536, size - len(self._buffer))))
             if not chunk:
                 raise ConnectionClosed("the peer closed the connection")
             self._buffer += chunk
