@@ -26,7 +26,7 @@ def simtest(session: nox.Session) -> None:
 
 # Peers for `nox -s bench -- --peers ray,dask`, pinned so that runs compare: the newest
 # releases that install on Python 3.11 from PyPI when this was written.
-BENCH_PEERS = {"ray": ["ray==2.60.0"], "dask": ["dask[distributed]==2026.8.0"]}
+BENCH_PEERS = {"ray": ["ray[tune]==2.60.0"], "dask": ["dask[distributed]==2026.8.0"]}
 
 
 def _bench_peers(posargs: list[str]) -> list[str]:

@@ -104,6 +104,11 @@ METRICS = [
     Metric("simtest seeds per minute (mixed workload)", "seeds/min",
            dask=NA + "no simulator"),
 ]
+# tray.tune beside Ray Tune (bench/suite_tune.py: one suite, both runtimes).
+import suite_tune  # noqa: E402 - imports neither tray nor ray
+
+METRICS += [Metric(name, unit, higher_is_better=better, dask=NA + "no Tune")
+            for name, unit, better in suite_tune.DEFINITIONS]
 NOT_IN_RAY = {"simulated tasks per wall-clock second": "no simulator",
               "simtest seeds per minute (mixed workload)": "no simulator"}
 
@@ -117,8 +122,11 @@ def child(runtime: str, name: str, rounds: int, quick: bool) -> None:
 
     harness.ROUNDS, harness.SCALE = rounds, (0.1 if quick else 1.0)
     try:
-        suite = __import__(f"suite_{runtime}")
-        function = suite.METRICS.get(name)
+        if name in suite_tune.NAMES:
+            function = suite_tune.metric_for(runtime, name)
+        else:
+            suite = __import__(f"suite_{runtime}")
+            function = suite.METRICS.get(name)
         if function is None:
             raise harness.NotAvailable("no equivalent")
         result = {"values": function()}

@@ -238,10 +238,14 @@ class _ExperimentRun:
         ).remote(self.spec, self.trainable, restore)
         try:
             return tray.get(self.controller.start.remote())
-        except tray.exceptions.TaskError as error:
-            cause = getattr(error, "cause", None)
+        except TrayError as error:
+            # A bad setting raised in the controller: raise the user's error itself.
             self._kill(self.controller)
-            if isinstance(cause, BaseException):
+            cause = error
+            while isinstance(cause, TrayError) and \
+                    isinstance(getattr(cause, "cause", None), BaseException):
+                cause = cause.cause
+            if cause is not error and not isinstance(cause, TrayError):
                 raise cause from None
             raise
 
