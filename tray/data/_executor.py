@@ -235,6 +235,15 @@ class MapOperator(Operator):
             options.update({k: v for k, v in self.remote_args.items()
                             if k in ("num_cpus", "num_gpus", "resources", "memory",
                                      "scheduling_strategy", "max_restarts")})
+            pool_cpus = self.pool_size * float(options.get("num_cpus") or 0)
+            if pool_cpus >= executor.total_cpus and any(
+                    isinstance(op, MapOperator) and op.pool_size is None
+                    for op in executor.operators):
+                raise ValueError(
+                    f"tray.data: the actor pool of {self.name} would take {pool_cpus:g} CPUs of "
+                    f"the cluster's {executor.total_cpus:g}, leaving none for the tasks that "
+                    "feed it, so the pipeline could never finish; give each actor fewer CPUs "
+                    "(num_cpus=0.5) or lower concurrency")
             worker_class = T.MapWorker.options(**options)
             for index in range(self.pool_size):
                 actor = worker_class.remote(self._chain_ref)
@@ -242,6 +251,7 @@ class MapOperator(Operator):
                 self._calls.append(0)
                 self._ready_refs[actor.ready.remote()] = index
             self._cap = self.pool_size * executor.context.max_tasks_in_flight_per_actor
+
         elif self.concurrency is not None:
             self._cap = self.concurrency
         else:
