@@ -249,16 +249,25 @@ def test_function_trainable_resumes_from_its_checkpoint(sim, tmp_path):
 
 
 def test_errors_beyond_max_failures_are_reported_not_raised(sim, tmp_path):
-    grid = run(checkpointed, tmp_path, num_samples=1,
-               param_space={"x": 1.0, "steps": 3, "fail_at": 2,
-                            "marker_dir": str(tmp_path / "none")},
+    grid = run(checkpointed, tmp_path, num_samples=2,
+               param_space={"x": 1.0, "steps": 3, "fail_at": 2, "marker_dir": str(tmp_path)},
                failure_config=tune.FailureConfig(max_failures=0))
-    os.makedirs(tmp_path / "none", exist_ok=True)
-    [result] = grid
-    assert result.status == "ERROR"
-    assert isinstance(result.error, RuntimeError) or "planned failure" in str(result.error) \
-        or "No such file" in str(result.error)
-    assert grid.num_errors == 1 and grid.errors
+    assert [r.status for r in grid] == ["ERROR", "ERROR"]
+    assert grid.num_errors == 2 and grid.num_terminated == 0
+    assert all(isinstance(error, RuntimeError) and "planned failure" in str(error)
+               for error in grid.errors)
+    assert grid[0].metrics["training_iteration"] == 1  # its last result before the error
+    os.makedirs(tmp_path / "again")
+    space = {"x": 1.0, "steps": 3, "fail_at": 2, "marker_dir": str(tmp_path / "again"),
+             "i": tune.grid_search([0, 1, 2])}
+    grid = run(checkpointed, tmp_path, name="fast", param_space=space, max_concurrent_trials=1,
+               failure_config=tune.FailureConfig(fail_fast=True))
+    assert [r.status for r in grid] == ["ERROR", "PENDING", "PENDING"]  # the rest never ran
+    os.makedirs(tmp_path / "third")
+    with pytest.raises(RuntimeError, match="planned failure") as raised:
+        run(checkpointed, tmp_path, name="raise", param_space=dict(space, marker_dir=str(
+            tmp_path / "third")), failure_config=tune.FailureConfig(fail_fast="raise"))
+    assert type(raised.value) is RuntimeError  # the trial's own error
 
 
 def test_with_parameters_puts_once_and_with_resources_limits_concurrency(sim, tmp_path):
@@ -504,3 +513,37 @@ def test_restore_after_the_driver_died_sim(tmp_path):
     ledger = run_killed_driver(tmp_path, "backend='sim', seed=1, num_cpus=2", "test_tune")
     tray.init(backend="sim", seed=2, num_cpus=2)
     check_restored(tmp_path, ledger)
+
+
+def gpu_trial(config):
+    start = time.time()
+    time.sleep(1.0)
+    tune.report({"start": start, "end": time.time(), "gpus": len(tray.get_gpu_ids())})
+
+
+def test_fractional_gpus_and_custom_resources(tmp_path):
+    tray.init(backend="sim", seed=0, num_cpus=8, num_gpus=1, resources={"disk": 3})
+    grid = run(tune.with_resources(gpu_trial, {"cpu": 1, "gpu": 0.5}), tmp_path, name="gpu",
+               num_samples=4)
+    spans = [(r.metrics["start"], r.metrics["end"]) for r in grid]
+    assert max(sum(1 for s, e in spans if s <= t < e) for t, _ in spans) == 2
+    assert all(r.metrics["gpus"] == 1 for r in grid)
+    grid = run(tune.with_resources(gpu_trial, lambda config: {"cpu": 1, "disk": config["d"]}),
+               tmp_path, name="disk", param_space={"d": tune.grid_search([1, 2, 1, 2])})
+    assert grid.num_terminated == 4
+
+
+def test_checkpoint_directories(tmp_path):
+    source = tmp_path / "src"
+    source.mkdir()
+    (source / "weights.txt").write_text("42")
+    checkpoint = tune.Checkpoint.from_directory(source)
+    checkpoint.set_metadata({"epoch": 3})
+    checkpoint.update_metadata({"loss": 0.5})
+    assert checkpoint.get_metadata() == {"epoch": 3, "loss": 0.5}
+    copy = checkpoint.to_directory(str(tmp_path / "copy"))
+    assert open(os.path.join(copy, "weights.txt")).read() == "42"
+    with checkpoint.as_directory() as path:
+        assert os.path.exists(os.path.join(path, "weights.txt"))
+    with pytest.raises(ValueError, match="not a directory"):
+        tune.Checkpoint.from_directory(tmp_path / "missing")

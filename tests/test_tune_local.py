@@ -7,10 +7,10 @@ from __future__ import annotations
 import os
 
 import pytest
+from test_tune import Counter, check_restored, history, quadratic, run, run_killed_driver
 
 import tray
 from tray import tune
-from test_tune import Counter, check_restored, quadratic, run, run_killed_driver
 
 
 @pytest.fixture
@@ -30,7 +30,7 @@ def test_local_experiment_with_a_crash_retried_from_its_checkpoint(local, tmp_pa
     assert os.path.exists(marker)  # a worker process really exited
     assert result.status == "TERMINATED"
     assert result.metrics["value"] == 5
-    assert [row["value"] for row in __import__("test_tune").history(result)] == [1, 2, 3, 4, 5]
+    assert [row["value"] for row in history(result)] == [1, 2, 3, 4, 5]
 
     grid = run(quadratic, tmp_path, name="asha", metric="score", mode="max", num_samples=6,
                param_space={"x": tune.uniform(0, 1), "steps": 4},

@@ -353,9 +353,13 @@ class TuneController:
         if isinstance(self.state.search, Searcher):
             self.state.search.on_trial_complete(trial.trial_id, trial.last_result or None,
                                                 error=True)
-        if self.spec.failure_config.fail_fast:
-            self._stop_all(TuneError(f"trial {trial} failed and FailureConfig(fail_fast=True) "
-                                     f"ends the experiment:\n{text}"))
+        fail_fast = self.spec.failure_config.fail_fast
+        if fail_fast == "raise":
+            self._stop_all(error_object if isinstance(error_object, BaseException) else
+                           TuneError(f"trial {trial} failed (FailureConfig(fail_fast='raise')):"
+                                     f"\n{text}"))
+        elif fail_fast:
+            self._stop_all()
 
     def _stop_all(self, fatal: BaseException | None = None) -> None:
         if fatal is not None and self.fatal is None:

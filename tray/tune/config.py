@@ -43,12 +43,15 @@ class CheckpointConfig:
 class FailureConfig:
     """``max_failures``: how many times a failed trial is retried from its
     latest checkpoint (-1: always); ``fail_fast``: end the experiment at the
-    first trial error."""
+    first trial error (``"raise"``: and raise that error from ``fit()``)."""
     max_failures: int = 0
-    fail_fast: bool = False
+    fail_fast: bool | str = False
 
     def __post_init__(self) -> None:
         _check_int("FailureConfig.max_failures", self.max_failures, -1)
+        if self.fail_fast not in (True, False, "raise"):
+            raise ValueError(f"FailureConfig.fail_fast must be True, False or 'raise', got "
+                             f"{self.fail_fast!r}")
 
 
 @dataclass
