@@ -219,6 +219,32 @@ def test_asha_stops_at_rungs_and_a_seed_replays(tmp_path):
     assert other[0] != first[0]  # another simulation seed draws other trials
 
 
+def _asha_under_a_node_crash(seed: int, tmp_path) -> tuple:
+    tray.init(backend="sim", seed=seed, num_nodes=3, num_cpus=2)
+    try:
+        sim = tray.simtest.cluster()
+        victim = sim.node_ids()[1]
+        sim.at(0.35, lambda: sim.kill_node(victim, restart_after_s=0.5))
+        grid = run(checkpointed, tmp_path / f"crash-{random.random()}", metric="total",
+                   mode="max", num_samples=8,
+                   param_space={"x": tune.uniform(0, 1), "steps": 8,
+                                "marker_dir": str(tmp_path)},
+                   scheduler=tune.schedulers.ASHAScheduler(max_t=8, reduction_factor=2),
+                   failure_config=tune.FailureConfig(max_failures=3))
+        failures = sum(r._trial.num_failures for r in grid)
+        outcome = [(r.config["x"], r.status, r.metrics.get("training_iteration")) for r in grid]
+        return outcome, failures, grid.get_best_result().config, tray.simtest.trace_digest()
+    finally:
+        tray.shutdown()
+
+
+def test_a_seed_replays_under_faults(tmp_path):
+    first = _asha_under_a_node_crash(4, tmp_path)
+    assert first[1] > 0  # the crash cost some trials an attempt
+    assert all(status == "TERMINATED" for _x, status, _i in first[0])
+    assert first == _asha_under_a_node_crash(4, tmp_path)
+
+
 def test_class_trainable_checkpoints_and_survives_a_worker_crash(sim, tmp_path):
     marker = str(tmp_path / "crashed")
     grid = run(Counter, tmp_path, num_samples=1,

@@ -573,11 +573,15 @@ class TuneController:
         keepers = ranked[-keep:]
         if latest not in keepers:
             keepers = keepers[1:] + [latest] if keep > 1 else [latest]
+        victims = [c for c in trial.checkpoints if c not in keepers]
+        if not victims:
+            return
+        # A checkpoint another trial will resume from (a PBT donor's) stays.
         pinned = {t.restore_from.path for t in self.state.trials.values()
                   if t.restore_from is not None and not t.is_finished}
         survivors = []
         for record in trial.checkpoints:
-            if record in keepers or record.path in pinned:
+            if record not in victims or record.path in pinned:
                 survivors.append(record)
             else:
                 import shutil
