@@ -573,3 +573,29 @@ def test_checkpoint_directories(tmp_path):
         assert os.path.exists(os.path.join(path, "weights.txt"))
     with pytest.raises(ValueError, match="not a directory"):
         tune.Checkpoint.from_directory(tmp_path / "missing")
+
+
+def test_restore_resumes_or_restarts_errored_trials(sim, tmp_path):
+    space = {"x": 1.0, "steps": 4, "fail_at": 3, "marker_dir": str(tmp_path)}
+    grid = run(checkpointed, tmp_path, name="err", param_space=space)
+    assert [r.status for r in grid] == ["ERROR"]
+    path = grid.experiment_path
+    again = tune.Tuner.restore(path, trainable=checkpointed).fit()
+    assert [r.status for r in again] == ["ERROR"]  # errored trials stay, by default
+    resumed = tune.Tuner.restore(path, trainable=checkpointed, resume_errored=True).fit()
+    [result] = resumed
+    assert result.status == "TERMINATED" and result.metrics["total"] == 4.0
+    assert [row["training_iteration"] for row in history(result)] == [1, 2, 3, 4]
+    os.makedirs(tmp_path / "m3")
+    grid = run(checkpointed, tmp_path, name="err4",
+               param_space=dict(space, marker_dir=str(tmp_path / "m3")))
+    assert [r.status for r in grid] == ["ERROR"]
+    restarted = tune.Tuner.restore(grid.experiment_path, trainable=checkpointed,
+                                   restart_errored=True).fit()
+    [result] = restarted
+    assert result.status == "TERMINATED" and result.metrics["total"] == 4.0
+    # From scratch: the lost attempt's lines and checkpoints were dropped, not resumed.
+    assert [row["training_iteration"] for row in history(result)] == [1, 2, 3, 4]
+    assert result._trial.num_failures == 0
+    with pytest.raises(ValueError, match="no tray.tune experiment to restore"):
+        tune.Tuner.restore(str(tmp_path / "nowhere"), trainable=checkpointed)
