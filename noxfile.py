@@ -26,7 +26,7 @@ def simtest(session: nox.Session) -> None:
 
 # Peers for `nox -s bench -- --peers ray,dask`, pinned so that runs compare: the newest
 # releases that install on Python 3.11 from PyPI when this was written.
-BENCH_PEERS = {"ray": ["ray[tune]==2.60.0"], "dask": ["dask[distributed]==2026.8.0"]}
+BENCH_PEERS = {"ray": ["ray[tune,data]==2.60.0"], "dask": ["dask[distributed]==2026.8.0"]}
 
 
 def _bench_peers(posargs: list[str]) -> list[str]:
@@ -45,7 +45,7 @@ def bench(session: nox.Session) -> None:
     """Run the benchmarks: tray alone, or side by side with `-- --peers ray,dask`
     (installed here); `-- --only NAME`, `--rounds N`, `--quick`. Results and a chart
     go to bench/results/."""
-    session.install("-e", ".[bench]")
+    session.install("-e", ".[bench,data]")
     for peer in _bench_peers(session.posargs):
         if peer not in BENCH_PEERS:
             session.error(f"unknown peer {peer!r}; known: {', '.join(BENCH_PEERS)}")

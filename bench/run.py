@@ -103,6 +103,19 @@ METRICS = [
            dask=NA + "no simulator"),
     Metric("simtest seeds per minute (mixed workload)", "seeds/min",
            dask=NA + "no simulator"),
+    # tray.data beside Ray Data (suite_data.py; the same code on both).
+    Metric("data: parquet -> map_batches -> iter_batches", "per s", rows=("rows/s", "GB/s"),
+           dask=NA + "no Ray Data equivalent measured"),
+    Metric("data: peak store, parquet -> map_batches -> iter_batches", "MB",
+           higher_is_better=False, dask=NA + "no Ray Data equivalent measured"),
+    Metric("data: parquet -> map_batches on 2 actors -> iter_batches", "per s",
+           rows=("rows/s", "GB/s"), dask=NA + "no Ray Data equivalent measured"),
+    Metric("data: random_shuffle 1 GB", "GB/s", dask=NA + "no Ray Data equivalent measured"),
+    Metric("data: sort 1 GB", "GB/s", dask=NA + "no Ray Data equivalent measured"),
+    Metric("data: 2 GB through a 200 MB object store", "s", higher_is_better=False,
+           dask=NA + "no Ray Data equivalent measured"),
+    Metric("data: peak store, 2 GB through a 200 MB object store", "MB",
+           higher_is_better=False, dask=NA + "no Ray Data equivalent measured"),
 ]
 # tray.tune beside Ray Tune (bench/suite_tune.py: one suite, both runtimes).
 import suite_tune  # noqa: E402 - imports neither tray nor ray
@@ -127,6 +140,10 @@ def child(runtime: str, name: str, rounds: int, quick: bool) -> None:
         else:
             suite = __import__(f"suite_{runtime}")
             function = suite.METRICS.get(name)
+        if function is None and name.startswith("data: "):
+            import suite_data
+
+            function = suite_data.metrics(runtime).get(name)
         if function is None:
             raise harness.NotAvailable("no equivalent")
         result = {"values": function()}
