@@ -25,7 +25,7 @@ def _settle() -> None:
 def _driver_refs() -> int:
     from tray.core.context import _global_state
 
-    return len(_global_state["driver"].refs)
+    return _global_state["driver"].statistics().references.objects
 
 
 @tray.remote

@@ -50,12 +50,12 @@ def test_run_json_has_the_promised_fields(capsys):
 
 
 def test_failure_report_names_the_seed_schedule_and_replay_command(monkeypatch):
-    from tray.core.core_worker import CoreWorker
+    from tray.core.worker.normal_task_submitter import NormalTaskSubmitter
 
     def keep(self, queue, lease, worker_ok):
         queue.leases.remove(lease)  # a planted bug: forget the lease, never return it
 
-    monkeypatch.setattr(CoreWorker, "_return_lease", keep)
+    monkeypatch.setattr(NormalTaskSubmitter, "_return_lease", keep)
     result = runner.run_seed(2, "dag", "worker_crash")
     assert not result.ok and result.invariant == "nothing-leaks-at-quiescence"
     text = result.report()

@@ -6,9 +6,13 @@ from __future__ import annotations
 
 import pytest
 
-from tray.core import core_worker
-from tray.core.core_worker import CoreWorker
-from tray.core.ids import TaskID
+from tray.core.ids import ObjectID, TaskID
+from tray.core.worker.actor_host import ActorHost
+from tray.core.worker.core_worker import CoreWorker
+from tray.core.worker.normal_task_submitter import NormalTaskSubmitter
+from tray.core.worker.object_recovery import ObjectRecoveryManager
+from tray.core.worker.reference_counter import ReferenceCounter
+from tray.core.worker.task_manager import TaskManager
 from tray.simtest import runner
 
 
@@ -24,13 +28,13 @@ def _first_failure(seeds, workload: str, faults: str, invariant: str):
 
 
 def test_skipping_actor_sequence_ordering_is_caught_within_20_seeds(monkeypatch):
-    original = CoreWorker.handle_actor_call
+    original = ActorHost.handle_actor_call
 
     async def unordered(self, conn, spec):
         spec.floor = spec.seq  # "every earlier call is done": run calls as they arrive
         return await original(self, conn, spec)
 
-    monkeypatch.setattr(CoreWorker, "handle_actor_call", unordered)
+    monkeypatch.setattr(ActorHost, "handle_actor_call", unordered)
     _first_failure(range(20), "actors", "none", "actor-calls-in-submission-order")
 
 
@@ -40,7 +44,7 @@ def test_one_retry_too_many_is_caught_within_10_seeds(monkeypatch):
     def generous(self, **kwargs):
         refs = original(self, **kwargs)
         if kwargs.get("actor") is None:
-            task = self.tasks.get(refs[0].task_id()) if refs else None
+            task = self.task_manager.get(refs[0].task_id()) if refs else None
             if task is not None and task.retries_left >= 0:
                 task.retries_left += 1
         return refs
@@ -52,9 +56,9 @@ def test_one_retry_too_many_is_caught_within_10_seeds(monkeypatch):
 
 def test_freeing_an_object_a_borrower_holds_is_caught_within_10_seeds(monkeypatch):
     def forgetful(self, conn, object_id, borrower):
-        return self.refs.get(core_worker.ObjectID(object_id)) is not None
+        return self.refs.get(ObjectID(object_id)) is not None
 
-    monkeypatch.setattr(CoreWorker, "handle_add_borrower", forgetful)
+    monkeypatch.setattr(ReferenceCounter, "handle_add_borrower", forgetful)
     _first_failure(range(10), "objects", "none", "no-premature-free")
 
 
@@ -62,29 +66,27 @@ def test_a_lease_never_returned_is_caught_within_5_seeds(monkeypatch):
     def keep(self, queue, lease, worker_ok):
         queue.leases.remove(lease)  # forget it without telling the node manager
 
-    monkeypatch.setattr(CoreWorker, "_return_lease", keep)
+    monkeypatch.setattr(NormalTaskSubmitter, "_return_lease", keep)
     result = _first_failure(range(5), "dag", "none", "nothing-leaks-at-quiescence")
     assert "lease" in result.message
 
 
 def test_dropping_a_reconstructed_result_is_caught_within_40_seeds(monkeypatch):
-    original_recover = CoreWorker.handle_recover_object
-    original_finish = CoreWorker._finish_task
+    original_recover = ObjectRecoveryManager.handle_recover_object
+    original_finish = TaskManager.finish
+    reconstructing: set = set()
 
     def recover(self, conn, object_id, lost):
-        reply = original_recover(self, conn, object_id, lost)
-        for task in self.tasks.values():
-            if task.spec.return_ids and object_id in task.spec.return_ids:
-                task.reconstructed = True
-        return reply
+        reconstructing.add(object_id)
+        return original_recover(self, conn, object_id, lost)
 
     def finish(self, task, results):
-        if getattr(task, "reconstructed", False):
+        if reconstructing.intersection(task.spec.return_ids):
             task.done = True  # the re-execution's result goes nowhere
             self.tasks.pop(TaskID(task.spec.task_id), None)
             return
         original_finish(self, task, results)
 
-    monkeypatch.setattr(CoreWorker, "handle_recover_object", recover)
-    monkeypatch.setattr(CoreWorker, "_finish_task", finish)
+    monkeypatch.setattr(ObjectRecoveryManager, "handle_recover_object", recover)
+    monkeypatch.setattr(TaskManager, "finish", finish)
     _first_failure(range(40), "objects", "node_crash", "no-hang")

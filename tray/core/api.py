@@ -17,10 +17,10 @@ import cloudpickle
 import greenback
 
 from . import options as opts
-from .context import _global_state, get_worker
-from .core_worker import current_task, function_id_of
+from .context import _global_state, current_task, get_worker
 from .ids import JobID
 from .object_ref import ObjectRef
+from .worker.function_table import function_id_of
 
 logger = logging.getLogger("tray")
 
@@ -254,8 +254,8 @@ class ActorClass:
         actor, holds = _in_loop(worker, prepare)
         existing = _block(worker, worker.register_actor, actor, holds)
         info = existing or actor
-        return ActorHandle(info["actor_id"], info["class_name"], info["method_meta"],
-                           info["max_task_retries"], _signatures(self._cls))
+        return ActorHandle(info.actor_id, info.class_name, info.method_meta,
+                           info.max_task_retries, _signatures(self._cls))
 
     def __reduce__(self):
         return (ActorClass, (self._cls, self._options))
@@ -450,16 +450,16 @@ def get_actor(name: str, namespace: str | None = None) -> ActorHandle:
     if info is None:
         raise ValueError(f"Failed to look up actor with name {name!r} in namespace "
                          f"{namespace!r}: no live actor has that name")
-    return ActorHandle(info["actor_id"], info["class_name"], info["method_meta"],
-                       info["max_task_retries"])
+    return ActorHandle(info.actor_id, info.class_name, info.method_meta,
+                       info.max_task_retries)
 
 
 # ================================================================= cluster
 
 def nodes() -> list[dict]:
     """Every node the cluster has known, alive or dead, as in ``ray.nodes()``."""
-    return [{"NodeID": node["node_id"], "Alive": node["alive"], "alive": node["alive"],
-             "NodeManagerAddress": node["address"], "Resources": dict(node["resources"])}
+    return [{"NodeID": node.node_id, "Alive": node.alive, "alive": node.alive,
+             "NodeManagerAddress": node.address, "Resources": dict(node.resources)}
             for node in _gcs_call("get_all_nodes")]
 
 

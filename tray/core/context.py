@@ -3,11 +3,15 @@
 In a real process there is one core worker; in the simulator every simulated
 driver and worker shares the OS process, so the current one is a contextvar
 set at the root of each simulated process's trio tasks. The driver's core
-worker is the fallback for code running outside trio (the user's script)."""
+worker is the fallback for code running outside trio (the user's script).
+Within a worker, ``current_task`` says which task the running code is."""
 
 from __future__ import annotations
 
 import contextvars
+from dataclasses import dataclass, field
+
+from .ids import ActorID, ObjectID, TaskID
 
 current_worker: contextvars.ContextVar = contextvars.ContextVar("tray_current_worker")
 
@@ -26,3 +30,34 @@ def get_worker(required: bool = True):
             "(for example tray.init(backend='sim') for a simulated cluster)"
         )
     return worker
+
+
+# ============================================================ task context
+
+
+@dataclass
+class TaskContext:
+    """What the code running now belongs to: a task, an actor call, or the
+    driver's script. Ids of children and ``put`` objects count from here, so
+    they are a pure function of where in the program they were made."""
+    task_id: TaskID
+    actor_id: ActorID | None = None
+    gpu_ids: list = field(default_factory=list)
+    name: str = ""
+    job_id: int = 0
+    namespace: str = ""
+    children: int = 0
+    puts: int = 0
+
+    def next_child_id(self) -> TaskID:
+        self.children += 1
+        return TaskID.for_child(self.task_id, self.children)
+
+    def next_put_id(self) -> ObjectID:
+        self.puts += 1
+        return ObjectID.for_put(self.task_id, self.puts)
+
+
+# The task (or actor call) this trio task runs, in a worker; unset in the
+# driver's script, whose context is the core worker's ``driver_context``.
+current_task: contextvars.ContextVar = contextvars.ContextVar("tray_current_task")

@@ -76,7 +76,7 @@ def _rebuild_ref(object_id: bytes, owner: str) -> ObjectRef:
     oid = ObjectID(object_id)
     if worker is None:
         return ObjectRef(oid, owner, None)
-    is_new = owner != worker.address and oid not in worker.refs
+    is_new = owner != worker.address and not worker.knows(oid)
     ref = ObjectRef(oid, owner, worker)
     if is_new:
         pending = _new_borrows.get(None)

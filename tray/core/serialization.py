@@ -8,7 +8,7 @@ store is shared memory).
 While a value is pickled, every ObjectRef (and actor handle) inside it
 reports itself to the active ``SerializationContext``; the owner keeps those
 *contained* refs alive as long as the outer object lives, and a process that
-unpickles them becomes a borrower (see ``core_worker``)."""
+unpickles them becomes a borrower (see ``worker/reference_counter``)."""
 
 from __future__ import annotations
 

@@ -41,6 +41,9 @@ LIVENESS_S = 120.0  # virtual seconds for all outstanding work once faults stop
 QUIESCE_S = 5.0  # virtual seconds for frees and lease returns to settle
 WAIT_TIMEOUT_S = 5.0
 HANG_S = 300.0  # any single blocking driver call (a hang beyond the liveness bound)
+# Every component's validate_state() runs after every this many simulated
+# steps (0: never); a broken invariant fails the seed at the step that broke it.
+VALIDATE_EVERY_STEPS = 1
 
 # Errors that a fault may cause, and only a fault.
 FAULT_ERRORS = (exceptions.WorkerCrashedError, exceptions.ActorDiedError,
@@ -287,42 +290,49 @@ def _dead(cluster, address) -> str:
     return "" if process is not None and process.alive else DEAD_OWNER
 
 
+def _statistics(cluster) -> list:
+    """(address, statistics) of every live simulated process's core
+    component: core workers and node managers (the GCS keeps no work)."""
+    found = []
+    for address, component in _components(cluster):
+        statistics = getattr(component, "statistics", None)
+        if statistics is not None:
+            found.append((address, statistics()))
+    return found
+
+
 def wait_for_graph(cluster) -> str:
     """Who waits on whom: pending tasks and where they are, queued lease
     requests, actor calls held back for a sequence gap."""
-    from ..core.core_worker import CoreWorker
-    from ..core.node_manager import NodeManager
+    from ..core.node.node_manager import NodeManagerStatistics
+    from ..core.worker.core_worker import CoreWorkerStatistics
 
     lines = []
-    for address, component in _components(cluster):
-        if isinstance(component, CoreWorker):
-            for task_id, task in sorted(component.tasks.items(), key=lambda kv: kv[0].hex()):
-                spec = task.spec
+    for address, stats in _statistics(cluster):
+        if isinstance(stats, CoreWorkerStatistics):
+            for task in stats.tasks.pending:
                 where = f"running on {task.pushed_to}" if task.pushed_to else \
                     "waiting for its arguments or a lease"
-                if spec.actor_id:
-                    where = f"call #{spec.seq} to actor {spec.actor_id[:8]}"
-                lines.append(f"{address} waits for task {spec.name} {task_id.hex()[:12]} "
-                             f"(attempt {spec.attempt}): {where}")
-            for _key, queue in sorted(component.queues.items(), key=lambda kv: repr(kv[0])):
-                if queue.tasks or queue.pending_requests:
-                    lines.append(f"{address} has {len(queue.tasks)} queued task(s), "
-                                 f"{queue.pending_requests} lease request(s) outstanding, "
-                                 f"{len(queue.leases)} lease(s)")
-            for caller, queue in sorted(component.callers.items()):
-                if queue.waiters:
-                    lines.append(f"{address} (actor {str(component.actor_id)[:8]}) holds calls "
-                                 f"#{sorted(queue.waiters)} from {caller} until call "
-                                 f"#{queue.next_seq} arrives")
-        elif isinstance(component, NodeManager):
-            for waiter in component.waiting:
-                request = waiter.request
-                owner = request.get("owner")
+                if task.actor_id:
+                    where = f"call #{task.seq} to actor {task.actor_id[:8]}"
+                lines.append(f"{address} waits for task {task.name} {task.task_id[:12]} "
+                             f"(attempt {task.attempt}): {where}")
+            for queue in stats.submitter.queues:
+                if queue.queued or queue.lease_requests:
+                    lines.append(f"{address} has {queue.queued} queued task(s), "
+                                 f"{queue.lease_requests} lease request(s) outstanding, "
+                                 f"{queue.leases} lease(s)")
+            for caller in stats.actor_host.callers:
+                if caller.waiting:
+                    lines.append(f"{address} (actor {str(stats.actor_host.actor_id)[:8]}) holds "
+                                 f"calls #{list(caller.waiting)} from {caller.caller} until "
+                                 f"call #{caller.next_seq} arrives")
+        elif isinstance(stats, NodeManagerStatistics):
+            for owner, resources in stats.leases.waiting:
                 lines.append(f"{address} queues a lease for {owner}{_dead(cluster, owner)} "
-                             f"needing {request.get('resources')} "
-                             f"(available {component.available})")
-            for lease_id, lease in sorted(component.leases.items()):
-                lines.append(f"{address} lease {lease_id} (worker {lease.worker_id[:8]}, "
+                             f"needing {resources} (available {stats.leases.available})")
+            for lease in stats.leases.leases:
+                lines.append(f"{address} lease {lease.lease_id} (worker {lease.worker_id[:8]}, "
                              f"{lease.resources}) is held by {lease.owner}"
                              f"{_dead(cluster, lease.owner)}"
                              + (f" for actor {lease.for_actor[:8]}" if lease.for_actor else ""))
@@ -331,39 +341,35 @@ def wait_for_graph(cluster) -> str:
 
 def leaks(cluster) -> list[str]:
     """What is still held at quiescence and should not be."""
-    from ..core.core_worker import CoreWorker
-    from ..core.node_manager import NodeManager
+    from ..core.node.node_manager import NodeManagerStatistics
+    from ..core.worker.core_worker import CoreWorkerStatistics
 
     found = []
-    for address, component in _components(cluster):
-        if isinstance(component, CoreWorker):
-            if component.tasks:
-                found.append(f"{address} still tracks {len(component.tasks)} task(s)")
-            owned = []
-            for oid, entry in sorted(component.refs.items(), key=lambda kv: kv[0].hex()):
-                if entry.owned:
-                    owned.append(oid.hex()[:12] + (f" (borrowers {sorted(entry.borrowers)})"
-                                                   if entry.borrowers else ""))
+    for address, stats in _statistics(cluster):
+        if isinstance(stats, CoreWorkerStatistics):
+            if stats.tasks.pending:
+                found.append(f"{address} still tracks {len(stats.tasks.pending)} task(s)")
+            owned = [oid[:12] + (f" (borrowers {list(borrowers)})" if borrowers else "")
+                     for oid, borrowers in stats.references.owned_objects]
             if owned:
                 found.append(f"{address} still owns object(s) nobody references: "
                              f"{owned[:5]}")
-        elif isinstance(component, NodeManager):
-            if component.leases:
+        elif isinstance(stats, NodeManagerStatistics):
+            if stats.leases.leases:
                 found.append(f"{address} has lease(s) not returned: "
-                             f"{sorted(component.leases)} (owners "
-                             f"{sorted({lease.owner for lease in component.leases.values()})})")
-            for name, total in sorted(component.total.items()):
-                available = component.available.get(name, 0.0)
+                             f"{[lease.lease_id for lease in stats.leases.leases]} (owners "
+                             f"{sorted({lease.owner for lease in stats.leases.leases})})")
+            for name, total in sorted(stats.leases.total.items()):
+                available = stats.leases.available.get(name, 0.0)
                 if abs(available - total) > 1e-9:
                     found.append(f"{address} has {available} of {total} {name} available")
-            busy = sorted(w.worker_id[:8] for w in component.workers.values()
-                          if w.state in ("leased", "actor"))
+            busy = [worker_id[:8] for worker_id in stats.workers.busy_workers]
             if busy:
                 found.append(f"{address} has workers still busy: {busy}")
     for index, store in enumerate(cluster.stores):
         if f"n{index}/raylet" not in cluster.processes:
             continue
-        left = sorted(store._objects)
+        left = store.statistics().object_ids
         if left:
             found.append(f"node {index}'s object store still holds {len(left)} object(s) "
                          f"({', '.join(o.hex()[:12] for o in left[:5])})")
@@ -402,7 +408,8 @@ def cluster_shape(seed: int) -> dict:
 
 
 def run_seed(seed: int, workload: str = "mixed", faults: str = "chaos", *,
-             trace_path: str | None = None, config=None) -> SeedResult:
+             trace_path: str | None = None, config=None,
+             validate_every_steps: int = VALIDATE_EVERY_STEPS) -> SeedResult:
     """Run one seed and check every invariant; never raises for a failure
     of the system under test (the result says what broke)."""
     if workload not in workloads.WORKLOADS:
@@ -421,17 +428,19 @@ def run_seed(seed: int, workload: str = "mixed", faults: str = "chaos", *,
     saved_hang_timeout_s = sim_cluster.HANG_TIMEOUT_S
     sim_cluster.HANG_TIMEOUT_S = HANG_S
     try:
-        return _run_seed(seed, workload, faults, trace_path, config, started)
+        return _run_seed(seed, workload, faults, trace_path, config, started,
+                         validate_every_steps)
     finally:
         sim_cluster.HANG_TIMEOUT_S = saved_hang_timeout_s
 
 
-def _run_seed(seed, workload, faults, trace_path, config, started) -> SeedResult:
+def _run_seed(seed, workload, faults, trace_path, config, started,
+              validate_every_steps) -> SeedResult:
     from . import cluster as current_cluster
 
     ledger = workloads.reset_ledger()
     shape = cluster_shape(seed)
-    init = dict(backend="sim", seed=seed, **shape)
+    init = dict(backend="sim", seed=seed, validate_every_steps=validate_every_steps, **shape)
     if config is not None:
         init["config"] = config
     tray.init(**init)
@@ -486,6 +495,10 @@ def _run_seed(seed, workload, faults, trace_path, config, started) -> SeedResult
             if failure is None:
                 failure = InvariantViolation("clean-shutdown",
                                              f"shutdown raised {type(error).__name__}: {error}")
+    if cluster.invariant_failure is not None:
+        # Whatever went wrong after it, this broke first: at a known step.
+        failure = InvariantViolation("component-invariants-hold",
+                                     str(cluster.invariant_failure))
     from . import trace_digest
 
     result = SeedResult(seed=seed, workload=workload, faults=faults, ok=failure is None,

@@ -32,8 +32,8 @@ import trio
 
 from ...core.config import DEFAULT_CONFIG
 from ...core.context import current_worker
-from ...core.core_worker import DRIVER, CoreWorker
 from ...core.interfaces import NullTracer, ProcessEnv
+from ...core.worker.core_worker import DRIVER, CoreWorker
 from ...exceptions import TrayError
 from ...transports.tcp import TcpTransport
 from .gpus import detect_gpu_count
@@ -97,8 +97,8 @@ class LocalRuntime:
             node_manager_address=self.node_info["node_manager_address"])
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
-            worker = CoreWorker(env, DRIVER, nursery, spawn_from_outside=self.call_soon)
-            worker.loop_in_other_thread = True
+            worker = CoreWorker(env, DRIVER, nursery, spawn_from_outside=self.call_soon,
+                                loop_in_other_thread=True)
             current_worker.set(worker)
             self._trio_token = trio.lowlevel.current_trio_token()
             await worker.start()
@@ -135,7 +135,7 @@ class LocalRuntime:
             return
         self._stopped = True
         if self.driver is not None:
-            self.driver.shutting_down = True
+            self.driver.begin_shutdown()
         if self._trio_token is not None and self._thread.is_alive():
             try:
                 self._trio_token.run_sync_soon(self._nursery.cancel_scope.cancel)
@@ -294,17 +294,17 @@ def attach(address: str) -> LocalRuntime:
     gcs, token = resolve_cluster(address)
     nodes = trio.run(query_gcs, gcs, token, "get_all_nodes")
     here = socket.gethostname()
-    local = [node for node in nodes if node["alive"] and node.get("hostname") == here]
+    local = [node for node in nodes if node.alive and node.hostname == here]
     if not local:
         raise TrayError(f"no live node of the cluster at {gcs.removeprefix('tcp:')} runs on "
                         f"this machine ({here}): start one with 'tray start --address ...'")
     node = local[0]
-    ip = node["ip"] if node["ip"] != "local" else "127.0.0.1"
-    node_info = {"node_id": node["node_id"], "gcs_address": gcs,
-                 "node_manager_address": node["address"],
-                 "store_directory": node["store_directory"],
-                 "spill_directory": node["spill_directory"],
-                 "object_store_bytes": node["object_store_bytes"]}
+    ip = node.ip if node.ip != "local" else "127.0.0.1"
+    node_info = {"node_id": node.node_id, "gcs_address": gcs,
+                 "node_manager_address": node.address,
+                 "store_directory": node.store_directory,
+                 "spill_directory": node.spill_directory,
+                 "object_store_bytes": node.object_store_bytes}
     runtime = LocalRuntime(token=token, driver_address=f"tcp:{ip}:{free_port(ip)}",
                            node_info=node_info, nodes=[], session=None)
     runtime.start()

@@ -17,7 +17,7 @@ import signal
 import trio
 
 from ...core.config import DEFAULT_CONFIG
-from ...core.gcs import GcsServer
+from ...core.gcs.gcs_server import GcsServer
 from ...core.interfaces import NullTracer, ProcessEnv
 from ...transports.tcp import TcpTransport
 from ..storage import RedisStorage

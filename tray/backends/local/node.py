@@ -21,10 +21,10 @@ import sys
 import trio
 
 from ...core.config import DEFAULT_CONFIG
-from ...core.gcs import GcsServer
+from ...core.gcs.gcs_server import GcsServer
 from ...core.ids import NodeID
 from ...core.interfaces import NullTracer, ProcessEnv
-from ...core.node_manager import NodeManager
+from ...core.node.node_manager import NodeManager
 from ...transports.tcp import TcpTransport
 from ..storage import MemoryStorage, RedisStorage
 from .session import Session

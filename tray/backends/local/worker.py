@@ -19,8 +19,8 @@ import trio
 
 from ...core.config import DEFAULT_CONFIG
 from ...core.context import current_worker
-from ...core.core_worker import WORKER, CoreWorker
 from ...core.interfaces import NullTracer, ProcessEnv
+from ...core.worker.core_worker import WORKER, CoreWorker
 from ...transports.tcp import TcpTransport, inert_after_fork
 from .session import Session, free_port
 from .store import ShmObjectStore

@@ -8,6 +8,7 @@ import os
 import random
 import threading
 import time
+import traceback
 
 import greenback
 import outcome
@@ -16,12 +17,12 @@ import trio.testing
 
 from ...core import config as config_module
 from ...core.context import current_worker
-from ...core.core_worker import DRIVER, WORKER, CoreWorker
-from ...core.gcs import GcsServer
+from ...core.gcs.gcs_server import GcsServer
 from ...core.ids import NodeID
 from ...core.interfaces import ProcessEnv
-from ...core.node_manager import NodeManager
+from ...core.node.node_manager import NodeManager
 from ...core.trace import Trace
+from ...core.worker.core_worker import DRIVER, WORKER, CoreWorker
 from ...exceptions import TrayError
 from ...transports.sim import SimNetwork
 from .stores import MemoryObjectStore, MemoryStorage
@@ -41,6 +42,17 @@ DEFAULT_OBJECT_STORE_BYTES = 2 * 1024**3
 DEFAULT_NODE_MEMORY_BYTES = 8 * 1024**3
 
 _active: dict = {"cluster": None, "last": None}
+
+
+class SimulationInvariantError(TrayError):
+    """A component's ``validate_state()`` failed after a simulated step: the
+    state broke at that step (the seed replays it)."""
+
+    def __init__(self, message: str, *, address: str, step: int, virtual_time_s: float) -> None:
+        super().__init__(message)
+        self.address = address
+        self.step = step
+        self.virtual_time_s = virtual_time_s
 
 
 class SimulatedProcessExit(BaseException):
@@ -91,7 +103,7 @@ class SimSpawner:
 class SimCluster:
     def __init__(self, *, seed: int, num_nodes: int, num_cpus: float, num_gpus: float,
                  resources: dict, config=None, object_store_memory: int | None = None,
-                 worker_start_delay_s: float = 0.005) -> None:
+                 worker_start_delay_s: float = 0.005, validate_every_steps: int = 0) -> None:
         if num_nodes < 1:
             raise ValueError(f"num_nodes must be at least 1, got {num_nodes}")
         self.seed = seed
@@ -124,6 +136,10 @@ class SimCluster:
         self._scheduler_state = None
         self._failure_reported = False
         self._gcs_down = False
+        # Check every component's invariants after every this many steps
+        # (host ticks) of the run; 0: never.
+        self.validate_every_steps = validate_every_steps
+        self.invariant_failure: SimulationInvariantError | None = None
 
     def _rng(self, name: str) -> random.Random:
         return random.Random(f"{self.seed}:{name}")
@@ -168,6 +184,8 @@ class SimCluster:
                 _refresh_stale_poll(tick)
             tick()
             self._ticks += 1
+            if self.validate_every_steps and self._ticks % self.validate_every_steps == 0:
+                self.validate_components()
             if self._ticks % GC_EVERY_TICKS == 0:
                 gc.collect()
             if self.clock.current_time() > deadline:
@@ -187,6 +205,27 @@ class SimCluster:
         self._pump(lambda: bool(box), getattr(async_fn, "__name__", "a call"))
         return box[0].unwrap()
 
+    def validate_components(self) -> None:
+        """Run ``validate_state()`` of every live process's component; the
+        first broken invariant raises SimulationInvariantError (once: the run
+        is then over, and shutting it down checks nothing more)."""
+        if self.invariant_failure is not None:
+            return
+        for address, process in sorted(self.processes.items()):
+            validate = getattr(process.component, "validate_state", None)
+            if not process.alive or validate is None:
+                continue
+            try:
+                validate()
+            except AssertionError as error:
+                where = traceback.extract_tb(error.__traceback__)[-1]
+                self.invariant_failure = SimulationInvariantError(
+                    f"an invariant of {address} broke at step {self._ticks} (virtual time "
+                    f"{self.clock.current_time():.6f} s): {where.filename.rsplit('/', 1)[-1]}:"
+                    f"{where.lineno} `{where.line}` {error}", address=address,
+                    step=self._ticks, virtual_time_s=self.clock.current_time())
+                raise self.invariant_failure from error
+
     def call_soon(self, fn) -> None:
         """Run ``fn`` in the trio run soon; callable from the driver's thread."""
         self._pending_host_callbacks += 1
@@ -203,7 +242,7 @@ class SimCluster:
         try:
             if self._finished is None and self._token is not None:
                 if self.driver is not None:
-                    self.driver.shutting_down = True
+                    self.driver.begin_shutdown()
                 self._token.run_sync_soon(self._nursery.cancel_scope.cancel)
                 self._pump(lambda: self._finished is not None, "shutdown")
         finally:
@@ -350,7 +389,7 @@ class SimCluster:
             process = self.processes.get(f"n{index}/raylet")
             if process is None or process.component is None or not process.alive:
                 continue
-            found += [w.worker_id for w in process.component.workers.values()
+            found += [w.worker_id for w in process.component.pool.workers.values()
                       if w.state in ("idle", "leased", "actor")]
         return sorted(found)
 
@@ -360,8 +399,8 @@ class SimCluster:
         gcs = self.processes.get(self.gcs_address)
         if gcs is None or gcs.component is None:
             raise TrayError("the GCS is down; worker_of() needs it")
-        record = gcs.component.actors.get(actor._actor_id)
-        return None if record is None or record["state"] != "ALIVE" else record["worker_id"]
+        record = gcs.component.actor_manager.actors.get(actor._actor_id)
+        return None if record is None or record.state != "ALIVE" else record.worker_id
 
     def kill_worker(self, worker_id: str) -> None:
         """Kill a worker process, as SIGKILL would."""
@@ -526,8 +565,9 @@ class SimCluster:
             if current == node_id:
                 return index
         gcs = self.processes.get(self.gcs_address)
-        if gcs is not None and gcs.component is not None and node_id in gcs.component.nodes:
-            address = gcs.component.nodes[node_id]["address"]
+        address = None if gcs is None or gcs.component is None else \
+            gcs.component.node_table.address_of(node_id)
+        if address is not None:
             return int(address.split("/", 1)[0][1:])
         raise ValueError(f"unknown node {node_id!r}")
 
@@ -570,7 +610,7 @@ class SimRuntime:
 
 def start(*, address=None, num_cpus=None, num_gpus=None, resources=None, seed: int = 0,
           num_nodes: int = 1, object_store_memory: int | None = None, config=None,
-          **unknown) -> SimRuntime:
+          validate_every_steps: int = 0, **unknown) -> SimRuntime:
     if unknown:
         raise ValueError(f"unknown option(s) for the sim backend: {', '.join(sorted(unknown))}")
     if address is not None:
@@ -579,10 +619,15 @@ def start(*, address=None, num_cpus=None, num_gpus=None, resources=None, seed: i
         raise ValueError(f"seed must be an integer, got {seed!r}")
     if isinstance(num_nodes, bool) or not isinstance(num_nodes, int) or num_nodes < 1:
         raise ValueError(f"num_nodes must be a positive integer, got {num_nodes!r}")
+    if isinstance(validate_every_steps, bool) or not isinstance(validate_every_steps, int) \
+            or validate_every_steps < 0:
+        raise ValueError(f"validate_every_steps must be a non-negative integer, got "
+                         f"{validate_every_steps!r}")
     cluster = SimCluster(seed=seed, num_nodes=num_nodes,
                          num_cpus=4 if num_cpus is None else num_cpus,
                          num_gpus=num_gpus or 0, resources=resources or {}, config=config,
-                         object_store_memory=object_store_memory)
+                         object_store_memory=object_store_memory,
+                         validate_every_steps=validate_every_steps)
     cluster.start()
     return SimRuntime(cluster)
 

@@ -5,10 +5,20 @@ Redis does.)"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from ...exceptions import ObjectStoreFullError
 from ..storage import MemoryStorage
 
-__all__ = ["MemoryObjectStore", "MemoryStorage"]
+__all__ = ["MemoryObjectStore", "MemoryStorage", "ObjectStoreStatistics"]
+
+
+@dataclass(frozen=True)
+class ObjectStoreStatistics:
+    objects: int
+    used_bytes: int
+    capacity_bytes: int
+    object_ids: tuple  # sorted
 
 
 class MemoryObjectStore:
@@ -56,6 +66,7 @@ class MemoryObjectStore:
     def used_bytes(self) -> int:
         return self._used_bytes
 
-    def statistics(self) -> dict:
-        return {"objects": len(self._objects), "used_bytes": self._used_bytes,
-                "capacity_bytes": self.capacity_bytes}
+    def statistics(self) -> ObjectStoreStatistics:
+        return ObjectStoreStatistics(objects=len(self._objects), used_bytes=self._used_bytes,
+                                     capacity_bytes=self.capacity_bytes,
+                                     object_ids=tuple(sorted(self._objects)))

@@ -1,0 +1,346 @@
+"""The GCS's actor manager: the actor directory and every actor's lifecycle.
+
+Actors are scheduled here (as in Ray's GCS-based actor scheduling): the
+actor manager picks a node with the shared policy, leases a dedicated worker
+from that node's manager, and sends it the creation task. An actor moves
+through
+
+  PENDING_CREATION -> ALIVE -> (RESTARTING -> ALIVE)* -> DEAD
+
+restarting (on any node) when its worker or node dies, within
+``max_restarts``; a constructor that raises makes it DEAD at once. Each
+creation bumps the actor's *incarnation*; callers long-poll
+``wait_actor_ready`` for an incarnation newer than the one they saw die.
+Named actors are looked up per namespace; a non-detached actor dies with
+its owner.
+
+Records live in ``Storage`` (``ActorRecord``, versioned), so a GCS restarted
+on Redis resumes scheduling whatever was pending or restarting."""
+
+from __future__ import annotations
+
+import enum
+import logging
+import pickle
+
+import trio
+
+from .. import scheduling
+from ..messages import (
+    ALIVE,
+    DEAD,
+    PENDING_CREATION,
+    RESTARTING,
+    ActorCreation,
+    ActorDeathCause,
+    ActorInfo,
+    ActorRecord,
+    ActorSpec,
+    LeaseGranted,
+    LeaseRequest,
+)
+from ..rpc import Endpoint, PeerDisconnected
+from .node_table import NodeTable
+
+logger = logging.getLogger("tray.gcs")
+
+T_ACTORS, T_NAMES = "actors", "names"
+
+
+class _Creation(enum.Enum):
+    """How one attempt to create an actor in a leased worker ended."""
+    CREATED = "created"
+    CONSTRUCTOR_FAILED = "constructor failed"  # the actor is dead for good
+    WORKER_LOST = "worker lost"  # try again with another worker
+    KILLED = "killed"  # the actor was killed meanwhile
+
+
+class ActorManager:
+    def __init__(self, *, address: str, storage, endpoint: Endpoint, nursery: trio.Nursery,
+                 tracer, config, rng, nodes: NodeTable) -> None:
+        self._address = address
+        self._storage = storage
+        self._endpoint = endpoint
+        self._nursery = nursery
+        self._tracer = tracer
+        self._config = config
+        self._nodes = nodes
+        self.policy_state = scheduling.PolicyState(rng=rng)
+        # Every actor of the cluster's life, dead ones included (their death
+        # causes answer later calls).
+        self.actors: dict[str, ActorRecord] = {}
+        self.actor_changed: dict[str, trio.Event] = {}
+        self.names: dict[tuple[str, str], str] = {}
+        # Actor placements not yet visible in heartbeats: node -> [[resources, until]].
+        self.placements: dict[str, list] = {}
+        # Leases granted for actors still being created: (node address, lease id).
+        self.granting: set[tuple[str, int]] = set()
+        for key, value in storage.scan(T_ACTORS):
+            self.actors[key] = pickle.loads(value)
+        for key, value in storage.scan(T_NAMES):
+            namespace, _, name = key.partition("/")
+            self.names[(namespace, name)] = value.decode()
+
+    def validate_state(self) -> None:
+        for actor_id, actor in self.actors.items():
+            assert actor.actor_id == actor_id, actor_id
+            assert actor.version == ActorRecord.VERSION, (actor_id, actor.version)
+            assert actor.state in (PENDING_CREATION, ALIVE, RESTARTING, DEAD), actor.state
+            if actor.state == ALIVE:
+                assert actor.address is not None, actor_id
+                assert actor.worker_id is not None, actor_id
+                assert actor.node_id is not None, actor_id
+            if actor.state == DEAD:
+                assert actor.death_cause is not None, actor_id
+                assert actor.address is None, actor_id
+            budget = actor.spec.max_restarts
+            assert budget == -1 or actor.restarts <= budget, (actor_id, actor.restarts)
+        for (namespace, name), actor_id in self.names.items():
+            assert actor_id in self.actors, (namespace, name)
+            assert self.actors[actor_id].spec.name == name, (namespace, name)
+
+    def _save(self, actor: ActorRecord) -> None:
+        self._storage.put(T_ACTORS, actor.actor_id, pickle.dumps(actor))
+        event = self.actor_changed.pop(actor.actor_id, None)
+        if event is not None:
+            event.set()
+
+    def start(self) -> None:
+        """After a (re)start: resume scheduling what was pending."""
+        for actor in self.actors.values():
+            if actor.state in (PENDING_CREATION, RESTARTING):
+                self._nursery.start_soon(self._schedule, actor.actor_id)
+
+    # ---------------------------------------------------------------- queries
+
+    def handle_create_actor(self, conn, spec: ActorSpec) -> ActorCreation:
+        """Register an actor; returns at once, scheduling continues."""
+        if spec.actor_id in self.actors:  # a retry after a GCS restart
+            return ActorCreation()
+        name, namespace = spec.name, spec.namespace or ""
+        if name:
+            existing = self.names.get((namespace, name))
+            if existing is not None and self.actors[existing].state != DEAD:
+                if spec.get_if_exists:
+                    return ActorCreation(self.actors[existing].info())
+                raise ValueError(f"an actor named {name!r} already exists in namespace "
+                                 f"{namespace!r}; pass get_if_exists=True to reuse it")
+            self.names[(namespace, name)] = spec.actor_id
+            self._storage.put(T_NAMES, f"{namespace}/{name}", spec.actor_id.encode())
+        actor = ActorRecord(spec)
+        self.actors[spec.actor_id] = actor
+        self._save(actor)
+        self._tracer.record("gcs", "actor_registered", actor=spec.actor_id)
+        self._nursery.start_soon(self._schedule, spec.actor_id)
+        return ActorCreation()
+
+    def handle_get_actor(self, conn, actor_id: str) -> ActorInfo | None:
+        actor = self.actors.get(actor_id)
+        return None if actor is None else actor.info()
+
+    def handle_get_named_actor(self, conn, name: str, namespace: str) -> ActorInfo | None:
+        actor_id = self.names.get((namespace, name))
+        if actor_id is None or self.actors[actor_id].state == DEAD:
+            return None
+        return self.actors[actor_id].info()
+
+    def handle_list_actors(self, conn) -> list[ActorInfo]:
+        return [actor.info() for _, actor in sorted(self.actors.items())]
+
+    async def handle_wait_actor_ready(self, conn, actor_id: str,
+                                      seen_incarnation: int) -> ActorInfo:
+        """Reply when the actor is ALIVE in an incarnation newer than
+        ``seen_incarnation``, or DEAD."""
+        while True:
+            actor = self.actors.get(actor_id)
+            if actor is None:
+                raise ValueError(f"unknown actor {actor_id}")
+            if actor.state == DEAD or (actor.state == ALIVE and
+                                       actor.incarnation > seen_incarnation):
+                return actor.info()
+            event = self.actor_changed.setdefault(actor_id, trio.Event())
+            await event.wait()
+
+    def handle_held_leases(self, conn, node_manager: str, lease_ids: list) -> list:
+        """Which of these leases from ``node_manager`` host (or are creating)
+        an actor; the node reclaims the others (granted before a GCS
+        restart, or to a creation that was given up)."""
+        held = {actor.lease_id for actor in self.actors.values()
+                if actor.state != DEAD and actor.node_id in self._nodes.nodes
+                and self._nodes.nodes[actor.node_id].address == node_manager}
+        return [lease_id for lease_id in lease_ids
+                if lease_id in held or (node_manager, lease_id) in self.granting]
+
+    # ----------------------------------------------------------------- deaths
+
+    async def handle_kill_actor(self, conn, actor_id: str, no_restart: bool) -> None:
+        actor = self.actors.get(actor_id)
+        if actor is None or actor.state == DEAD:
+            return
+        self._tracer.record("gcs", "actor_kill", actor=actor_id, no_restart=no_restart)
+        node_id, worker_id = actor.node_id, actor.worker_id
+        if no_restart:
+            self._set_dead(actor, "the actor was killed by tray.kill()")
+        else:
+            actor.restart_budget_bypass = True
+        if worker_id is not None and node_id in self._nodes.nodes:
+            try:
+                await self._endpoint.call(self._nodes.nodes[node_id].address, "kill_worker",
+                                          worker_id)
+            except PeerDisconnected:
+                pass
+
+    def handle_worker_died(self, conn, worker_id: str, node_id: str, reason: str) -> None:
+        for actor in sorted(self.actors.values(), key=lambda a: a.actor_id):
+            if actor.worker_id == worker_id and actor.state in (ALIVE, PENDING_CREATION):
+                self._actor_failed(actor, f"its worker died ({reason})")
+
+    def node_died(self, node_id: str, reason: str) -> None:
+        for actor in sorted(self.actors.values(), key=lambda a: a.actor_id):
+            if actor.node_id == node_id and actor.state in (ALIVE, PENDING_CREATION):
+                self._actor_failed(actor, f"its node {node_id} died ({reason})")
+
+    def owns_any(self, owner_address: str) -> bool:
+        return any(actor.spec.owner_address == owner_address for actor in self.actors.values())
+
+    def handle_owner_died(self, conn, owner_address: str) -> None:
+        for actor in sorted(self.actors.values(), key=lambda a: a.actor_id):
+            if actor.spec.owner_address == owner_address and not actor.spec.detached \
+                    and actor.state != DEAD:
+                self._set_dead(actor, "its owner exited")
+                if actor.worker_id and actor.node_id in self._nodes.nodes:
+                    self._nursery.start_soon(self._kill_worker, actor.node_id, actor.worker_id)
+
+    async def _kill_worker(self, node_id: str, worker_id: str) -> None:
+        try:
+            await self._endpoint.call(self._nodes.nodes[node_id].address, "kill_worker",
+                                      worker_id)
+        except PeerDisconnected:
+            pass
+
+    def _actor_failed(self, actor: ActorRecord, reason: str) -> None:
+        bypass, actor.restart_budget_bypass = actor.restart_budget_bypass, False
+        budget = actor.spec.max_restarts
+        if actor.state == DEAD:
+            return
+        if bypass or budget == -1 or actor.restarts < budget:
+            if not bypass:
+                actor.restarts += 1
+            actor.state, actor.address, actor.worker_id, actor.node_id = \
+                RESTARTING, None, None, None
+            self._save(actor)
+            self._tracer.record("gcs", "actor_restarting", actor=actor.actor_id, reason=reason)
+            self._nursery.start_soon(self._schedule, actor.actor_id)
+        else:
+            self._set_dead(actor, f"the actor died because {reason}, and its restart budget "
+                                  f"(max_restarts={budget}) is used up")
+
+    def _set_dead(self, actor: ActorRecord, reason: str, cause=None) -> None:
+        actor.state = DEAD
+        actor.death_cause = ActorDeathCause(reason, cause)
+        actor.address = None
+        self._save(actor)
+        self._tracer.record("gcs", "actor_dead", actor=actor.actor_id, reason=reason)
+
+    # ------------------------------------------------------------- scheduling
+
+    def policy_view(self) -> dict[str, scheduling.NodeView]:
+        """The nodes as the actor scheduler sees them: what each reported
+        free at its last heartbeat, less the actors placed there since
+        (a heartbeat sent before a placement must not undo it)."""
+        now = trio.current_time()
+        view = {}
+        for node_id, node in self._nodes.view().items():
+            available = dict(node.available)
+            for resources, until in self.placements.get(node_id, []):
+                if until > now:
+                    for name, amount in resources.items():
+                        available[name] = available.get(name, 0.0) - amount
+            view[node_id] = scheduling.NodeView(node_id, node.address, node.total, available,
+                                                node.alive)
+        return view
+
+    async def _schedule(self, actor_id: str) -> None:
+        warned = False
+        while True:
+            actor = self.actors[actor_id]
+            if actor.state == DEAD:
+                return
+            spec = actor.spec
+            target = scheduling.pick_node(spec.resources, spec.strategy, None,
+                                          self.policy_view(), self.policy_state,
+                                          self._config.local_utilization_threshold)
+            if target == scheduling.INFEASIBLE:
+                if not warned:
+                    warned = True
+                    logger.warning("actor %s (%s) cannot be scheduled: no node has %s",
+                                   spec.class_name, actor_id, spec.resources)
+                await trio.sleep(self._config.infeasible_retry_period_s)
+                continue
+            node = self._nodes.nodes[target]
+            # Count the placement until heartbeats sent after the lease was
+            # granted have arrived, so the next actor is not put in the same room.
+            placement = [spec.resources, float("inf")]
+            self.placements.setdefault(target, []).append(placement)
+            request = LeaseRequest(resources=spec.resources, owner=self._address,
+                                   strategy=scheduling.Strategy("NODE_AFFINITY", target, False),
+                                   for_actor=actor_id, hops=self._config.spillback_hops_max)
+            try:
+                grant = await self._endpoint.call(node.address, "request_lease", request)
+            except PeerDisconnected:
+                await trio.sleep(self._config.heartbeat_period_s)
+                continue
+            finally:
+                placement[1] = trio.current_time() + 2 * self._config.heartbeat_period_s
+                now = trio.current_time()
+                self.placements[target] = [p for p in self.placements[target] if p[1] > now]
+            if not isinstance(grant, LeaseGranted):
+                await trio.sleep(self._config.infeasible_retry_period_s)
+                continue
+            granting = (node.address, grant.lease_id)
+            self.granting.add(granting)
+            try:
+                outcome, error = await self._create(actor_id, target, grant)
+            finally:
+                self.granting.discard(granting)
+            if outcome is _Creation.WORKER_LOST:
+                continue
+            if outcome is _Creation.KILLED:
+                return
+            actor = self.actors[actor_id]
+            if actor.state == DEAD:
+                await self._kill_worker(target, grant.worker_id)
+                return
+            if outcome is _Creation.CONSTRUCTOR_FAILED:  # the actor is dead for good
+                self._set_dead(actor, "its constructor raised an exception", error)
+                await self._kill_worker(target, grant.worker_id)
+                return
+            incarnation = actor.incarnation + 1
+            actor.state, actor.address, actor.worker_id = ALIVE, grant.worker_address, \
+                grant.worker_id
+            actor.node_id, actor.incarnation, actor.lease_id = target, incarnation, \
+                grant.lease_id
+            self._save(actor)
+            self._tracer.record("gcs", "actor_alive", actor=actor_id, node=target,
+                                incarnation=incarnation)
+            return
+
+    async def _create(self, actor_id: str, target: str, grant: LeaseGranted):
+        """Run the constructor in the leased worker: (outcome, the serialized
+        constructor error when it raised)."""
+        actor = self.actors[actor_id]
+        if actor.state == DEAD:
+            await self._kill_worker(target, grant.worker_id)
+            return _Creation.KILLED, None
+        try:
+            error = await self._endpoint.call(grant.worker_address, "create_actor",
+                                              actor.spec, grant.gpu_ids,
+                                              actor.incarnation + 1)
+        except PeerDisconnected:
+            # Dead, or only cut off: either way that worker is given up.
+            self._tracer.record("gcs", "actor_creation_lost", actor=actor_id)
+            await self._kill_worker(target, grant.worker_id)
+            return _Creation.WORKER_LOST, None
+        if error is not None:
+            return _Creation.CONSTRUCTOR_FAILED, error
+        return _Creation.CREATED, None

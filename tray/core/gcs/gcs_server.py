@@ -1,0 +1,79 @@
+"""The global control store: cluster membership, actors, names, and a
+key-value store (which also holds the function table).
+
+A facade over its tables, each with one concern:
+
+  ``node_table``     membership, heartbeats, death detection, the view
+  ``actor_manager``  the actor directory, actor scheduling and lifecycle
+  ``kv_store``       the key-value store and the job table
+
+Durable state goes through the ``Storage`` interface (tables of key ->
+bytes) so that a GCS restarted on the same storage recovers nodes, actors,
+names and the key-value store. Volatile state (who waits for what,
+heartbeat times) is rebuilt from the next messages.
+
+When a process goes away, the non-detached actors it owned die with it, and
+every node is told to free the objects it owned."""
+
+from __future__ import annotations
+
+import logging
+
+import trio
+
+from ..rpc import Endpoint
+from .actor_manager import ActorManager
+from .kv_store import KvStore
+from .node_table import NodeTable
+
+logger = logging.getLogger("tray.gcs")
+
+
+class GcsServer:
+    def __init__(self, env, nursery: trio.Nursery) -> None:
+        self.env = env
+        self.config = env.config
+        self.nursery = nursery
+        self.tracer = env.tracer
+        handlers: dict = {}
+        self.endpoint = endpoint = Endpoint(env, handlers, nursery)
+        self.node_table = NodeTable(storage=env.storage, endpoint=endpoint, nursery=nursery,
+                                    tracer=env.tracer, config=env.config)
+        self.actor_manager = ActorManager(
+            address=env.address, storage=env.storage, endpoint=endpoint, nursery=nursery,
+            tracer=env.tracer, config=env.config, rng=env.rng, nodes=self.node_table)
+        self.node_table.on_node_dead = self.actor_manager.node_died
+        self.kv = KvStore(env.storage, env.tracer)
+        for component in (self.node_table, self.actor_manager, self.kv):
+            for attribute in dir(component):
+                if attribute.startswith("handle_"):
+                    method = attribute[len("handle_"):]
+                    assert method not in handlers, f"two handlers for {method!r}"
+                    handlers[method] = getattr(component, attribute)
+        endpoint.on_peer_closed = self._peer_closed
+
+    def validate_state(self) -> None:
+        """Check every table's invariants (the simulator calls this after
+        every step of a simtest run)."""
+        self.node_table.validate_state()
+        self.actor_manager.validate_state()
+
+    async def run(self) -> None:
+        await self.endpoint.serve()
+        self.node_table.start()
+        self.actor_manager.start()
+        self.tracer.record("gcs", "started", nodes=len(self.node_table.nodes),
+                           actors=len(self.actor_manager.actors))
+        self.nursery.start_soon(self.node_table.death_detector)
+
+    def _peer_closed(self, address: str) -> None:
+        # A process went away: the non-detached actors it owned die, and
+        # every node frees the objects it owned.
+        if self.actor_manager.owns_any(address):
+            self.actor_manager.handle_owner_died(None, address)
+        if address in self.node_table.addresses():
+            return
+        for _node_id, node in sorted(self.node_table.nodes.items()):
+            if node.alive:
+                self.nursery.start_soon(self.endpoint.notify, node.address, "owner_died",
+                                        address)

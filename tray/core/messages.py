@@ -1,0 +1,240 @@
+"""The records that cross between processes, typed.
+
+Every message is a small dataclass (frozen where nobody needs to change it)
+rather than a tagged tuple or a dict told apart by which key is present, so
+a reader sees what a message holds and a type checker sees a missing case.
+They are plain data: they pickle, and nothing in them is shared by
+reference between processes (the transports copy every message).
+
+* Results and object states: ``InlineResult`` (the value travels in the
+  message), ``StoredResult`` (the value is in node stores, at
+  ``locations``), ``FailedResult`` (the error ``get`` raises).
+* Leases: ``LeaseRequest``, answered by ``LeaseGranted``, ``Spillback``,
+  ``Infeasible`` or ``LeaseWithdrawn``.
+* Membership: ``NodeRecord`` (the GCS's row for a node), views as
+  ``scheduling.NodeView`` per node, ``HeartbeatReply``.
+* Actors: ``ActorSpec`` (what the owner registers), ``ActorRecord`` (the
+  GCS's row, stored in ``Storage`` with a ``version``), ``ActorInfo`` (what
+  callers learn).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .scheduling import NodeView, Strategy
+from .serialization import KIND_ERROR, SerializedObject
+from .task_spec import TaskSpec
+
+# ==================================================== results and objects
+
+
+@dataclass(frozen=True, slots=True)
+class InlineResult:
+    """A value small enough to travel inside messages."""
+    value: SerializedObject
+
+    @property
+    def serialized(self) -> SerializedObject:
+        return self.value
+
+
+@dataclass(frozen=True, slots=True)
+class StoredResult:
+    """A value in node stores: ``locations`` are (node id, node manager
+    address) pairs; ``contained`` the (object id, owner) of refs inside it."""
+    locations: list
+    contained: list = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class FailedResult:
+    """The error that ``get`` raises for this object."""
+    error: SerializedObject
+
+    @property
+    def serialized(self) -> SerializedObject:
+        return self.error
+
+
+TaskResult = InlineResult | StoredResult | FailedResult
+# What an owner says of an object it owns: the same three shapes.
+ObjectStatus = TaskResult
+
+
+def inline_or_failed(value: SerializedObject) -> InlineResult | FailedResult:
+    """An in-memory value as a result: errors are kept as serialized values too."""
+    return FailedResult(value) if value.kind == KIND_ERROR else InlineResult(value)
+
+
+@dataclass(frozen=True, slots=True)
+class TaskReply:
+    """A worker's answer to a pushed task or an actor call: one result per
+    return, and whether the task raised (so the owner may retry it)."""
+    results: list  # [TaskResult]
+    application_error: bool = False
+
+
+# ================================================================= leases
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseRequest:
+    resources: dict
+    strategy: Strategy
+    owner: str  # who holds the lease and must return it
+    hops: int = 0  # spillbacks so far
+    for_actor: str | None = None  # an actor's dedicated worker (the GCS asks)
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseGranted:
+    lease_id: int
+    node_id: str
+    gpu_ids: list
+    worker_id: str
+    worker_address: str
+
+
+@dataclass(frozen=True, slots=True)
+class Spillback:
+    """Ask the node manager at ``address`` instead."""
+    address: str
+    node_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Infeasible:
+    """No node (or not the required one) could ever run the request."""
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseWithdrawn:
+    """The requester went away while the request waited; nobody reads this."""
+
+
+LeaseReply = LeaseGranted | Spillback | Infeasible | LeaseWithdrawn
+
+
+# ============================================================= membership
+
+
+@dataclass
+class NodeRecord:
+    """A node as the GCS knows it (and stores it)."""
+    node_id: str
+    address: str  # the node manager's
+    resources: dict
+    available: dict
+    object_store_bytes: int = 0
+    alive: bool = True
+    # Where the node keeps things, for drivers that attach on its machine.
+    hostname: str = ""
+    ip: str = ""
+    store_directory: str = ""
+    spill_directory: str = ""
+    session_dir: str = ""
+
+    def view(self) -> NodeView:
+        return NodeView(self.node_id, self.address, dict(self.resources), dict(self.available),
+                        self.alive)
+
+
+@dataclass(frozen=True, slots=True)
+class HeartbeatReply:
+    view: dict  # node id -> NodeView
+    dead: bool = False  # the GCS declared the sender dead: it must fence itself
+
+
+# ================================================================= actors
+
+PENDING_CREATION, ALIVE, RESTARTING, DEAD = "PENDING_CREATION", "ALIVE", "RESTARTING", "DEAD"
+
+
+@dataclass(frozen=True)
+class ActorSpec:
+    """An actor as its owner registers it; never changes afterwards."""
+    actor_id: str
+    class_name: str
+    name: str | None
+    namespace: str
+    get_if_exists: bool
+    owner_address: str
+    detached: bool
+    max_restarts: int
+    max_task_retries: int
+    resources: dict
+    strategy: Strategy
+    is_async: bool
+    method_meta: dict
+    creation: TaskSpec  # the constructor call
+    max_concurrency: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ActorDeathCause:
+    reason: str
+    error: SerializedObject | None = None  # the constructor's exception, if that was it
+
+
+@dataclass
+class ActorRecord:
+    """The GCS's row for an actor. Stored (pickled) in ``Storage``, so a
+    restarted GCS (Redis) reads it back: ``version`` changes when the shape
+    of this record does."""
+    VERSION = 1
+
+    spec: ActorSpec
+    state: str = PENDING_CREATION
+    address: str | None = None
+    worker_id: str | None = None
+    node_id: str | None = None
+    lease_id: int | None = None
+    restarts: int = 0
+    incarnation: int = 0  # counts creations; callers wait for a newer one after a death
+    death_cause: ActorDeathCause | None = None
+    # tray.kill(no_restart=False): the next restart does not spend the budget.
+    restart_budget_bypass: bool = False
+    version: int = VERSION
+
+    @property
+    def actor_id(self) -> str:
+        return self.spec.actor_id
+
+    def info(self) -> ActorInfo:
+        spec = self.spec
+        return ActorInfo(actor_id=spec.actor_id, state=self.state, address=self.address,
+                         worker_id=self.worker_id, node_id=self.node_id, name=spec.name,
+                         namespace=spec.namespace, restarts=self.restarts,
+                         max_restarts=spec.max_restarts, death_cause=self.death_cause,
+                         incarnation=self.incarnation, class_name=spec.class_name,
+                         max_task_retries=spec.max_task_retries, is_async=spec.is_async,
+                         method_meta=spec.method_meta)
+
+
+@dataclass(frozen=True)
+class ActorInfo:
+    """What callers learn of an actor from the GCS."""
+    actor_id: str
+    state: str
+    address: str | None
+    worker_id: str | None
+    node_id: str | None
+    name: str | None
+    namespace: str
+    restarts: int
+    max_restarts: int
+    death_cause: ActorDeathCause | None
+    incarnation: int
+    class_name: str
+    max_task_retries: int
+    is_async: bool
+    method_meta: dict
+
+
+@dataclass(frozen=True, slots=True)
+class ActorCreation:
+    """The GCS's reply to ``create_actor``: ``existing`` is the live actor of
+    that name when the owner asked for ``get_if_exists``."""
+    existing: ActorInfo | None = None

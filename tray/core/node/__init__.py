@@ -1,0 +1,1 @@
+"""The node manager and its components (see ``node_manager``'s docstring)."""

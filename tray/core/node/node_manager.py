@@ -1,0 +1,162 @@
+"""The node manager (Ray's "raylet"): one per node.
+
+A facade over the node's components, each with one concern:
+
+  ``worker_pool``     the node's worker processes (start, hand out, reap)
+  ``lease_manager``   the node's resources and the leases that hold them
+  ``object_manager``  moving objects between nodes and freeing them
+
+The node manager itself keeps the node's membership: it registers with the
+GCS, heartbeats (reporting free resources, receiving the cluster view that
+the lease manager schedules with), and fences itself — kills its workers
+and ends — when the GCS declared it dead (it was unreachable too long, and
+its work has been retried elsewhere). It also reacts when a peer process
+goes away: the objects it owned are freed, the leases it held return, and
+a worker of this node whose connection closed is dead."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import trio
+
+from ..messages import NodeRecord
+from ..rpc import Endpoint, PeerDisconnected
+from .lease_manager import LeaseManager, LeaseStatistics
+from .object_manager import ObjectManager, packed_slice, unpack_object
+from .worker_pool import WorkerPool, WorkerPoolStatistics
+
+logger = logging.getLogger("tray.node")
+
+__all__ = ["NodeManager", "packed_slice", "unpack_object"]
+
+
+@dataclass(frozen=True)
+class NodeManagerStatistics:
+    node_id: str
+    workers: WorkerPoolStatistics
+    leases: LeaseStatistics
+    pulls_in_progress: int
+
+
+class NodeManager:
+    def __init__(self, env, nursery: trio.Nursery) -> None:
+        self.env = env
+        self.config = env.config
+        self.node_id: str = env.node_id
+        self.nursery = nursery
+        self.tracer = env.tracer
+        handlers: dict = {}
+        self.endpoint = endpoint = Endpoint(env, handlers, nursery)
+        self.pool = WorkerPool(
+            node_id=env.node_id, endpoint=endpoint, nursery=nursery, tracer=env.tracer,
+            config=env.config, spawner=env.spawner, rng=env.rng, gcs_address=env.gcs_address,
+            cpus=int(env.resources.get("CPU", 0)),
+            prestart_workers=env.extra.get("prestart_workers", 0))
+        self.leases = LeaseManager(
+            node_id=env.node_id, address=env.address, endpoint=endpoint, nursery=nursery,
+            tracer=env.tracer, config=env.config, resources=env.resources, rng=env.rng,
+            pool=self.pool, refresh_view=self._refresh_view)
+        self.pool.release_leases_of = self.leases.release_leases_of
+        self.objects = ObjectManager(node_id=env.node_id, address=env.address,
+                                     endpoint=endpoint, tracer=env.tracer, config=env.config,
+                                     store=env.object_store)
+        for component in (self, self.pool, self.leases, self.objects):
+            for attribute in dir(component):
+                if attribute.startswith("handle_"):
+                    method = attribute[len("handle_"):]
+                    assert method not in handlers, f"two handlers for {method!r}"
+                    handlers[method] = getattr(component, attribute)
+        endpoint.on_peer_closed = self._peer_closed
+
+    async def run(self) -> None:
+        await self.endpoint.serve()
+        info = self.env.extra.get("node_info", {})
+        registration = NodeRecord(
+            node_id=self.node_id, address=self.env.address, resources=self.leases.total,
+            available=dict(self.leases.available),
+            object_store_bytes=self.env.object_store.capacity_bytes, **info)
+        # A GCS started beside this node may not listen yet.
+        deadline = trio.current_time() + self.env.extra.get("wait_for_gcs_s", 0.0)
+        while True:
+            try:
+                view = await self.endpoint.call(self.env.gcs_address, "register_node",
+                                                registration)
+                break
+            except PeerDisconnected:
+                if trio.current_time() >= deadline:
+                    raise
+                await trio.sleep(0.05)
+        self._update_view(view)
+        self.tracer.record(self.node_id[:8], "node_started", resources=self.leases.total)
+        self.pool.prestart()
+        self.nursery.start_soon(self._heartbeat_loop)
+
+    def statistics(self) -> NodeManagerStatistics:
+        return NodeManagerStatistics(self.node_id, self.pool.statistics(),
+                                     self.leases.statistics(), self.objects.pulls_in_progress())
+
+    def validate_state(self) -> None:
+        """Check every component's invariants (the simulator calls this
+        after every step of a simtest run)."""
+        self.pool.validate_state()
+        self.leases.validate_state()
+
+    def worker_process_exited(self, worker_id: str, exit_code: int) -> None:
+        """The spawner saw a worker process end (a backend calls this)."""
+        self.pool.worker_process_exited(worker_id, exit_code)
+
+    # ------------------------------------------------------------ membership
+
+    def _update_view(self, view: dict) -> None:
+        for node_id, node in sorted(view.items(), key=lambda item: item[0]):
+            known = self.leases.view.get(node_id)
+            if not node.alive and known is not None and known.alive and \
+                    node_id != self.node_id:
+                self.endpoint.drop(node.address)  # stop waiting for a dead node
+        self.leases.set_view(view)
+
+    async def _refresh_view(self) -> None:
+        self._update_view(await self.endpoint.call(self.env.gcs_address, "get_view"))
+
+    def handle_update_view(self, conn, view: dict) -> None:
+        self._update_view(view)
+
+    async def _heartbeat_loop(self) -> None:
+        while True:
+            await trio.sleep(self.config.heartbeat_period_s)
+            self.pool.reap_idle()
+            self.leases.reconcile()
+            try:
+                reply = await self.endpoint.call(self.env.gcs_address, "heartbeat",
+                                                 self.node_id, dict(self.leases.available))
+            except PeerDisconnected:
+                continue  # the GCS is restarting; try again next period
+            if reply.dead:
+                self._fence()
+                return
+            self._update_view(reply.view)
+
+    def _fence(self) -> None:
+        """The GCS declared this node dead (it was unreachable for too long):
+        its work has been retried elsewhere, so it must end, as a raylet
+        does, rather than run on beside its replacement."""
+        logger.error("node %s was declared dead by the GCS; exiting", self.node_id)
+        self.tracer.record(self.node_id[:8], "node_fenced")
+        self.pool.kill_all()
+        exit_process = self.env.extra.get("exit_process")
+        if exit_process is not None:
+            exit_process()
+
+    def handle_get_node_stats(self, conn) -> dict:
+        return {"node_id": self.node_id, "total": dict(self.leases.total),
+                "available": dict(self.leases.available),
+                "workers": self.pool.live_count(),
+                "leases": len(self.leases.leases),
+                "store_used_bytes": self.objects.store.used_bytes()}
+
+    def _peer_closed(self, address: str) -> None:
+        self.objects.handle_owner_died(None, address)
+        self.pool.connection_closed(address)
+        self.leases.owner_gone(address)

@@ -1,0 +1,228 @@
+"""A node's worker processes: started on demand, handed out idle, reaped.
+
+A worker is started through the backend's ``Spawner`` (a subprocess, or a
+simulated process) and registers when ready. Each worker is in one state:
+
+  starting -> idle <-> leased      (runs normal tasks for one owner at a time)
+                   \\-> actor       (hosts one actor until it dies)
+  any -> dead
+
+Idle workers beyond one per CPU (or the prestart count) are stopped after
+``idle_worker_timeout_s``. A worker that exits before registering counts as
+a failed start; after ``worker_start_failures_max`` in a row, lease requests
+fail with the reason instead of waiting for workers that never come.
+
+The pool never holds resources: leases do (``lease_manager``). When a
+worker dies, the lease manager releases whatever lease it held (the hook
+``release_leases_of``), and the GCS is told if it was leased or hosted an
+actor (its owner or its actor must learn of it)."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import trio
+
+from ... import exceptions
+from ..ids import WorkerID
+from ..rpc import Endpoint, PeerDisconnected
+
+logger = logging.getLogger("tray.node")
+
+
+@dataclass
+class WorkerInfo:
+    worker_id: str
+    address: str = ""
+    state: str = "starting"  # starting | idle | leased | actor | dead
+    lease_id: int = 0
+
+
+@dataclass(frozen=True)
+class WorkerPoolStatistics:
+    starting: int
+    idle: int
+    leased: int
+    actor: int
+    dead: int
+    busy_workers: tuple  # ids of workers leased or hosting an actor
+
+
+class WorkerPool:
+    def __init__(self, *, node_id: str, endpoint: Endpoint, nursery: trio.Nursery, tracer,
+                 config, spawner, rng, gcs_address: str, cpus: int,
+                 prestart_workers: int) -> None:
+        self._node_id = node_id
+        self._trace_name = node_id[:8]
+        self._endpoint = endpoint
+        self._nursery = nursery
+        self._tracer = tracer
+        self._config = config
+        self._spawner = spawner
+        self._rng = rng
+        self._gcs_address = gcs_address
+        self._cpus = cpus
+        self.prestart_workers = prestart_workers
+        # Every worker this node started, dead ones included: live ones are
+        # capped at workers_per_node_max.
+        self.workers: dict[str, WorkerInfo] = {}
+        self.idle: list[str] = []
+        self.idle_since: dict[str, float] = {}
+        self.worker_registered = trio.Event()
+        self.failed_worker_starts = 0
+        self.last_start_failure = ""
+        # Set by the node manager: release_leases_of(worker_id) when a worker dies.
+        self.release_leases_of = None
+
+    def statistics(self) -> WorkerPoolStatistics:
+        counts = {state: 0 for state in ("starting", "idle", "leased", "actor", "dead")}
+        for worker in self.workers.values():
+            counts[worker.state] += 1
+        busy = tuple(sorted(w.worker_id for w in self.workers.values()
+                            if w.state in ("leased", "actor")))
+        return WorkerPoolStatistics(busy_workers=busy, **counts)
+
+    def validate_state(self) -> None:
+        assert len(self.idle) == len(set(self.idle)), "a worker is idle twice"
+        for worker_id in self.idle:
+            assert self.workers[worker_id].state == "idle", worker_id
+        idle = set(self.idle)
+        for worker_id, worker in self.workers.items():
+            assert worker.worker_id == worker_id, worker_id
+            if worker.state == "idle":
+                assert worker_id in idle, f"idle worker {worker_id} is not in the idle list"
+        assert self.live_count() <= self._config.workers_per_node_max, self.live_count()
+
+    def live_count(self) -> int:
+        return len([w for w in self.workers.values() if w.state != "dead"])
+
+    def prestart(self) -> None:
+        for _ in range(min(self.prestart_workers, self._config.workers_per_node_max)):
+            self.start_worker()
+
+    def handle_register_worker(self, conn, worker_id: str, address: str) -> dict:
+        worker = self.workers.get(worker_id)
+        if worker is None or worker.state == "dead":
+            raise ValueError(f"unknown worker {worker_id}")
+        worker.address = address
+        worker.state = "idle"
+        self.idle.append(worker_id)
+        self.idle_since[worker_id] = trio.current_time()
+        self._tracer.record(self._trace_name, "worker_registered", worker=worker_id)
+        logger.debug("worker %s registered at %s", worker_id[:8], address)
+        self.failed_worker_starts = 0
+        self._wake_waiters()
+        return {"node_id": self._node_id}
+
+    def start_worker(self) -> None:
+        live = [w for w in self.workers.values() if w.state != "dead"]
+        if len(live) >= self._config.workers_per_node_max:
+            raise RuntimeError(f"node {self._node_id} has {len(live)} workers, the maximum")
+        worker_id = WorkerID.from_random(self._rng).hex()
+        self.workers[worker_id] = WorkerInfo(worker_id)
+        self._tracer.record(self._trace_name, "worker_start", worker=worker_id)
+        logger.debug("starting worker %s", worker_id[:8])
+        self._spawner.start_worker(worker_id, {})
+
+    async def take_worker(self) -> WorkerInfo:
+        """An idle worker, starting one if none is (waits for it)."""
+        while True:
+            while self.idle:
+                worker = self.workers[self.idle.pop(0)]
+                if worker.state == "idle":
+                    return worker
+            if self.failed_worker_starts >= self._config.worker_start_failures_max:
+                raise exceptions.TrayError(
+                    f"workers fail to start on node {self._node_id} "
+                    f"({self.failed_worker_starts} in a row; last: {self.last_start_failure})")
+            starting = [w for w in self.workers.values() if w.state == "starting"]
+            if not starting:
+                self.start_worker()
+            await self.worker_registered.wait()
+
+    def put_back(self, worker: WorkerInfo) -> None:
+        """An idle worker taken for a lease that was not granted after all."""
+        self.idle.insert(0, worker.worker_id)
+
+    def lease_ended(self, worker_id: str, worker_ok: bool, for_actor: bool) -> None:
+        """The lease on ``worker_id`` was returned: the worker goes back to the
+        idle pool, or, returned as broken, is killed."""
+        worker = self.workers.get(worker_id)
+        if worker is not None and worker.state in ("leased", "actor"):
+            if worker_ok and not for_actor:
+                worker.state = "idle"
+                self.idle.append(worker.worker_id)
+                self.idle_since[worker.worker_id] = trio.current_time()
+                self._wake_waiters()
+            elif not worker_ok:
+                self._spawner.kill_worker(worker.worker_id)
+                self.worker_died(worker, "returned as broken")
+
+    def worker_process_exited(self, worker_id: str, exit_code: int) -> None:
+        """The spawner saw a worker process end (a backend calls this)."""
+        worker = self.workers.get(worker_id)
+        if worker is None or worker.state == "dead":
+            return
+        if worker.state == "starting":
+            self.failed_worker_starts += 1
+            self.last_start_failure = f"worker {worker_id[:8]} exited with code {exit_code} " \
+                                      "before registering"
+            logger.error("%s", self.last_start_failure)
+            self.worker_died(worker, self.last_start_failure)
+            self._wake_waiters()
+            return
+        self.worker_died(worker, f"its process exited with code {exit_code}")
+
+    def _wake_waiters(self) -> None:
+        self.worker_registered.set()
+        self.worker_registered = trio.Event()
+
+    def connection_closed(self, address: str) -> None:
+        for worker in sorted(self.workers.values(), key=lambda w: w.worker_id):
+            if worker.address == address and worker.state != "dead":
+                self.worker_died(worker, "its connection closed")
+
+    def worker_died(self, worker: WorkerInfo, reason: str) -> None:
+        previous = worker.state
+        worker.state = "dead"
+        self.idle_since.pop(worker.worker_id, None)
+        if worker.worker_id in self.idle:
+            self.idle.remove(worker.worker_id)
+        self._tracer.record(self._trace_name, "worker_died", worker=worker.worker_id,
+                            reason=reason)
+        logger.debug("worker %s died: %s", worker.worker_id[:8], reason)
+        self.release_leases_of(worker.worker_id)
+        if previous in ("leased", "actor"):
+            self._nursery.start_soon(self._report_worker_death, worker.worker_id, reason)
+
+    async def _report_worker_death(self, worker_id: str, reason: str) -> None:
+        try:
+            await self._endpoint.notify(self._gcs_address, "worker_died", worker_id,
+                                        self._node_id, reason)
+        except PeerDisconnected:
+            pass
+
+    def handle_kill_worker(self, conn, worker_id: str) -> None:
+        worker = self.workers.get(worker_id)
+        if worker is None or worker.state == "dead":
+            return
+        self._spawner.kill_worker(worker_id)
+        self.worker_died(worker, "killed")
+
+    def reap_idle(self) -> None:
+        """Idle workers beyond one per CPU go after ``idle_worker_timeout_s``."""
+        keep = max(self._cpus, self.prestart_workers)
+        now = trio.current_time()
+        while len(self.idle) > keep:
+            worker = self.workers[self.idle[0]]
+            if now - self.idle_since.get(worker.worker_id, now) < \
+                    self._config.idle_worker_timeout_s:
+                break
+            self._spawner.kill_worker(worker.worker_id)
+            self.worker_died(worker, "idle")
+
+    def kill_all(self) -> None:
+        for worker in sorted(self.workers.values(), key=lambda w: w.worker_id):
+            if worker.state != "dead":
+                self._spawner.kill_worker(worker.worker_id)

@@ -1,0 +1,67 @@
+"""What a task is, as it travels: the spec an owner builds at ``.remote()``
+and sends to the worker that runs it (and keeps as lineage to run it again).
+
+A spec is plain data; everything in it pickles. Its arguments are typed:
+an argument is either carried by value (``ArgByValue``: small values,
+serialized inline) or by reference (``ArgByRef``: an object in some store,
+named by its id and its owner's address). Before a task is sent, the owner
+resolves its by-reference arguments (``DependencyResolver``), replacing the
+small ones by their values, so a worker only fetches what is big.
+
+A spec is mutable in a few fields only, each for a stated reason:
+``attempt`` counts executions (a retry sends the same spec again),
+``floor`` tells an actor which of the caller's calls are finished, and
+``args``/``kwargs`` are resolved in place."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .scheduling import Strategy
+from .serialization import SerializedObject
+
+
+@dataclass(frozen=True, slots=True)
+class ArgByValue:
+    """An argument carried inside the spec."""
+    value: SerializedObject
+
+
+@dataclass(frozen=True, slots=True)
+class ArgByRef:
+    """An argument held in an object store: fetched by the executing worker."""
+    object_id: bytes
+    owner: str
+
+
+TaskArg = ArgByValue | ArgByRef
+
+
+@dataclass
+class TaskSpec:
+    task_id: bytes
+    job_id: int
+    name: str
+    function_id: str
+    args: list  # [TaskArg]
+    kwargs: dict  # name -> TaskArg
+    num_returns: int
+    return_ids: list  # [oid bytes]
+    caller: str  # the owner's address: where results and borrows go
+    resources: dict
+    strategy: Strategy
+    max_retries: int = 0
+    retry_exceptions: object = False  # bool, or a tuple of exception classes
+    attempt: int = 0
+    parent_task_id: bytes = b""
+    namespace: str = ""
+    # Actor calls only: the actor, the method, the caller's sequence number
+    # for this call, and the lowest sequence number the caller still waits on.
+    actor_id: str | None = None
+    method: str | None = None
+    seq: int = 0
+    floor: int = 0
+
+    def ref_args(self) -> list[ArgByRef]:
+        """The by-reference arguments, positional then keyword."""
+        return [arg for arg in [*self.args, *self.kwargs.values()] if isinstance(arg, ArgByRef)]

@@ -1,0 +1,1 @@
+"""The core worker and its components (see ``core_worker``'s docstring)."""

@@ -1,0 +1,187 @@
+"""The hosted actor: at most one per worker process.
+
+The GCS sends ``create_actor`` to a worker it leased for the actor; the
+constructor runs like a task. Calls then arrive straight from their callers.
+Calls from one caller run in the caller's sequence order: a call that
+arrives ahead of its turn waits on an event of its own, so each step wakes
+exactly the next call (``CallerQueue``). Calls from different callers are
+not ordered against each other (Ray's contract). At most
+``max_concurrency`` calls run at once (1 for a plain actor, so its methods
+never interleave).
+
+Each caller sends its *floor* with every call: every call below it is
+finished or abandoned. The host skips ahead to the floor (a gap left by a
+call that will never come must not block the queue) and drops the replies
+it kept below it. Those replies exist so that a call re-sent after a broken
+connection gets the first execution's reply instead of running twice."""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, field
+
+import trio
+
+from ... import exceptions
+from ..context import TaskContext
+from ..ids import ActorID, ObjectID, TaskID
+from ..messages import ActorSpec, FailedResult, TaskReply
+from ..serialization import SerializedObject
+from ..task_spec import TaskSpec
+from .function_table import FunctionTable
+from .task_receiver import TaskReceiver
+
+
+@dataclass
+class CallerQueue:
+    """Executor-side ordering state for one caller of the hosted actor:
+    calls that arrived ahead of their turn wait on an event of their own,
+    so each step wakes exactly the next call."""
+    next_seq: int = 0
+    waiters: dict = field(default_factory=dict)  # seq -> trio.Event
+    # Calls that arrived here, and their replies, kept until the caller's
+    # floor passes them: a call re-sent after a broken connection gets the
+    # first one's reply instead of running twice.
+    started: dict = field(default_factory=dict)  # seq -> trio.Event (set when done)
+    replies: dict = field(default_factory=dict)  # seq -> reply
+
+
+@dataclass(frozen=True)
+class CallerSummary:
+    caller: str
+    next_seq: int  # the call this caller's queue runs next
+    waiting: tuple  # sequence numbers of calls held back until their turn
+    replies_kept: int  # for calls that may be re-sent
+
+
+@dataclass(frozen=True)
+class ActorHostStatistics:
+    actor_id: str | None
+    callers: tuple  # CallerSummary, by caller
+
+
+class ActorHost:
+    def __init__(self, *, name: str, worker_id: str, tracer, config,
+                 functions: FunctionTable, receiver: TaskReceiver) -> None:
+        self._name = name
+        self._worker_id = worker_id
+        self._tracer = tracer
+        self._config = config
+        self._functions = functions
+        self._receiver = receiver
+        self.actor_id: str | None = None
+        self.instance = None
+        self.gpu_ids: list = []
+        self._slots = None
+        self.is_async = False
+        self.callers: dict[str, CallerQueue] = {}
+
+    def statistics(self) -> ActorHostStatistics:
+        return ActorHostStatistics(self.actor_id, tuple(
+            CallerSummary(caller, queue.next_seq, tuple(sorted(queue.waiters)),
+                          len(queue.replies))
+            for caller, queue in sorted(self.callers.items())))
+
+    def validate_state(self) -> None:
+        if self.callers:
+            assert self.instance is not None, "calls queued at a worker that hosts no actor"
+        for caller, queue in self.callers.items():
+            # A call waits only until its turn comes; then it is woken.
+            assert all(seq > queue.next_seq for seq in queue.waiters), \
+                (caller, queue.next_seq, sorted(queue.waiters))
+            assert set(queue.replies) <= set(queue.started), caller
+            assert len(queue.waiters) <= self._config.actor_pending_calls_max, caller
+
+    async def handle_create_actor(self, conn, actor: ActorSpec, gpu_ids: list,
+                                  incarnation: int) -> SerializedObject | None:
+        """Instantiate the hosted actor; None on success, else the
+        serialized constructor error."""
+        spec: TaskSpec = actor.creation
+        self.actor_id = actor.actor_id
+        self.gpu_ids = gpu_ids
+        context = TaskContext(TaskID(spec.task_id), ActorID.from_hex(self.actor_id), gpu_ids,
+                              name=spec.name, job_id=spec.job_id, namespace=spec.namespace)
+        cls = await self._functions.load(spec.function_id)
+        self.is_async = any(inspect.iscoroutinefunction(member) for _, member in
+                            inspect.getmembers(cls, inspect.isfunction))
+        concurrency = actor.max_concurrency or (
+            self._config.default_max_concurrency_async if self.is_async else 1)
+        self._slots = trio.Semaphore(concurrency) if concurrency > 1 else trio.Lock()
+        instance_box = []
+
+        async def construct():
+            def make(*args, **kwargs):
+                instance_box.append(cls(*args, **kwargs))
+            return make
+
+        spec.num_returns = 1
+        reply = await self._execute_creation(spec, context, construct)
+        if isinstance(reply.results[0], FailedResult):
+            return reply.results[0].error
+        self.instance = instance_box[0]
+        self._tracer.record(self._name, "actor_created", actor=self.actor_id,
+                            incarnation=incarnation)
+        return None
+
+    async def _execute_creation(self, spec: TaskSpec, context: TaskContext, load) -> TaskReply:
+        saved = spec.return_ids
+        spec.return_ids = [ObjectID.for_return(TaskID(spec.task_id), 1).binary()]
+        try:
+            return await self._receiver.execute(spec, context, load)
+        finally:
+            spec.return_ids = saved
+
+    async def handle_actor_call(self, conn, spec: TaskSpec) -> TaskReply:
+        if self.instance is None:
+            raise exceptions.ActorDiedError(f"no actor lives in worker {self._worker_id}")
+        queue = self.callers.get(spec.caller)
+        if queue is None:
+            queue = self.callers[spec.caller] = CallerQueue()
+        for seq in [seq for seq in queue.started if seq < spec.floor]:
+            del queue.started[seq]
+            queue.replies.pop(seq, None)
+        first = queue.started.get(spec.seq)
+        if first is not None:  # a re-sent call: it arrived here already
+            await first.wait()
+            if spec.seq in queue.replies:
+                return queue.replies[spec.seq]
+        done = queue.started[spec.seq] = trio.Event()
+        try:
+            reply = queue.replies[spec.seq] = await self._run_call(queue, spec)
+        finally:
+            done.set()
+        return reply
+
+    async def _run_call(self, queue: CallerQueue, spec: TaskSpec) -> TaskReply:
+        if spec.floor > queue.next_seq:
+            queue.next_seq = spec.floor
+            self._wake(queue, all_due=True)
+        if spec.seq > queue.next_seq:
+            if len(queue.waiters) >= self._config.actor_pending_calls_max:
+                raise exceptions.ActorError(f"too many calls waiting at actor {self.actor_id}")
+            event = queue.waiters.setdefault(spec.seq, trio.Event())
+            while spec.seq > queue.next_seq:
+                await event.wait()
+        context = TaskContext(TaskID(spec.task_id), ActorID.from_hex(self.actor_id),
+                              self.gpu_ids, name=spec.name, job_id=spec.job_id,
+                              namespace=spec.namespace)
+        async with self._slots:
+            if spec.seq >= queue.next_seq:
+                queue.next_seq = spec.seq + 1
+                self._wake(queue, all_due=False)
+            instance = self.instance
+
+            async def bound_method():
+                return getattr(instance, spec.method)
+            return await self._receiver.execute(spec, context, bound_method)
+
+    @staticmethod
+    def _wake(queue: CallerQueue, all_due: bool) -> None:
+        if all_due:  # the floor jumped: every call at or below it may go
+            for seq in sorted(queue.waiters):
+                if seq <= queue.next_seq:
+                    queue.waiters.pop(seq).set()
+            return
+        event = queue.waiters.pop(queue.next_seq, None)
+        if event is not None:
+            event.set()

@@ -1,0 +1,224 @@
+"""Submitting actor calls, and registering actors with the GCS.
+
+Calls from this process to one actor are stamped with consecutive sequence
+numbers (``seq``) and sent straight to the actor's worker as soon as their
+arguments exist; the actor runs each caller's calls in ``seq`` order
+(``actor_host``). With each call goes the caller's *floor*: the lowest
+sequence number it still waits for, so the actor can forget replies it kept
+for re-sent calls and skip gaps left by calls that will never come.
+
+Where the actor is comes from the GCS: ``wait_actor_ready`` long-polls until
+the actor is alive in an incarnation newer than the one this process last
+saw die (or dead for good). A call cut off by a broken connection is re-sent
+within ``max_task_retries``; otherwise it fails with ``ActorDiedError`` (the
+actor is dead) or ``ActorUnavailableError`` (it is restarting, or only the
+connection broke and the call may or may not have run).
+
+Creation: the owner registers the actor (its ``ActorSpec``) with the GCS,
+which schedules it; the owner holds the constructor's argument refs until
+the actor is alive or dead."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import trio
+
+from ... import exceptions
+from ..messages import DEAD, ActorInfo, ActorSpec, FailedResult
+from ..rpc import Endpoint, PeerDisconnected
+from ..serialization import deserialize, serialize_error
+from .dependency_resolver import DependencyResolver
+from .function_table import FunctionTable
+from .gcs_client import GcsClient
+from .loop_bridge import LoopBridge
+from .reference_counter import ReferenceCounter
+from .task_manager import PendingTask, TaskManager, spend_retry
+
+
+@dataclass
+class ActorState:
+    """Caller-side view of an actor."""
+    actor_id: str
+    next_seq: int = 0
+    unfinished: dict = field(default_factory=dict)  # seq -> True
+    info: ActorInfo | None = None
+    seen_incarnation: int = 0
+    refresh: trio.Event | None = None
+
+
+def actor_died_error(info: ActorInfo, call_name: str) -> Exception:
+    cause = info.death_cause
+    reason = cause.reason if cause is not None else "it died"
+    cause_error = deserialize(cause.error) if cause is not None and cause.error is not None \
+        else None
+    detail = f"\n{cause_error}" if cause_error is not None else ""
+    return exceptions.ActorDiedError(
+        f"the actor {info.class_name} ({info.actor_id}) is dead, so {call_name} "
+        f"cannot run: {reason}{detail}", info.actor_id, cause_error)
+
+
+class ActorTaskSubmitter:
+    def __init__(self, *, name: str, endpoint: Endpoint, gcs: GcsClient, bridge: LoopBridge,
+                 tracer, task_manager: TaskManager, resolver: DependencyResolver,
+                 functions: FunctionTable, references: ReferenceCounter) -> None:
+        self._name = name
+        self._endpoint = endpoint
+        self._gcs = gcs
+        self._bridge = bridge
+        self._tracer = tracer
+        self._task_manager = task_manager
+        self._resolver = resolver
+        self._functions = functions
+        self._references = references
+        # One entry per actor this process has called or created.
+        self.actors: dict[str, ActorState] = {}
+
+    def actor_state(self, actor_id: str) -> ActorState:
+        state = self.actors.get(actor_id)
+        if state is None:
+            state = self.actors[actor_id] = ActorState(actor_id)
+        return state
+
+    def validate_state(self) -> None:
+        for actor_id, state in self.actors.items():
+            assert state.actor_id == actor_id, actor_id
+            assert all(0 <= seq < state.next_seq for seq in state.unfinished), \
+                (actor_id, state.next_seq, sorted(state.unfinished))
+            if state.info is not None:
+                assert state.info.actor_id == actor_id, actor_id
+
+    def next_call(self, state: ActorState) -> int:
+        """The sequence number of a new call to the actor."""
+        seq = state.next_seq
+        state.next_seq += 1
+        state.unfinished[seq] = True
+        return seq
+
+    # ---------------------------------------------------------------- calls
+
+    async def actor_info(self, state: ActorState) -> ActorInfo:
+        while state.info is None or (state.info.state != DEAD and
+                                     state.info.incarnation <= state.seen_incarnation):
+            if state.refresh is not None:
+                await state.refresh.wait()
+                continue
+            state.refresh = trio.Event()
+            try:
+                state.info = await self._gcs.call("wait_actor_ready", state.actor_id,
+                                                  state.seen_incarnation)
+            finally:
+                state.refresh.set()
+                state.refresh = None
+        return state.info
+
+    async def submit(self, task: PendingTask, state: ActorState) -> None:
+        spec = task.spec
+        failure = await self._resolver.resolve(task)
+        if failure is not None:
+            self._finish(task, state, [FailedResult(failure)] * spec.num_returns)
+            return
+        while True:
+            try:
+                info = await self.actor_info(state)
+            except exceptions.TrayError as error:  # the GCS stayed unreachable
+                self._finish(task, state,
+                             [FailedResult(serialize_error(error))] * spec.num_returns)
+                return
+            if info.state == DEAD:
+                error = actor_died_error(info, spec.name)
+                self._finish(task, state,
+                             [FailedResult(serialize_error(error))] * spec.num_returns)
+                return
+            spec.floor = min(state.unfinished)
+            try:
+                reply = await self._endpoint.call(info.address, "actor_call", spec)
+            except PeerDisconnected:
+                # Dead, or (when it still answers) only the connection broke:
+                # then the actor lives on, and the call may or may not have run.
+                cut_off = await self._endpoint.reachable(info.address)
+                if not cut_off:
+                    state.seen_incarnation = max(state.seen_incarnation, info.incarnation)
+                if task.retries_left != 0 and not task.cancelled:
+                    spend_retry(task)
+                    self._tracer.record(self._name, "actor_call_retry", task=spec.task_id)
+                    continue
+                if cut_off:
+                    error = exceptions.ActorUnavailableError(
+                        f"the connection to actor {state.actor_id} broke during {spec.name}; "
+                        "the call may or may not have run, and was not retried "
+                        "(max_task_retries=0)", state.actor_id)
+                else:
+                    error = await self._actor_failure(state, spec)
+                self._finish(task, state,
+                             [FailedResult(serialize_error(error))] * spec.num_returns)
+                return
+            self._finish(task, state, reply.results)
+            return
+
+    async def kill_actor(self, actor_id: str, no_restart: bool) -> None:
+        await self._gcs.call("kill_actor", actor_id, no_restart)
+        state = self.actors.get(actor_id)
+        if state is not None and state.info is not None:
+            # Later calls from here wait for the next incarnation (or death).
+            state.seen_incarnation = max(state.seen_incarnation, state.info.incarnation)
+
+    async def _actor_failure(self, state: ActorState, spec) -> Exception:
+        """The error for a call whose actor died under it (not retried)."""
+        try:
+            info = await self._gcs.call("get_actor", state.actor_id)
+        except exceptions.TrayError:
+            info = None
+        if info is not None and info.state == DEAD:
+            state.info = info
+            return actor_died_error(info, spec.name)
+        # The GCS may not have heard of the death yet: the actor restarts if
+        # its budget allows.
+        if info is not None and (info.state in ("RESTARTING", "PENDING_CREATION") or
+                                 info.max_restarts == -1 or
+                                 info.restarts < info.max_restarts):
+            return exceptions.ActorUnavailableError(
+                f"the actor {state.actor_id} ({info.class_name}) died while running "
+                f"{spec.name} and is restarting; the call was not retried "
+                "(max_task_retries=0)", state.actor_id)
+        return exceptions.ActorDiedError(
+            f"the actor {state.actor_id} died while running {spec.name}; the call was not "
+            "retried (max_task_retries=0)", state.actor_id)
+
+    def _finish(self, task: PendingTask, state: ActorState, results: list) -> None:
+        state.unfinished.pop(task.spec.seq, None)
+        self._task_manager.finish(task, results)
+
+    def addresses_on(self, node_id: str) -> set:
+        """Addresses of the actors this process knows to live on a node."""
+        return {state.info.address for state in self.actors.values()
+                if state.info is not None and state.info.node_id == node_id
+                and state.info.address}
+
+    # ------------------------------------------------------------- creation
+
+    async def register(self, actor: ActorSpec, holds: list) -> ActorInfo | None:
+        """Register ``actor`` with the GCS once its constructor's arguments
+        exist; returns the live actor of its name instead when the owner
+        asked for ``get_if_exists`` and there is one."""
+        spec = actor.creation
+        await self._functions.ensure_exported(spec.function_id)
+        task = PendingTask(spec, 0, holds)
+        failure = await self._resolver.resolve(task)
+        if failure is not None:
+            self._references.release_submitted(holds)
+            raise await self._references.deserialize(failure)
+        reply = await self._gcs.call("create_actor", actor)
+        if reply.existing is not None:
+            self._references.release_submitted(holds)
+            return reply.existing
+        self._tracer.record(self._name, "actor_submitted", actor=actor.actor_id)
+        self._bridge.spawn(self._release_when_created, actor.actor_id, holds)
+        return None
+
+    async def _release_when_created(self, actor_id: str, holds: list) -> None:
+        try:
+            await self.actor_info(self.actor_state(actor_id))
+        except PeerDisconnected:
+            pass
+        self._references.release_submitted(holds)

@@ -1,0 +1,60 @@
+"""Functions and classes by content hash: exported once, loaded once.
+
+The owner side notes a function when a task first uses it and uploads the
+pickled blob to the GCS key-value store (``fn:<id>``) before the first
+task that needs it is sent; the executor side loads it from there on first
+use and keeps the unpickled function. The id is the blob's hash, so two
+processes exporting the same code share one entry."""
+
+from __future__ import annotations
+
+import hashlib
+
+import cloudpickle
+import trio
+
+from ... import exceptions
+from .gcs_client import GcsClient
+
+
+def function_id_of(blob: bytes) -> str:
+    return hashlib.blake2b(blob, digest_size=16).hexdigest()
+
+
+class FunctionTable:
+    def __init__(self, gcs: GcsClient) -> None:
+        self._gcs = gcs
+        # Owner side: exported ids (an event while the upload is under way),
+        # and blobs noted but not uploaded yet. One entry per distinct
+        # function of the program: bounded by the program's code.
+        self._exported: dict[str, trio.Event | None] = {}
+        self._pending_exports: dict[str, bytes] = {}
+        # Executor side: what this process loaded (bounded likewise).
+        self._functions: dict[str, object] = {}
+
+    def export(self, function_id: str, blob: bytes) -> None:
+        """Note a function to export; the first task that uses it uploads it
+        to the GCS function table (once per process)."""
+        if function_id not in self._exported:
+            self._exported[function_id] = None
+            self._pending_exports[function_id] = blob
+
+    async def ensure_exported(self, function_id: str) -> None:
+        blob = self._pending_exports.pop(function_id, None)
+        if blob is not None:
+            event = self._exported[function_id] = trio.Event()
+            await self._gcs.call("kv_put", "fn:" + function_id, blob, False)
+            self._exported[function_id] = None
+            event.set()
+        event = self._exported.get(function_id)
+        if event is not None:
+            await event.wait()
+
+    async def load(self, function_id: str):
+        function = self._functions.get(function_id)
+        if function is None:
+            blob = await self._gcs.call("kv_get", "fn:" + function_id)
+            if blob is None:
+                raise exceptions.TrayError(f"function {function_id} is not in the function table")
+            function = self._functions[function_id] = cloudpickle.loads(blob)
+        return function

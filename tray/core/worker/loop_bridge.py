@@ -1,0 +1,61 @@
+"""Where a core worker's trio loop is, and how work gets onto it.
+
+A worker process runs its core worker on a trio loop. Most calls into the
+core already run on that loop (handlers, background tasks, user code inside
+tasks, which runs inline in its trio task). The driver is different: the
+user's script runs outside trio — in the simulator on the same thread as
+the (guest-mode) loop, in the local backend on a thread of its own beside
+the loop's thread — and calls in through the API layer. This bridge is the
+one place that knows the difference: components ask it to start a task
+"from anywhere", and it picks the right way.
+
+Every task it starts runs with ``current_worker`` set to its core worker,
+which the simulator needs: every simulated process shares one OS process,
+and the contextvar is how code finds its own."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import trio
+
+from ..context import current_worker
+
+
+class LoopBridge:
+    def __init__(self, worker, nursery: trio.Nursery, *,
+                 call_soon_from_outside: Callable | None,
+                 loop_in_other_thread: bool) -> None:
+        self._worker = worker
+        self.nursery = nursery
+        # call_soon_from_outside(fn) runs fn on the loop soon; the driver's
+        # runtime supplies it for calls made from the user's thread.
+        self._call_soon_from_outside = call_soon_from_outside
+        # The local backend's driver runs its loop in a thread of its own;
+        # the simulator's runs in the user's thread.
+        self.loop_in_other_thread = loop_in_other_thread
+
+    def in_user_thread(self) -> bool:
+        """True when called from the driver's own code, outside trio."""
+        return current_worker.get(None) is None
+
+    def call_soon_from_outside(self, fn: Callable[[], object]) -> None:
+        """Run the plain function ``fn`` on the loop soon (from the user's
+        thread); raises if the loop has ended."""
+        self._call_soon_from_outside(fn)
+
+    def spawn(self, async_fn, *args) -> None:
+        """Start ``async_fn`` as a task of this process, from anywhere."""
+        if self.in_user_thread():
+            self._call_soon_from_outside(lambda: self.nursery.start_soon(self.in_context,
+                                                                         async_fn, *args))
+        else:
+            self.nursery.start_soon(self.in_context, async_fn, *args)
+
+    def start_soon(self, async_fn, *args) -> None:
+        """Start ``async_fn`` as a task of this process, from the loop."""
+        self.nursery.start_soon(self.in_context, async_fn, *args)
+
+    async def in_context(self, async_fn, *args) -> None:
+        current_worker.set(self._worker)
+        await async_fn(*args)

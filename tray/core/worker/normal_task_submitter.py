@@ -1,0 +1,281 @@
+"""Submitting normal tasks: lease queues per scheduling class.
+
+Tasks that need the same resources under the same strategy form a
+*scheduling class* and share a queue. For a class with queued tasks the
+submitter keeps lease requests outstanding (at most
+``pending_lease_requests_max``), following spillback replies from node to
+node; each granted lease is a worker that runs one task at a time, pushed
+to it directly. A lease is kept while its class has queued tasks and given
+back when the queue runs dry (SPREAD tasks take a fresh lease each, so the
+policy spreads them).
+
+A push that fails because the worker died (or the connection to it broke)
+gives the lease back as broken and retries the task within its budget;
+an application error is retried only under ``retry_exceptions``."""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from dataclasses import dataclass, field
+
+import trio
+
+from ... import exceptions
+from ..messages import FailedResult, Infeasible, LeaseGranted, LeaseRequest, Spillback
+from ..rpc import Endpoint, PeerDisconnected
+from ..serialization import serialize_error
+from ..task_spec import TaskSpec
+from .dependency_resolver import DependencyResolver
+from .function_table import FunctionTable
+from .outbox import Outbox
+from .task_manager import PendingTask, TaskManager, spend_retry
+
+logger = logging.getLogger("tray.worker")
+
+
+@dataclass
+class LeaseState:
+    lease_id: int
+    worker_address: str
+    node_manager: str
+    node_id: str
+    gpu_ids: list
+    busy: bool = False
+
+
+@dataclass
+class ClassQueue:
+    tasks: deque = field(default_factory=deque)
+    leases: list = field(default_factory=list)
+    pending_requests: int = 0
+    warned: bool = False
+
+
+@dataclass(frozen=True)
+class ClassQueueSummary:
+    resources: tuple  # the class's (name, amount) pairs
+    strategy: str
+    queued: int  # tasks waiting for a lease
+    lease_requests: int  # outstanding
+    leases: int  # held
+
+
+@dataclass(frozen=True)
+class SubmitterStatistics:
+    queues: tuple  # ClassQueueSummary, one per scheduling class with work
+
+
+def class_key(spec: TaskSpec) -> tuple:
+    return (tuple(sorted(spec.resources.items())), spec.strategy)
+
+
+class NormalTaskSubmitter:
+    def __init__(self, *, address: str, name: str, endpoint: Endpoint, nursery: trio.Nursery,
+                 outbox: Outbox, tracer, config, node_manager_address: str,
+                 task_manager: TaskManager, resolver: DependencyResolver,
+                 functions: FunctionTable) -> None:
+        self._address = address
+        self._name = name
+        self._endpoint = endpoint
+        self._nursery = nursery
+        self._outbox = outbox
+        self._tracer = tracer
+        self._config = config
+        self._node_manager_address = node_manager_address
+        self._task_manager = task_manager
+        self._resolver = resolver
+        self._functions = functions
+        self.queues: dict[tuple, ClassQueue] = {}
+
+    def statistics(self) -> SubmitterStatistics:
+        return SubmitterStatistics(tuple(
+            ClassQueueSummary(key[0], key[1].kind, len(queue.tasks), queue.pending_requests,
+                              len(queue.leases))
+            for key, queue in sorted(self.queues.items(), key=lambda item: repr(item[0]))))
+
+    def validate_state(self) -> None:
+        for key, queue in self.queues.items():
+            # An empty class (no work, no leases, no requests) is dropped at once.
+            assert queue.tasks or queue.leases or queue.pending_requests, key
+            assert 0 <= queue.pending_requests <= self._config.pending_lease_requests_max, \
+                (key, queue.pending_requests)
+            # A lease is either running a task or returned: never held idle.
+            assert all(lease.busy for lease in queue.leases), key
+            for task in queue.tasks:
+                assert not task.done, task.spec.name
+                assert task.pushed_to is None, task.spec.name
+                assert class_key(task.spec) == key, task.spec.name
+            lease_ids = [(lease.node_manager, lease.lease_id) for lease in queue.leases]
+            assert len(lease_ids) == len(set(lease_ids)), key
+
+    def _fail(self, task: PendingTask, error) -> None:
+        self._task_manager.finish(task, [FailedResult(error)] * task.spec.num_returns)
+
+    async def submit(self, task: PendingTask) -> None:
+        try:
+            await self._functions.ensure_exported(task.spec.function_id)
+        except exceptions.TrayError as error:  # the GCS stayed unreachable
+            self._fail(task, serialize_error(error))
+            return
+        failure = await self._resolver.resolve(task)
+        if failure is not None:
+            self._fail(task, failure)
+            return
+        if task.cancelled:
+            return
+        self.enqueue(task)
+
+    def enqueue(self, task: PendingTask) -> None:
+        key = class_key(task.spec)
+        queue = self.queues.setdefault(key, ClassQueue())
+        queue.tasks.append(task)
+        self._pump(key, queue)
+
+    def remove_queued(self, task: PendingTask) -> None:
+        """A cancelled task leaves the queues (it was not pushed yet)."""
+        for queue in self.queues.values():
+            if task in queue.tasks:
+                queue.tasks.remove(task)
+
+    def _pump(self, key: tuple, queue: ClassQueue) -> None:
+        for lease in queue.leases:
+            if not queue.tasks:
+                break
+            if not lease.busy:
+                lease.busy = True
+                self._nursery.start_soon(self._push, key, queue, lease, queue.tasks.popleft())
+        wanted = len(queue.tasks) - queue.pending_requests
+        while wanted > 0 and queue.pending_requests < self._config.pending_lease_requests_max:
+            queue.pending_requests += 1
+            wanted -= 1
+            self._nursery.start_soon(self._request_lease, key, queue)
+        if not queue.tasks:
+            for lease in list(queue.leases):
+                if not lease.busy:
+                    self._return_lease(queue, lease, worker_ok=True)
+            if not queue.leases and not queue.pending_requests:
+                self.queues.pop(key, None)
+
+    def _return_lease(self, queue: ClassQueue, lease: LeaseState, worker_ok: bool) -> None:
+        queue.leases.remove(lease)
+        self._outbox.send_later(lease.node_manager, "return_lease", lease.lease_id, worker_ok)
+
+    async def _request_lease(self, key: tuple, queue: ClassQueue) -> None:
+        manager, hops = self._node_manager_address, 0
+        try:
+            while queue.tasks:
+                spec = queue.tasks[0].spec
+                request = LeaseRequest(resources=spec.resources, strategy=spec.strategy,
+                                       owner=self._address, hops=hops)
+                try:
+                    reply = await self._endpoint.call(manager, "request_lease", request)
+                except PeerDisconnected:
+                    manager, hops = self._node_manager_address, 0
+                    await trio.sleep(self._config.heartbeat_period_s)
+                    continue
+                except exceptions.TrayError as error:  # the node cannot run workers
+                    self._fail_queue(queue, exceptions.TaskError(
+                        spec.name, f"the task cannot be scheduled: {error}", None))
+                    break
+                if isinstance(reply, Spillback):
+                    manager, hops = reply.address, hops + 1
+                    continue
+                if isinstance(reply, Infeasible):
+                    if not queue.warned:
+                        queue.warned = True
+                        logger.warning("task %s is infeasible and stays pending: %s",
+                                       spec.name, reply.reason)
+                        self._tracer.record(self._name, "infeasible", task=spec.task_id)
+                    if spec.strategy.kind == "NODE_AFFINITY" and not spec.strategy.soft and \
+                            "not alive" in reply.reason:
+                        self._fail_queue(queue, exceptions.TaskError(
+                            spec.name, f"the task cannot be scheduled: {reply.reason}", None))
+                        break
+                    manager, hops = self._node_manager_address, 0
+                    await trio.sleep(self._config.infeasible_retry_period_s)
+                    continue
+                assert isinstance(reply, LeaseGranted), reply
+                lease = LeaseState(reply.lease_id, reply.worker_address, manager,
+                                   reply.node_id, reply.gpu_ids)
+                queue.leases.append(lease)
+                break
+        except BaseException:
+            queue.pending_requests -= 1  # cancelled: the process is going away
+            raise
+        queue.pending_requests -= 1
+        self._pump(key, queue)
+
+    def _fail_queue(self, queue: ClassQueue, error: Exception) -> None:
+        while queue.tasks:
+            self._fail(queue.tasks.popleft(), serialize_error(error))
+
+    async def _push(self, key: tuple, queue: ClassQueue, lease: LeaseState,
+                    task: PendingTask) -> None:
+        spec = task.spec
+        task.pushed_to = lease.worker_address
+        try:
+            reply = await self._endpoint.call(lease.worker_address, "push_task", spec,
+                                              lease.gpu_ids)
+        except PeerDisconnected:
+            task.pushed_to = None
+            queue.leases.remove(lease)
+            # Dead, or only cut off from us: either way the worker is done
+            # for (its node manager kills it if it lives) and the task retried.
+            self._outbox.send_later(lease.node_manager, "return_lease", lease.lease_id, False)
+            self._task_worker_died(task, lease)
+            self._pump(key, queue)
+            return
+        task.pushed_to = None
+        lease.busy = False
+        if spec.strategy.kind == "SPREAD":
+            # Each SPREAD task takes a fresh lease, so the policy spreads it.
+            self._return_lease(queue, lease, worker_ok=True)
+        results = reply.results
+        if reply.application_error and not task.cancelled and \
+                self._task_manager.should_retry_exception(task, results):
+            spend_retry(task)
+            self._tracer.record(self._name, "task_retry", task=spec.task_id,
+                                attempt=spec.attempt, reason="exception")
+            queue.tasks.append(task)
+            self._pump(key, queue)
+            return
+        self._pump(key, queue)  # return or reuse the lease before waking getters
+        self._task_manager.finish(task, results)
+
+    def _task_worker_died(self, task: PendingTask, lease: LeaseState) -> None:
+        spec = task.spec
+        if task.cancelled:
+            error = exceptions.TaskCancelledError(f"task {spec.name} ({spec.task_id.hex()}) "
+                                                  "was cancelled")
+        elif task.retries_left != 0:
+            spend_retry(task)
+            self._tracer.record(self._name, "task_retry", task=spec.task_id,
+                                attempt=spec.attempt, reason="worker died")
+            self.enqueue(task)
+            return
+        else:
+            error = exceptions.WorkerCrashedError(
+                f"the worker running task {spec.name} ({spec.task_id.hex()}) on node "
+                f"{lease.node_id} died, and its retries are used up "
+                f"(max_retries={spec.max_retries}, attempts={spec.attempt + 1})")
+        self._fail(task, serialize_error(error))
+
+    def handle_held_leases(self, conn, node_manager: str, lease_ids: list) -> list:
+        """Which of these leases from ``node_manager`` this process holds."""
+        held = {lease.lease_id for queue in self.queues.values() for lease in queue.leases
+                if lease.node_manager == node_manager}
+        return [lease_id for lease_id in lease_ids if lease_id in held]
+
+    def node_died(self, node_id: str) -> set:
+        """Forget the idle leases on a dead node; returns the addresses of
+        its workers this process leased (calls to them must fail now)."""
+        dropped = set()
+        for key, queue in sorted(self.queues.items(), key=lambda item: repr(item[0])):
+            for lease in list(queue.leases):
+                if lease.node_id == node_id:
+                    dropped.add(lease.worker_address)
+                    if not lease.busy:
+                        queue.leases.remove(lease)
+            self._pump(key, queue)
+        return dropped

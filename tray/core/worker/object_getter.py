@@ -1,0 +1,184 @@
+"""Getting objects: status from the owner, bytes from a store, get and wait.
+
+To read an object a process asks its owner for the object's status (the
+owner answers when the object exists: its inline value, the locations of
+its copies, or its error), then reads a stored value from this node's store,
+asking the node manager to pull it from another node first when there is no
+local copy. When every known copy is gone, the owner is asked to recover the
+object (``object_recovery``) and the read starts over.
+
+A task that blocks in ``get`` or ``wait`` lends its CPU back to its node
+meanwhile, so nested tasks cannot starve each other of CPUs (Ray does the
+same); an actor keeps its resources."""
+
+from __future__ import annotations
+
+import trio
+
+from ... import exceptions
+from ..context import current_task
+from ..ids import ObjectID
+from ..messages import StoredResult, inline_or_failed
+from ..object_ref import ObjectRef
+from ..rpc import Endpoint, PeerDisconnected
+from ..serialization import KIND_ERROR, SerializedObject, serialize_error
+from .outbox import Outbox
+from .reference_counter import ReferenceCounter
+
+
+class ObjectGetter:
+    def __init__(self, *, address: str, endpoint: Endpoint, references: ReferenceCounter,
+                 outbox: Outbox, store, node_manager_address: str, worker_id: str,
+                 lends_cpu) -> None:
+        self._address = address
+        self._endpoint = endpoint
+        self._references = references
+        self._outbox = outbox
+        self._store = store
+        self._node_manager_address = node_manager_address
+        self._worker_id = worker_id
+        # lends_cpu() -> bool: does a task blocking here give its CPU back?
+        self._lends_cpu = lends_cpu
+        self._recover = None  # set by the core worker: ObjectRecoveryManager.recover
+
+    def bind_recovery(self, recover) -> None:
+        self._recover = recover
+
+    # -------------------------------------------------------------- status
+
+    async def object_status(self, object_id: ObjectID, owner: str):
+        """What the owner knows of the object (waits until it exists)."""
+        if owner == self._address:
+            entry = self._references.refs.get(object_id)
+            if entry is None:
+                error = exceptions.ObjectLostError(
+                    f"object {object_id.hex()} was freed: no reference to it remained")
+                return inline_or_failed(serialize_error(error))
+            while not entry.ready:
+                if entry.event is None:
+                    entry.event = trio.Event()
+                await entry.event.wait()
+            if entry.inline is not None:
+                return inline_or_failed(entry.inline)
+            return StoredResult(list(entry.locations))
+        try:
+            return await self._endpoint.call(owner, "object_status", object_id.binary())
+        except PeerDisconnected:
+            error = exceptions.OwnerDiedError(
+                f"the owner of object {object_id.hex()} ({owner}) died, so the object "
+                "cannot be retrieved")
+            return inline_or_failed(serialize_error(error))
+
+    async def handle_object_status(self, conn, object_id: bytes):
+        return await self.object_status(ObjectID(object_id), self._address)
+
+    async def fetch(self, object_id: ObjectID, owner: str) -> SerializedObject:
+        key = object_id.binary()
+        while True:
+            status = await self.object_status(object_id, owner)
+            if not isinstance(status, StoredResult):
+                return status.serialized
+            entry = self._store.get(key)
+            if entry is None:
+                ok = await self._endpoint.call(self._node_manager_address, "pull_object", key,
+                                               status.locations, owner)
+                entry = self._store.get(key) if ok else None
+            if entry is not None:
+                data, buffers = entry
+                return SerializedObject(data, buffers)
+            # Every known copy is gone: the owner re-creates the object from
+            # its lineage (then the loop fetches it again) or says why not.
+            failure = await self._recover(object_id, owner, status.locations)
+            if failure is not None:
+                return failure
+
+    # ------------------------------------------------------------ get/wait
+
+    def _blocking(self, blocked: bool) -> None:
+        """A task about to wait in get/wait lends its CPU back to its node
+        (and takes it again after), so nested tasks cannot starve each other
+        of CPUs — as Ray does."""
+        if self._lends_cpu() and current_task.get(None) is not None:
+            self._outbox.send_later(self._node_manager_address,
+                                    "worker_blocked" if blocked else "worker_unblocked",
+                                    self._worker_id)
+
+    def ready_here(self, ref: ObjectRef, local: bool = True) -> bool:
+        """Is ``ref`` an object this process owns, ready (and, if ``local``,
+        in this node's store or in memory)? No waiting needed then."""
+        entry = self._references.refs.get(ref.object_id())
+        return entry is not None and entry.owned and entry.ready and (
+            entry.inline is not None or not local or self._store.contains(ref.binary()))
+
+    async def get(self, refs: list, timeout: float | None, single: bool = False):
+        if all(self.ready_here(ref) for ref in refs):
+            return await self._get(refs, timeout, single)  # nothing to wait for
+        self._blocking(True)
+        try:
+            return await self._get(refs, timeout, single)
+        finally:
+            self._blocking(False)
+
+    async def _get(self, refs: list, timeout: float | None, single: bool):
+        with trio.move_on_after(timeout if timeout is not None else float("inf")) as scope:
+            values = [None] * len(refs)
+
+            async def fetch(i: int, ref: ObjectRef) -> None:
+                values[i] = await self.fetch(ref.object_id(), ref._owner)
+
+            if len(refs) == 1:
+                await fetch(0, refs[0])
+            else:
+                async with trio.open_nursery() as nursery:
+                    for i, ref in enumerate(refs):
+                        nursery.start_soon(fetch, i, ref)
+        if scope.cancelled_caught:
+            raise exceptions.GetTimeoutError(
+                f"get() timed out after {timeout} s waiting for {len(refs)} object(s)")
+        results = []
+        for serialized in values:
+            value = await self._references.deserialize(serialized)
+            if serialized.kind == KIND_ERROR:
+                raise value
+            results.append(value)
+        return results[0] if single else results
+
+    async def wait(self, refs: list, num_returns: int, timeout: float | None,
+                   fetch_local: bool) -> tuple[list, list]:
+        self._blocking(True)
+        try:
+            return await self._wait(refs, num_returns, timeout, fetch_local)
+        finally:
+            self._blocking(False)
+
+    async def _wait(self, refs: list, num_returns: int, timeout: float | None,
+                    fetch_local: bool) -> tuple[list, list]:
+        ready: set = set()
+        enough = trio.Event()
+        # Objects this process owns that are ready (and local, when asked)
+        # need no watcher: a wait loop over many refs stays cheap.
+        for ref in refs:
+            if self.ready_here(ref, fetch_local):
+                ready.add(ref.object_id())
+                if len(ready) >= num_returns:
+                    enough.set()
+                    break
+
+        async def watch(ref: ObjectRef) -> None:
+            status = await self.object_status(ref.object_id(), ref._owner)
+            if fetch_local and isinstance(status, StoredResult):
+                await self.fetch(ref.object_id(), ref._owner)
+            ready.add(ref.object_id())
+            if len(ready) >= num_returns:
+                enough.set()
+
+        with trio.move_on_after(timeout if timeout is not None else float("inf")):
+            async with trio.open_nursery() as nursery:
+                for ref in refs:
+                    if not enough.is_set() and ref.object_id() not in ready:
+                        nursery.start_soon(watch, ref)
+                await enough.wait()
+                nursery.cancel_scope.cancel()
+        done = [ref for ref in refs if ref.object_id() in ready][:num_returns]
+        chosen = {ref.object_id() for ref in done}
+        return done, [ref for ref in refs if ref.object_id() not in chosen]

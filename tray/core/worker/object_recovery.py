@@ -1,0 +1,124 @@
+"""Bringing back an object whose copies were lost.
+
+A reader that finds no readable copy of an object asks its owner to recover
+it, naming the locations it could not read. The owner (Algorithm):
+
+1. drops the lost locations (and asks their nodes to free the object, in
+   case a copy lives on after all); if another copy is known, the reader
+   just tries again;
+2. otherwise, an object made by ``put`` cannot be re-created: the reader
+   gets ``ObjectLostError``;
+3. a task's result is re-created by running the task again from its lineage
+   (the spec kept by the task manager), within its ``max_retries`` — every
+   argument must still be referenced, and holds one more ``submitted``
+   count while the re-run is pending; results of actor calls have no
+   lineage (``ObjectReconstructionFailedError``);
+4. the re-run is submitted like any task; when an argument of it was lost
+   too, the re-run's own fetch asks for that argument's recovery, so
+   recovery is recursive.
+
+While a re-run is pending the object is not ready, so readers (and further
+recovery requests) wait for it."""
+
+from __future__ import annotations
+
+import logging
+
+from ... import exceptions
+from ..ids import ObjectID
+from ..rpc import Endpoint, PeerDisconnected
+from ..serialization import SerializedObject, serialize_error
+from .loop_bridge import LoopBridge
+from .normal_task_submitter import NormalTaskSubmitter
+from .outbox import Outbox
+from .reference_counter import ReferenceCounter
+from .task_manager import PendingTask, TaskManager, spend_retry
+
+logger = logging.getLogger("tray.worker")
+
+
+class ObjectRecoveryManager:
+    def __init__(self, *, address: str, name: str, endpoint: Endpoint, bridge: LoopBridge,
+                 outbox: Outbox, tracer, references: ReferenceCounter,
+                 task_manager: TaskManager, submitter: NormalTaskSubmitter) -> None:
+        self._address = address
+        self._name = name
+        self._endpoint = endpoint
+        self._bridge = bridge
+        self._outbox = outbox
+        self._tracer = tracer
+        self._references = references
+        self._task_manager = task_manager
+        self._submitter = submitter
+
+    async def recover(self, object_id: ObjectID, owner: str,
+                      lost: list) -> SerializedObject | None:
+        """Ask the owner to recover the object; None: fetch it again."""
+        if owner == self._address:
+            return self.handle_recover_object(None, object_id.binary(), lost)
+        try:
+            return await self._endpoint.call(owner, "recover_object", object_id.binary(), lost)
+        except PeerDisconnected:
+            return serialize_error(exceptions.OwnerDiedError(
+                f"the owner of object {object_id.hex()} ({owner}) died, so the object "
+                "cannot be retrieved"))
+
+    def handle_recover_object(self, conn, object_id: bytes, lost: list) -> SerializedObject | None:
+        """The copies of an object this process owns at ``lost`` could not be
+        read. Returns None when the object can be fetched again (another
+        copy exists, or its task is re-running), else the error."""
+        oid = ObjectID(object_id)
+        references = self._references
+        entry = references.refs.get(oid)
+        if entry is None:
+            return serialize_error(exceptions.ObjectLostError(
+                f"object {oid.hex()} was freed: no reference to it remained"))
+        if not entry.ready:
+            return None  # being re-created already
+        lost = [tuple(location) for location in lost]
+        for _node_id, manager in sorted(set(lost) & set(entry.locations)):
+            self._outbox.send_later(manager, "free_objects", [object_id])  # if it lives after all
+        entry.locations = [loc for loc in entry.locations if loc not in lost]
+        if entry.locations:
+            return None
+        where = sorted({node_id for node_id, _ in lost})
+        if oid.is_put():
+            return serialize_error(exceptions.ObjectLostError(
+                f"object {oid.hex()} was lost with node(s) {where}; it was created by put(), "
+                "so it cannot be re-created (only task results can)"))
+        task = self._task_manager.lineage.get(oid.task_id())
+        if task is None:
+            return serialize_error(exceptions.ObjectReconstructionFailedError(
+                f"object {oid.hex()} was lost with node(s) {where} and cannot be re-created: "
+                "it was returned by an actor call, or its lineage is gone"))
+        spec = task.spec
+        if task.retries_left == 0:
+            return serialize_error(exceptions.ObjectReconstructionFailedError(
+                f"object {oid.hex()} (a result of task {spec.name}) was lost with node(s) "
+                f"{where} and cannot be re-created: the task's retries are used up "
+                f"(max_retries={spec.max_retries}, it ran {spec.attempt + 1} time(s))"))
+        holds = []
+        for arg in spec.ref_args():
+            arg_id = ObjectID(arg.object_id)
+            arg_entry = references.refs.get(arg_id)
+            if arg_entry is None:
+                references.release_submitted(holds)
+                return serialize_error(exceptions.ObjectReconstructionFailedError(
+                    f"object {oid.hex()} (a result of task {spec.name}) was lost with node(s) "
+                    f"{where} and cannot be re-created: its argument {arg.object_id.hex()} "
+                    "was freed"))
+            arg_entry.submitted += 1
+            holds.append(arg_id)
+        spend_retry(task)
+        for return_id in spec.return_ids:
+            returned = references.refs.get(ObjectID(return_id))
+            if returned is not None:
+                returned.ready, returned.inline, returned.locations = False, None, []
+        again = PendingTask(spec, task.retries_left, holds)
+        self._task_manager.add(again)
+        self._tracer.record(self._name, "task_reconstruct", task=spec.task_id,
+                            attempt=spec.attempt, object=oid)
+        logger.info("re-running task %s to re-create lost object %s", spec.name, oid.hex())
+        self._bridge.start_soon(self._submitter.submit, again)
+        return None
+

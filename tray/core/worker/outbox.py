@@ -1,0 +1,61 @@
+"""One-way messages queued from anywhere and sent in order from the loop.
+
+Reference counting must send messages from places that cannot wait: an
+``ObjectRef.__del__`` (which may run in the user's thread, or in the middle
+of another component's bookkeeping), a finished task's bookkeeping, a lease
+given back. They go into this outbox, and one flusher task drains it in
+order, so messages to one peer keep the order they were queued in (a
+``remove_borrower`` never overtakes the ``add_borrower`` before it).
+A message addressed to this very process is handled in place by its
+handler, still in queue order."""
+
+from __future__ import annotations
+
+from collections import deque
+
+from ..rpc import Endpoint
+from .loop_bridge import LoopBridge
+
+
+class Outbox:
+    def __init__(self, address: str, endpoint: Endpoint, bridge: LoopBridge) -> None:
+        self._address = address
+        self._endpoint = endpoint
+        self._bridge = bridge
+        self._queue: deque = deque()
+        self._flush_scheduled = False
+        self.shutting_down = False
+
+    def __len__(self) -> int:
+        return len(self._queue)
+
+    def send_later(self, address: str, method: str, *args) -> None:
+        """Queue a one-way message; safe from ``__del__`` and from outside trio."""
+        self._queue.append((address, method, args))
+        if self._flush_scheduled or self.shutting_down:
+            return
+        self._flush_scheduled = True
+        if self._bridge.in_user_thread():
+            try:
+                self._bridge.call_soon_from_outside(self._schedule_flush)
+            except Exception:  # the run has ended
+                self._flush_scheduled = False
+        else:
+            self._schedule_flush()
+
+    def _schedule_flush(self) -> None:
+        try:
+            self._bridge.start_soon(self._flush)
+        except RuntimeError:  # the process is shutting down
+            self._flush_scheduled = False
+
+    async def _flush(self) -> None:
+        try:
+            while self._queue:
+                address, method, args = self._queue.popleft()
+                if address == self._address:
+                    self._endpoint.handlers[method](None, *args)
+                else:
+                    await self._endpoint.notify(address, method, *args)
+        finally:
+            self._flush_scheduled = False

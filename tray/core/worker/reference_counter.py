@@ -1,0 +1,320 @@
+"""The reference table: every object this process owns or borrows.
+
+One ``RefEntry`` per object id, owned (this process created it with
+``.remote()`` or ``put``) or borrowed (a ref arrived from elsewhere). An
+entry counts who still needs the object; when every count is zero the
+entry goes, and for an owned object every copy is freed. The counts, and
+when each moves:
+
+* ``local``: ``ObjectRef`` instances alive in this process — up when one is
+  made, down in its ``__del__``.
+* ``submitted``: tasks (and actor creations) this process submitted that
+  take the object as an argument — up when the arguments are packed, down
+  when the task finishes (or when a reconstruction that held it ends).
+* ``contained``: objects this process knows of whose value holds a ref to
+  this one — up when such a value is stored or a returned value is adopted,
+  down when that outer object is freed.
+* ``borrowers`` (owned objects only): other processes holding refs, each
+  with a count of its registrations — up on ``add_borrower``, down on
+  ``remove_borrower``; a borrower that died is dropped entirely.
+
+An owned entry also holds the object's value state, as the owner knows it:
+``ready``, the value itself when small (``inline``) or where copies live
+(``locations``), and the refs inside it (``contained_refs``).
+
+Invariants (``validate_state``, one fact per assert): counts are never
+negative; an entry whose counts are all zero exists only while the task that
+makes it runs; a borrowed entry has no borrowers of its own and no value
+state; an event to wait on exists only while the object is not ready.
+
+A borrowed entry that reaches zero tells its owner (``remove_borrower``).
+Messages go through the outbox, so they leave in order."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import trio
+
+from ..ids import ObjectID
+from ..object_ref import ObjectRef, _new_borrows
+from ..rpc import Endpoint, PeerDisconnected
+from ..serialization import SerializedObject, deserialize
+from .loop_bridge import LoopBridge
+from .outbox import Outbox
+
+
+@dataclass(frozen=True)
+class ReferenceStatistics:
+    objects: int  # entries, owned and borrowed
+    owned: int
+    borrowed: int
+    # (object id hex, sorted borrower addresses) of every owned object.
+    owned_objects: tuple = ()
+
+
+@dataclass
+class RefEntry:
+    owner: str
+    owned: bool
+    local: int = 0
+    submitted: int = 0
+    contained: int = 0
+    borrowers: dict = field(default_factory=dict)  # owner side: address -> count
+    # The value: inline (value or error) or in node stores.
+    ready: bool = False
+    inline: SerializedObject | None = None
+    locations: list = field(default_factory=list)  # [(node_id, node manager address)]
+    contained_refs: list = field(default_factory=list)  # [(oid bytes, owner)] inside the value
+    event: trio.Event | None = None
+
+    def total(self) -> int:
+        return self.local + self.submitted + self.contained + len(self.borrowers)
+
+
+class ReferenceCounter:
+    def __init__(self, *, address: str, name: str, endpoint: Endpoint, outbox: Outbox,
+                 bridge: LoopBridge, tracer, store, node_id: str, node_manager_address: str,
+                 config, task_pending, lineage_released) -> None:
+        self.address = address
+        self._name = name
+        self._endpoint = endpoint
+        self._outbox = outbox
+        self._bridge = bridge
+        self._tracer = tracer
+        self._store = store
+        self._node_id = node_id
+        self._node_manager_address = node_manager_address
+        self._config = config
+        # task_pending(task_id): is the task that makes this object still running?
+        self._task_pending = task_pending
+        # lineage_released(task_id): one of the task's results was freed.
+        self._lineage_released = lineage_released
+        # Grows with the objects the program holds; each entry is freed when
+        # its last reference goes (the object store's capacity bounds the big ones).
+        self.refs: dict[ObjectID, RefEntry] = {}
+
+    def statistics(self) -> ReferenceStatistics:
+        owned = tuple((oid.hex(), tuple(sorted(entry.borrowers)))
+                      for oid, entry in sorted(self.refs.items(), key=lambda kv: kv[0].hex())
+                      if entry.owned)
+        return ReferenceStatistics(objects=len(self.refs), owned=len(owned),
+                                   borrowed=len(self.refs) - len(owned), owned_objects=owned)
+
+    def validate_state(self) -> None:
+        for object_id, entry in self.refs.items():
+            self._validate_entry(object_id, entry)
+
+    def _validate_entry(self, object_id: ObjectID, entry: RefEntry) -> None:
+        assert entry.local >= 0, (object_id, entry)
+        assert entry.submitted >= 0, (object_id, entry)
+        assert entry.contained >= 0, (object_id, entry)
+        assert all(count > 0 for count in entry.borrowers.values()), (object_id, entry)
+        assert entry.owned == (entry.owner == self.address), (object_id, entry)
+        if entry.total() == 0:
+            # Kept only for the reply of the task that makes it.
+            assert entry.owned, (object_id, entry)
+            assert not entry.ready, (object_id, entry)
+            assert self._task_pending(object_id.task_id()), (object_id, entry)
+        if not entry.owned:
+            assert not entry.borrowers, (object_id, entry)
+            assert not entry.ready, (object_id, entry)
+            assert entry.inline is None, (object_id, entry)
+            assert not entry.locations, (object_id, entry)
+            assert not entry.contained_refs, (object_id, entry)
+        if entry.ready:
+            assert entry.event is None, (object_id, entry)
+
+    def entry(self, object_id: ObjectID) -> RefEntry | None:
+        return self.refs.get(object_id)
+
+    def _entry_for(self, object_id: ObjectID, owner: str) -> RefEntry:
+        entry = self.refs.get(object_id)
+        if entry is None:
+            entry = self.refs[object_id] = RefEntry(owner=owner, owned=owner == self.address)
+        return entry
+
+    # ------------------------------------------------------------ local refs
+
+    def add_local_ref(self, object_id: ObjectID, owner: str) -> None:
+        self._entry_for(object_id, owner).local += 1
+
+    def remove_local_ref(self, object_id: ObjectID) -> None:
+        if self._bridge.loop_in_other_thread and self._bridge.in_user_thread():
+            # A ref dropped in the user's thread while the loop runs in its
+            # own: count it down there.
+            try:
+                self._bridge.call_soon_from_outside(lambda: self._release_local_ref(object_id))
+            except Exception:  # the loop has ended
+                pass
+            return
+        self._release_local_ref(object_id)
+
+    def _release_local_ref(self, object_id: ObjectID) -> None:
+        entry = self.refs.get(object_id)
+        if entry is None:
+            return
+        entry.local -= 1
+        assert entry.local >= 0, object_id
+        self.maybe_release(object_id, entry)
+
+    def maybe_release(self, object_id: ObjectID, entry: RefEntry) -> None:
+        if entry.total() > 0 or self.refs.get(object_id) is not entry:
+            return
+        if entry.owned and not entry.ready and self._task_pending(object_id.task_id()):
+            return  # the task is still running; its reply releases the object
+        del self.refs[object_id]
+        if entry.owned:
+            self._lineage_released(object_id.task_id())
+            self._tracer.record(self._name, "object_freed", object=object_id)
+            by_node: dict[str, list] = {}
+            for _node_id, manager in entry.locations:
+                by_node.setdefault(manager, []).append(object_id.binary())
+            for manager, ids in sorted(by_node.items()):
+                self._outbox.send_later(manager, "free_objects", ids)
+            self.release_contained(entry.contained_refs)
+        else:
+            self._outbox.send_later(entry.owner, "remove_borrower", object_id.binary(),
+                                    self.address)
+
+    # ------------------------------------------------- submitted and contained
+
+    def hold_submitted(self, object_id: ObjectID, owner: str) -> None:
+        """A task this process submits takes the object as an argument."""
+        self._entry_for(object_id, owner).submitted += 1
+
+    def release_submitted(self, holds: list) -> None:
+        """The tasks holding these objects as arguments are done with them."""
+        for oid in holds:
+            entry = self.refs.get(oid)
+            if entry is not None:
+                entry.submitted -= 1
+                self.maybe_release(oid, entry)
+
+    def release_contained(self, contained: list) -> None:
+        for oid_bytes, _owner in contained:
+            oid = ObjectID(oid_bytes)
+            entry = self.refs.get(oid)
+            if entry is not None:
+                entry.contained -= 1
+                self.maybe_release(oid, entry)
+
+    def hold_contained(self, contained: list) -> None:
+        for oid_bytes, owner in contained:
+            self._entry_for(ObjectID(oid_bytes), owner).contained += 1
+
+    def adopt_contained(self, entry: RefEntry, contained: list) -> None:
+        """The executor made this process a borrower of each ref inside a
+        returned value; hold them while the returned object lives."""
+        entry.contained_refs = list(contained)
+        for oid_bytes, owner in contained:
+            oid = ObjectID(oid_bytes)
+            existing = self.refs.get(oid)
+            if existing is None:
+                self.refs[oid] = RefEntry(owner=owner, owned=owner == self.address, contained=1)
+                continue
+            existing.contained += 1
+            if owner != self.address:
+                # Already registered as a borrower: undo the executor's extra registration.
+                self._outbox.send_later(owner, "remove_borrower", oid_bytes, self.address)
+            else:
+                self.handle_remove_borrower(None, oid_bytes, self.address)
+
+    def balance_contained_borrows(self, contained: list) -> None:
+        """A returned value nobody holds: undo the borrows made for its refs."""
+        for oid_bytes, owner in contained:
+            self._outbox.send_later(owner, "remove_borrower", oid_bytes, self.address)
+
+    # ------------------------------------------------------------- values
+
+    def store_value(self, object_id: ObjectID, entry: RefEntry,
+                    serialized: SerializedObject) -> None:
+        """The value of an owned object: inline when small, else in this node's store."""
+        entry.contained_refs = list(serialized.contained)
+        self.hold_contained(entry.contained_refs)
+        if serialized.size_bytes() <= self._config.inline_object_max_bytes:
+            entry.inline = serialized
+        else:
+            self._store.put(object_id.binary(), serialized.data, serialized.buffers,
+                            owner=self.address)
+            entry.locations = [(self._node_id, self._node_manager_address)]
+        self.mark_ready(entry)
+
+    @staticmethod
+    def mark_ready(entry: RefEntry) -> None:
+        entry.ready = True
+        if entry.event is not None:
+            entry.event.set()
+            entry.event = None
+
+    def handle_add_location(self, conn, object_id: bytes, node_id: str, manager: str) -> None:
+        entry = self.refs.get(ObjectID(object_id))
+        if entry is None or not entry.owned:
+            self._outbox.send_later(manager, "free_objects", [object_id])  # freed meanwhile
+            return
+        if (node_id, manager) not in entry.locations:
+            entry.locations.append((node_id, manager))
+
+    def forget_node(self, node_id: str) -> None:
+        """A node died: the copies it held are gone."""
+        for entry in self.refs.values():
+            if entry.owned and entry.locations:
+                entry.locations = [loc for loc in entry.locations if loc[0] != node_id]
+
+    # ------------------------------------------------------------- borrowers
+
+    def handle_add_borrower(self, conn, object_id: bytes, borrower: str) -> bool:
+        entry = self.refs.get(ObjectID(object_id))
+        if entry is None or not entry.owned:
+            return False
+        entry.borrowers[borrower] = entry.borrowers.get(borrower, 0) + 1
+        return True
+
+    def handle_add_borrower_oneway(self, conn, object_id: bytes, borrower: str) -> None:
+        self.handle_add_borrower(conn, object_id, borrower)
+
+    def handle_remove_borrower(self, conn, object_id: bytes, borrower: str) -> None:
+        oid = ObjectID(object_id)
+        entry = self.refs.get(oid)
+        if entry is None or borrower not in entry.borrowers:
+            return
+        entry.borrowers[borrower] -= 1
+        if entry.borrowers[borrower] <= 0:
+            del entry.borrowers[borrower]
+        self.maybe_release(oid, entry)
+
+    def peer_gone(self, address: str) -> None:
+        """A process died: it borrows nothing any more."""
+        for object_id, entry in list(self.refs.items()):
+            if entry.owned and address in entry.borrowers:
+                del entry.borrowers[address]
+                self.maybe_release(object_id, entry)
+
+    def register_borrow_later(self, object_id: ObjectID, owner: str) -> None:
+        self._outbox.send_later(owner, "add_borrower_oneway", object_id.binary(), self.address)
+
+    async def _register_borrows(self, refs: list) -> None:
+        async def register(ref: ObjectRef) -> None:
+            try:
+                await self._endpoint.call(ref._owner, "add_borrower", ref.binary(), self.address)
+            except PeerDisconnected:
+                pass  # the owner died: get() on this ref reports OwnerDiedError
+        if len(refs) == 1:
+            await register(refs[0])
+            return
+        async with trio.open_nursery() as nursery:
+            for ref in refs:
+                nursery.start_soon(register, ref)
+
+    async def deserialize(self, serialized: SerializedObject):
+        """Deserialize, registering this process as borrower of every new
+        ref inside before the value reaches user code."""
+        borrows: list = []
+        token = _new_borrows.set(borrows)
+        try:
+            value = deserialize(serialized)
+        finally:
+            _new_borrows.reset(token)
+        if borrows:
+            await self._register_borrows(borrows)
+        return value

@@ -1,0 +1,185 @@
+"""The executing side: running a pushed task (or an actor call) in this worker.
+
+A task runs inline in the trio task that received it: its arguments are
+fetched (zero-copy from this node's store, pulled from other nodes if need
+be) and deserialized, the user's function runs (a blocking ``tray.get``
+inside suspends through greenback, so the worker keeps serving its peers),
+and each return value is stored — small ones inline in the reply, large
+ones in this node's store with the location in the reply.
+
+Before the caller learns of a returned value, it is registered as a
+borrower of every ref inside it, so the owners cannot free those objects in
+between. Cancellation cancels the running task's trio scope; ``force``
+ends the whole worker process."""
+
+from __future__ import annotations
+
+import inspect
+import traceback
+
+import greenback
+import trio
+
+from ... import exceptions
+from ..context import TaskContext, current_task
+from ..ids import ObjectID, TaskID
+from ..messages import FailedResult, InlineResult, StoredResult, TaskReply
+from ..rpc import Endpoint, PeerDisconnected
+from ..serialization import KIND_ERROR, SerializedObject, serialize, serialize_error
+from ..task_spec import ArgByValue, TaskSpec
+from .function_table import FunctionTable
+from .object_getter import ObjectGetter
+from .reference_counter import ReferenceCounter
+
+
+class _ArgumentError(Exception):
+    """An argument of the task was an error; it propagates unchanged."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def _split_returns(value, num_returns: int, name: str) -> list:
+    if num_returns == 1:
+        return [value]
+    if num_returns == 0:
+        return []
+    try:
+        values = list(value)
+    except TypeError:
+        raise ValueError(f"task {name} has num_returns={num_returns} but returned a "
+                         f"{type(value).__name__}, which is not a sequence") from None
+    if len(values) != num_returns:
+        raise ValueError(f"task {name} has num_returns={num_returns} but returned "
+                         f"{len(values)} values")
+    return values
+
+
+def _task_error(name: str, error: Exception) -> SerializedObject:
+    if isinstance(error, exceptions.TaskError):
+        return serialize_error(error)  # an upstream failure: keep its story
+    text = "".join(traceback.format_exception(type(error), error, error.__traceback__))
+    try:
+        task_error = exceptions.TaskError(name, text, error).as_instanceof_cause()
+    except Exception:  # the user's exception class resists subclassing
+        task_error = exceptions.TaskError(name, text, error)
+    return serialize_error(task_error)
+
+
+class TaskReceiver:
+    def __init__(self, *, address: str, name: str, endpoint: Endpoint, tracer, store,
+                 node_id: str, node_manager_address: str, config, functions: FunctionTable,
+                 references: ReferenceCounter, getter: ObjectGetter, on_gpu_ids,
+                 exit_process, cancel_children) -> None:
+        self._address = address
+        self._name = name
+        self._endpoint = endpoint
+        self._tracer = tracer
+        self._store = store
+        self._node_id = node_id
+        self._node_manager_address = node_manager_address
+        self._config = config
+        self._functions = functions
+        self._references = references
+        self._getter = getter
+        # Backend hooks: on_gpu_ids(ids) before user code runs (sets
+        # CUDA_VISIBLE_DEVICES in a real process); exit_process() ends it.
+        self._on_gpu_ids = on_gpu_ids
+        self._exit_process = exit_process
+        # cancel_children(task_id, force): cancel the tasks this one submitted.
+        self._cancel_children = cancel_children
+        # task id -> scope of the task running it: at most one per trio task
+        # running user code (one, or max_concurrency for an actor).
+        self.running: dict[bytes, trio.CancelScope] = {}
+
+    async def handle_push_task(self, conn, spec: TaskSpec, gpu_ids: list) -> TaskReply:
+        context = TaskContext(TaskID(spec.task_id), gpu_ids=gpu_ids, name=spec.name,
+                              job_id=spec.job_id, namespace=spec.namespace)
+        return await self.execute(spec, context,
+                                  lambda: self._functions.load(spec.function_id))
+
+    async def handle_cancel_task(self, conn, task_id: bytes, force: bool, recursive: bool) -> None:
+        if recursive:
+            await self._cancel_children(task_id, force)
+        if force:
+            self._tracer.record(self._name, "force_exit", task=task_id)
+            self._exit_process()
+            return
+        scope = self.running.get(task_id)
+        if scope is not None:
+            scope.cancel()
+
+    async def _resolve_args(self, spec: TaskSpec) -> tuple[list, dict]:
+        async def value_of(arg):
+            if isinstance(arg, ArgByValue):
+                serialized = arg.value
+            else:
+                serialized = await self._getter.fetch(ObjectID(arg.object_id), arg.owner)
+            value = await self._references.deserialize(serialized)
+            if serialized.kind == KIND_ERROR:
+                raise _ArgumentError(value)
+            return value
+
+        args = [await value_of(arg) for arg in spec.args]
+        kwargs = {key: await value_of(arg) for key, arg in spec.kwargs.items()}
+        return args, kwargs
+
+    async def execute(self, spec: TaskSpec, context: TaskContext, load) -> TaskReply:
+        """Run a task or actor call: its results, and whether it raised."""
+        current_task.set(context)
+        await greenback.ensure_portal()
+        self._tracer.record(self._name, "task_started", task=spec.task_id, name=spec.name,
+                            attempt=spec.attempt)
+        with trio.CancelScope() as scope:
+            self.running[spec.task_id] = scope
+            try:
+                if self._on_gpu_ids is not None:
+                    self._on_gpu_ids(context.gpu_ids)
+                function = await load()
+                args, kwargs = await self._resolve_args(spec)
+                if inspect.iscoroutinefunction(function):
+                    value = await function(*args, **kwargs)
+                else:
+                    value = function(*args, **kwargs)
+                values = _split_returns(value, spec.num_returns, spec.name)
+            except _ArgumentError as failure:
+                return TaskReply(self._error_results(spec, serialize_error(failure.error)))
+            except Exception as error:
+                return TaskReply(self._error_results(spec, _task_error(spec.name, error)), True)
+            finally:
+                del self.running[spec.task_id]
+        if scope.cancelled_caught:
+            error = exceptions.TaskCancelledError(f"task {spec.name} ({spec.task_id.hex()}) "
+                                                  "was cancelled")
+            return TaskReply(self._error_results(spec, serialize_error(error)))
+        try:
+            results = [await self._store_result(ObjectID(oid), value, spec.caller)
+                       for oid, value in zip(spec.return_ids, values, strict=True)]
+        except Exception as error:
+            return TaskReply(self._error_results(spec, _task_error(spec.name, error)), True)
+        self._tracer.record(self._name, "task_done", task=spec.task_id)
+        return TaskReply(results)
+
+    def _error_results(self, spec: TaskSpec, serialized: SerializedObject) -> list:
+        self._tracer.record(self._name, "task_failed", task=spec.task_id)
+        return [FailedResult(serialized)] * spec.num_returns
+
+    async def _store_result(self, object_id: ObjectID, value, caller: str):
+        serialized = serialize(value)
+        # The caller becomes a borrower of every ref inside the value before
+        # it learns of it, so the owners cannot free them in between.
+        for oid_bytes, owner in serialized.contained:
+            if owner == caller:
+                continue
+            if owner == self._address:
+                self._references.handle_add_borrower(None, oid_bytes, caller)
+            else:
+                try:
+                    await self._endpoint.call(owner, "add_borrower", oid_bytes, caller)
+                except PeerDisconnected:
+                    pass
+        if serialized.size_bytes() <= self._config.inline_object_max_bytes:
+            return InlineResult(serialized)
+        self._store.put(object_id.binary(), serialized.data, serialized.buffers, owner=caller)
+        return StoredResult([(self._node_id, self._node_manager_address)], serialized.contained)
