@@ -186,7 +186,11 @@ class LeaseManager:
         except BaseException:
             self.release_lease(waiter.lease_id, worker_ok=True)
             raise
-        lease = self.leases[waiter.lease_id]
+        lease = self.leases.get(waiter.lease_id)
+        if lease is None:
+            # Released while a worker was on its way: its owner went away.
+            self._pool.put_back(worker)
+            return LeaseWithdrawn()
         if conn is not None and conn.closed:
             # The requester went away while it waited: nobody would return this lease.
             self._pool.put_back(worker)
