@@ -111,3 +111,62 @@ def test_ref_inside_put_object_lives_as_long_as_the_outer():
         assert _store_bytes() == 0
     finally:
         tray.shutdown()
+
+
+# ====================================== a worker owner drops dead borrowers
+
+
+@tray.remote
+class _Owner:
+    """An actor that owns an object and lends it out."""
+
+    def lend(self):
+        self.ref = tray.put(np.ones(BIG))
+        return [self.ref]  # a ref inside a value: whoever reads it borrows it
+
+    def drop(self):
+        self.ref = None
+        return True
+
+    def owned_objects(self) -> int:
+        from tray.core.context import get_worker
+
+        return get_worker().statistics().references.owned
+
+
+@tray.remote
+class _Borrower:
+    def hold(self, boxed):
+        self.held = boxed[0]
+        return True
+
+    def crash(self):
+        import os
+
+        os._exit(1)
+
+
+def _eventually(condition, timeout_s: float) -> bool:
+    """Poll (virtual time in the simulator, wall time on real processes)."""
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        if condition():
+            return True
+        time.sleep(0.1)
+    return condition()
+
+
+def test_a_worker_that_owns_an_object_drops_a_borrower_that_died(one_node):
+    # Regression: on real processes the worker's own peer-closed callback
+    # replaced the reference counter's, so a worker never dropped a dead
+    # borrower and the object leaked (the simulator did drop it).
+    owner = _Owner.remote()
+    borrower = _Borrower.options(max_restarts=0).remote()
+    boxed = owner.lend.remote()
+    assert tray.get(borrower.hold.remote(boxed)) is True
+    del boxed
+    gc.collect()
+    assert tray.get(owner.drop.remote()) is True
+    assert tray.get(owner.owned_objects.remote()) == 1  # the borrower keeps it
+    borrower.crash.remote()
+    assert _eventually(lambda: tray.get(owner.owned_objects.remote()) == 0, timeout_s=20.0)

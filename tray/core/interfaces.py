@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 
@@ -29,6 +30,12 @@ class Stream(Protocol):
     them, so nothing is ever shared by reference between processes."""
 
     async def send(self, message: Any) -> None: ...
+
+    def send_nowait(self, message: Any) -> bool:
+        """Send without waiting, if this stream can: True when the message
+        is on its way (in order with everything sent before), False when
+        the stream cannot send without waiting (then use ``send``). Raises
+        ConnectionClosed like ``send``."""
 
     async def receive(self) -> Any:
         """The next message; raises ConnectionClosed when the stream ends."""
@@ -103,24 +110,41 @@ class NullTracer:
         pass
 
 
-class ProcessEnv:
-    """What a component process is handed by its backend."""
+@dataclass(frozen=True)
+class NodeLocation:
+    """Where a node keeps things on its machine: what a driver attaching on
+    that machine needs (the GCS stores it with the node's record)."""
+    hostname: str = ""
+    ip: str = ""
+    store_directory: str = ""
+    spill_directory: str = ""
+    session_dir: str = ""
 
-    def __init__(self, *, address: str, transport: Transport, rng: random.Random,
-                 tracer: Tracer, config, node_id=None, object_store: ObjectStore | None = None,
-                 spawner: Spawner | None = None, gcs_address: str = "",
-                 node_manager_address: str = "", storage: Storage | None = None,
-                 resources: dict[str, float] | None = None, extra: dict | None = None):
-        self.address = address
-        self.transport = transport
-        self.rng = rng
-        self.tracer = tracer
-        self.config = config
-        self.node_id = node_id
-        self.object_store = object_store
-        self.spawner = spawner
-        self.gcs_address = gcs_address
-        self.node_manager_address = node_manager_address
-        self.storage = storage
-        self.resources = resources or {}
-        self.extra = extra or {}
+
+@dataclass
+class ProcessEnv:
+    """What a component process (GCS, node manager, core worker) is handed
+    by its backend: every way it reaches the world."""
+    address: str
+    transport: Transport
+    rng: random.Random
+    tracer: Tracer
+    config: Any
+    node_id: str | None = None
+    object_store: ObjectStore | None = None
+    spawner: Spawner | None = None
+    gcs_address: str = ""
+    node_manager_address: str = ""
+    storage: Storage | None = None
+    resources: dict[str, float] = field(default_factory=dict)
+    # Ends this process: a worker told to stop a task by force, a node that
+    # was declared dead (it fences itself). None: nothing to end.
+    exit_process: Callable[[], None] | None = None
+    # Called with a task's GPU ids before user code runs (a real worker sets
+    # CUDA_VISIBLE_DEVICES).
+    on_gpu_ids: Callable[[list], None] | None = None
+    # Node managers: where the node keeps things, how long to wait for a GCS
+    # started beside it, and how many workers to start at once.
+    node_location: NodeLocation = field(default_factory=NodeLocation)
+    wait_for_gcs_s: float = 0.0
+    prestart_workers: int = 0

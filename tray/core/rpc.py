@@ -144,14 +144,12 @@ class Connection:
             self._send_reply_nowait(call_id, ok, value)
 
     def _send_reply_nowait(self, call_id: int, ok: bool, value) -> None:
-        send_nowait = getattr(self._stream, "send_nowait", None)
-        if send_nowait is not None:
-            try:
-                send_nowait((REPLY, call_id, ok, value))
-            except ConnectionClosed:
-                pass
-        else:
-            self._nursery.start_soon(self._reply, call_id, ok, value)
+        try:
+            if self._stream.send_nowait((REPLY, call_id, ok, value)):
+                return
+        except ConnectionClosed:
+            return
+        self._nursery.start_soon(self._reply, call_id, ok, value)
 
     async def _run_async(self, handler, kind, call_id, args) -> None:
         try:
@@ -180,8 +178,14 @@ class Endpoint:
         self._connections: dict[str, Connection] = {}
         self._inbound: dict[str, list[Connection]] = {}
         self._connecting: dict[str, trio.Event] = {}
-        # Called with the address of a peer process that has gone away.
-        self.on_peer_closed: Callable[[str], None] | None = None
+        # Each is called with the address of a peer process that has gone
+        # away, in the order they were added.
+        self._peer_closed_listeners: list[Callable[[str], None]] = []
+
+    def add_peer_closed_listener(self, listener: Callable[[str], None]) -> None:
+        """Call ``listener(address)`` when a peer process is gone for good
+        (its connection closed and it no longer answers)."""
+        self._peer_closed_listeners.append(listener)
 
     async def serve(self) -> None:
         await self.nursery.start(self.env.transport.serve, self.env.address, self._on_stream)
@@ -205,18 +209,20 @@ class Endpoint:
             inbound.remove(connection)
             if not inbound:
                 del self._inbound[connection.peer]
-        if self.on_peer_closed is not None and connection.peer != "?":
+        if self._peer_closed_listeners and connection.peer != "?":
             self.nursery.start_soon(self._confirm_gone, connection.peer)
 
     async def _confirm_gone(self, peer: str) -> None:
-        """A connection closed: tell ``on_peer_closed`` if the process behind
-        it is gone — not if only the connection broke (a reset)."""
+        """A connection closed: tell the peer-closed listeners if the process
+        behind it is gone — not if only the connection broke (a reset)."""
         await trio.sleep(0)  # not while this process is ending (a cancelled task stops here)
         try:
-            if not await self.reachable(peer):
-                self.on_peer_closed(peer)
+            if await self.reachable(peer):
+                return
         except ValueError:
-            pass  # not a process's address (a one-off client): nothing to clean up
+            return  # not a process's address (a one-off client): nothing to clean up
+        for listener in list(self._peer_closed_listeners):
+            listener(peer)
 
     async def reachable(self, address: str) -> bool:
         """Does a process still listen at ``address``? (Connects if need be.)"""

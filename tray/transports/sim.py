@@ -61,7 +61,7 @@ class SimStream:
         self._from = SimNetwork.node_of(peer)
         self._to = SimNetwork.node_of(owner)
 
-    def send_nowait(self, message) -> None:
+    def send_nowait(self, message) -> bool:
         if self.closed or self._out.closed:
             raise ConnectionClosed(f"{self.owner} -> {self.peer}: stream closed")
         data = pickle.dumps(message, protocol=5)
@@ -72,6 +72,7 @@ class SimStream:
         self._out.last_delivery = deliver_at
         self._out.items.append((deliver_at, data))
         self._out.wake()
+        return True
 
     async def send(self, message) -> None:
         self.send_nowait(message)

@@ -303,6 +303,10 @@ class TcpStream:
                 self.closed = True
                 raise ConnectionClosed(f"sending to {self.peer}: {error}") from None
 
+    def send_nowait(self, message) -> bool:
+        """A socket send may have to wait for the peer: never without waiting."""
+        return False
+
     async def receive(self):
         if _forked_child:
             _exit_forked_child()

@@ -23,7 +23,7 @@ import trio
 from ...core.config import DEFAULT_CONFIG
 from ...core.gcs.gcs_server import GcsServer
 from ...core.ids import NodeID
-from ...core.interfaces import NullTracer, ProcessEnv
+from ...core.interfaces import NodeLocation, NullTracer, ProcessEnv
 from ...core.node.node_manager import NodeManager
 from ...transports.tcp import TcpTransport
 from ..storage import MemoryStorage, RedisStorage
@@ -172,9 +172,10 @@ async def run_node(args) -> None:
                              args.object_store_bytes, store_directory, args.node_index,
                              args.listen_ip)
     spill_directory = session.node_spill_directory(args.node_index)
-    node_info = {"store_directory": store_directory, "spill_directory": spill_directory,
-                 "session_dir": session.directory, "ip": args.listen_ip or "local",
-                 "hostname": socket.gethostname()}
+    node_location = NodeLocation(store_directory=store_directory,
+                                 spill_directory=spill_directory,
+                                 session_dir=session.directory, ip=args.listen_ip or "local",
+                                 hostname=socket.gethostname())
     try:
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             async with trio.open_nursery() as nursery:
@@ -194,9 +195,8 @@ async def run_node(args) -> None:
                     address=node_address, transport=transport, rng=rng, tracer=NullTracer(),
                     config=DEFAULT_CONFIG, node_id=node_id, object_store=store,
                     spawner=spawner, gcs_address=gcs_address, resources=resources,
-                    extra={"prestart_workers": args.prestart, "node_info": node_info,
-                           "exit_process": nursery.cancel_scope.cancel,
-                           "wait_for_gcs_s": wait_for_gcs_s})
+                    prestart_workers=args.prestart, node_location=node_location,
+                    exit_process=nursery.cancel_scope.cancel, wait_for_gcs_s=wait_for_gcs_s)
                 node_manager = NodeManager(node_env, nursery)
                 await node_manager.run()
                 session.write_info(args.node_index, {

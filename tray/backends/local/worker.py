@@ -54,7 +54,7 @@ async def run_worker(args) -> None:
         tracer=NullTracer(), config=DEFAULT_CONFIG, node_id=args.node_id,
         object_store=store,
         gcs_address=args.gcs, node_manager_address=args.node_manager,
-        extra={"exit_process": lambda: os._exit(1), "on_gpu_ids": _set_gpu_ids})
+        exit_process=lambda: os._exit(1), on_gpu_ids=_set_gpu_ids)
     async with trio.open_nursery() as nursery:
         worker = CoreWorker(env, WORKER, nursery, worker_id=args.worker_id)
         current_worker.set(worker)
@@ -64,7 +64,7 @@ async def run_worker(args) -> None:
                 sys.stdout.flush()
                 os._exit(0)
 
-        worker.endpoint.on_peer_closed = peer_closed
+        worker.endpoint.add_peer_closed_listener(peer_closed)
         await worker.start()
 
 

@@ -276,7 +276,7 @@ class SimCluster:
             self._ready = True
             self.trace.record("cluster", "ready", nodes=self.num_nodes, seed=self.seed)
 
-    def _env(self, address: str, node_index: int | None, **extra) -> ProcessEnv:
+    def _env(self, address: str, node_index: int | None, **hooks) -> ProcessEnv:
         node_id = self._node_ids[node_index] if node_index is not None else None
         # A restarted node draws new ids (for its workers too), not its predecessor's.
         generation = self._generation[node_index] if node_index is not None else 0
@@ -287,7 +287,7 @@ class SimCluster:
             node_id=node_id, gcs_address=self.gcs_address,
             object_store=self.stores[node_index] if node_index is not None else None,
             node_manager_address=f"n{node_index}/raylet" if node_index is not None else "",
-            **extra)
+            **hooks)
 
     async def _start_process(self, name: str, address: str, node_index: int | None, main):
         process = SimProcess(name, address, node_index)
@@ -338,8 +338,8 @@ class SimCluster:
         index = process.node_index
         env = self._env(process.address, index, spawner=SimSpawner(self, index),
                         resources=self.node_resources,
-                        extra={"exit_process": lambda: self._fence_node(index),
-                               "wait_for_gcs_s": HANG_TIMEOUT_S})
+                        exit_process=lambda: self._fence_node(index),
+                        wait_for_gcs_s=HANG_TIMEOUT_S)
         process.component = NodeManager(env, nursery)
         await process.component.run()
 
@@ -356,7 +356,7 @@ class SimCluster:
 
         async def worker_main(process: SimProcess, nursery: trio.Nursery) -> None:
             env = self._env(address, node_index,
-                            extra={"exit_process": lambda: self.kill_process(address)})
+                            exit_process=lambda: self.kill_process(address))
             worker = CoreWorker(env, WORKER, nursery, worker_id=worker_id)
             process.component = worker
             current_worker.set(worker)

@@ -50,7 +50,7 @@ class GcsServer:
                     method = attribute[len("handle_"):]
                     assert method not in handlers, f"two handlers for {method!r}"
                     handlers[method] = getattr(component, attribute)
-        endpoint.on_peer_closed = self._peer_closed
+        endpoint.add_peer_closed_listener(self._peer_closed)
 
     def validate_state(self) -> None:
         """Check every table's invariants (the simulator calls this after

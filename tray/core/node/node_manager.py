@@ -16,6 +16,7 @@ a worker of this node whose connection closed is dead."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
 
@@ -53,7 +54,7 @@ class NodeManager:
             node_id=env.node_id, endpoint=endpoint, nursery=nursery, tracer=env.tracer,
             config=env.config, spawner=env.spawner, rng=env.rng, gcs_address=env.gcs_address,
             cpus=int(env.resources.get("CPU", 0)),
-            prestart_workers=env.extra.get("prestart_workers", 0))
+            prestart_workers=env.prestart_workers)
         self.leases = LeaseManager(
             node_id=env.node_id, address=env.address, endpoint=endpoint, nursery=nursery,
             tracer=env.tracer, config=env.config, resources=env.resources, rng=env.rng,
@@ -68,17 +69,17 @@ class NodeManager:
                     method = attribute[len("handle_"):]
                     assert method not in handlers, f"two handlers for {method!r}"
                     handlers[method] = getattr(component, attribute)
-        endpoint.on_peer_closed = self._peer_closed
+        endpoint.add_peer_closed_listener(self._peer_closed)
 
     async def run(self) -> None:
         await self.endpoint.serve()
-        info = self.env.extra.get("node_info", {})
         registration = NodeRecord(
             node_id=self.node_id, address=self.env.address, resources=self.leases.total,
             available=dict(self.leases.available),
-            object_store_bytes=self.env.object_store.capacity_bytes, **info)
+            object_store_bytes=self.env.object_store.capacity_bytes,
+            **dataclasses.asdict(self.env.node_location))
         # A GCS started beside this node may not listen yet.
-        deadline = trio.current_time() + self.env.extra.get("wait_for_gcs_s", 0.0)
+        deadline = trio.current_time() + self.env.wait_for_gcs_s
         while True:
             try:
                 view = await self.endpoint.call(self.env.gcs_address, "register_node",
@@ -145,9 +146,8 @@ class NodeManager:
         logger.error("node %s was declared dead by the GCS; exiting", self.node_id)
         self.tracer.record(self.node_id[:8], "node_fenced")
         self.pool.kill_all()
-        exit_process = self.env.extra.get("exit_process")
-        if exit_process is not None:
-            exit_process()
+        if self.env.exit_process is not None:
+            self.env.exit_process()
 
     def handle_get_node_stats(self, conn) -> dict:
         return {"node_id": self.node_id, "total": dict(self.leases.total),

@@ -133,8 +133,7 @@ class CoreWorker:
             store=env.object_store, node_id=env.node_id,
             node_manager_address=env.node_manager_address, config=config,
             functions=functions, references=references, getter=getter,
-            on_gpu_ids=env.extra.get("on_gpu_ids"),
-            exit_process=lambda: self.env.extra["exit_process"](),
+            on_gpu_ids=env.on_gpu_ids, exit_process=env.exit_process,
             cancel_children=self._cancel_children)
         self.actor_host = ActorHost(name=name, worker_id=worker_id, tracer=tracer,
                                     config=config, functions=functions, receiver=receiver)
@@ -145,7 +144,7 @@ class CoreWorker:
                     method = attribute[len("handle_"):]
                     assert method not in handlers, f"two handlers for {method!r}"
                     handlers[method] = getattr(component, attribute)
-        endpoint.on_peer_closed = references.peer_gone
+        endpoint.add_peer_closed_listener(references.peer_gone)
 
     # ------------------------------------------------------------ lifecycle
 
