@@ -494,3 +494,21 @@ def test_preprocessors(sim):
         SimpleImputer(["y"], strategy="median")
     with pytest.raises(ValueError, match="no column"):
         StandardScaler(["nope"]).fit(ds)
+
+
+def test_gpu_requests_reach_tasks_and_actors():
+    tray.init(backend="sim", num_nodes=1, num_cpus=4, num_gpus=2, seed=0)
+    try:
+        def gpu_ids(batch):
+            return {"gpus": np.full(len(batch["id"]), len(tray.get_gpu_ids()))}
+
+        class OnGpu:
+            def __call__(self, batch):
+                return {"gpus": np.full(len(batch["id"]), len(tray.get_gpu_ids()))}
+
+        assert {r["gpus"] for r in td.range(4).map_batches(gpu_ids, num_gpus=1).take_all()} == {1}
+        assert {r["gpus"] for r in td.range(4).map_batches(gpu_ids).take_all()} == {0}
+        pooled = td.range(4).map_batches(OnGpu, concurrency=2, num_gpus=1, num_cpus=0.5)
+        assert {r["gpus"] for r in pooled.take_all()} == {1}
+    finally:
+        tray.shutdown()

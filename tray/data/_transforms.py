@@ -53,10 +53,6 @@ class ReadTransform(Transform):
 # ============================================================ user functions
 
 
-def _call_fn(fn, args, kwargs):
-    return fn, args, kwargs
-
-
 class _UserFn:
     """A user function or callable class with its extra arguments."""
 
