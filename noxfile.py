@@ -26,7 +26,9 @@ def simtest(session: nox.Session) -> None:
 
 # Peers for `nox -s bench -- --peers ray,dask`, pinned so that runs compare: the newest
 # releases that install on Python 3.11 from PyPI when this was written.
-BENCH_PEERS = {"ray": ["ray[tune,data]==2.60.0"], "dask": ["dask[distributed]==2026.8.0"]}
+# RLlib's learner needs torch: the CPU wheel, pinned (another version pulls a CUDA build).
+BENCH_PEERS = {"ray": ["ray[tune,data,rllib]==2.60.0", "torch==2.13.0"],
+               "dask": ["dask[distributed]==2026.8.0"]}
 
 
 def _bench_peers(posargs: list[str]) -> list[str]:

@@ -122,6 +122,11 @@ import suite_tune  # noqa: E402 - imports neither tray nor ray
 
 METRICS += [Metric(name, unit, higher_is_better=better, dask=NA + "no Tune")
             for name, unit, better in suite_tune.DEFINITIONS]
+# tray.rllib beside Ray's RLlib (bench/suite_rllib.py: one suite, both runtimes).
+import suite_rllib  # noqa: E402 - imports neither tray nor ray
+
+METRICS += [Metric(name, unit, higher_is_better=better, rows=rows, dask=NA + "no RLlib")
+            for name, unit, better, rows in suite_rllib.DEFINITIONS]
 NOT_IN_RAY = {"simulated tasks per wall-clock second": "no simulator",
               "simtest seeds per minute (mixed workload)": "no simulator"}
 
@@ -137,6 +142,8 @@ def child(runtime: str, name: str, rounds: int, quick: bool) -> None:
     try:
         if name in suite_tune.NAMES:
             function = suite_tune.metric_for(runtime, name)
+        elif name in suite_rllib.NAMES:
+            function = suite_rllib.metric_for(runtime, name)
         else:
             suite = __import__(f"suite_{runtime}")
             function = suite.METRICS.get(name)
