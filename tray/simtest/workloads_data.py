@@ -86,9 +86,11 @@ def data_pipeline(program) -> None:
             offset = rng.randint(1, 100)
 
             def build(base=base, offset=offset, sleep_s=sleep_s):
+                # No CPUs for the pool: on one-CPU nodes, actors holding half a
+                # CPU each would leave no room for the one-CPU tasks feeding them.
                 return base().map_batches(_Offset, concurrency=2, batch_size=16,
                                           fn_constructor_args=(offset, sleep_s),
-                                          num_cpus=0.5).take_all()
+                                          num_cpus=0).take_all()
             expected = [{"id": r["id"], "sq": r["sq"] + offset} for r in squares]
         elif shape == "shuffle":
             seed = rng.randint(0, 2**31)
