@@ -512,3 +512,39 @@ def test_gpu_requests_reach_tasks_and_actors():
         assert {r["gpus"] for r in pooled.take_all()} == {1}
     finally:
         tray.shutdown()
+
+
+def test_streaming_split_holds_a_fast_split_back_for_a_slow_one(sim, monkeypatch):
+    from tray.data import _iterator
+
+    monkeypatch.setattr(_iterator.SplitCoordinator._cls, "QUEUED_BLOCKS_MAX", 2)
+    iterators = td.range(64, override_num_blocks=16).streaming_split(2, equal=True)
+
+    @tray.remote
+    def consume(iterator, sleep_s):
+        import time
+
+        rows = []
+        for batch in iterator.iter_batches(batch_size=2):
+            time.sleep(sleep_s)  # virtual time: one split is much slower
+            rows.extend(int(i) for i in batch["id"])
+        return rows
+
+    fast, slow = tray.get([consume.remote(iterators[0], 0.0), consume.remote(iterators[1], 0.5)])
+    assert len(fast) == len(slow) == 32 and sorted(fast + slow) == list(range(64))
+
+
+def test_executor_statistics_record(sim):
+    from tray.data import _executor, _plan
+
+    executor = _executor.StreamingExecutor(
+        _plan.compile_plan(td.range(100, override_num_blocks=4).map_batches(lambda b: b)._plan))
+    outputs = executor.run()
+    next(outputs)
+    running = executor.statistics()
+    assert running.operators == 2 and running.budget_bytes > 0
+    assert running.tasks_in_flight + running.bundles_queued >= 1
+    rest = list(outputs)
+    done = executor.statistics()
+    assert len(rest) == 3 and done.tasks_in_flight == 0 and done.held_bytes == 0
+    assert done.peak_held_bytes >= 800  # four blocks of 25 int64s

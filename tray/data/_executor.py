@@ -13,9 +13,10 @@ This module runs that tree in the consuming process, one loop, no threads:
 Only refs and small metadata pass through here; blocks stay in the object
 store and go from task to task.
 
-**Backpressure.** The budget is a share of the cluster's object store
-(``DataContext.object_store_memory_fraction``, Ray's 0.5) or
-``execution_options.resource_limits.object_store_memory``. The executor
+**Backpressure.** The budget is a share
+(``DataContext.object_store_memory_fraction``, 0.5) of the smallest node's
+object store (every block may land on one node, and the simulator's stores
+do not spill), or ``execution_options.resource_limits.object_store_memory``. The executor
 counts every block it holds a ref to — queued between operators, pinned
 as lineage, the estimated output of every task in flight — and launches a
 task only while that count plus the task's estimated output stays within
@@ -88,6 +89,16 @@ class OperatorStats:
     rows_out: int = 0
     bytes_out: int = 0
     task_s: float = 0.0  # time tasks spent in their transforms, summed
+
+
+@dataclass(frozen=True)
+class ExecutorStatistics:
+    operators: int
+    tasks_in_flight: int
+    bundles_queued: int
+    held_bytes: int
+    peak_held_bytes: int
+    budget_bytes: int
 
 
 class DataTaskError(RuntimeError):
@@ -721,6 +732,15 @@ class StreamingExecutor:
         self._bars = []
 
     # -- stats
+    def statistics(self) -> ExecutorStatistics:
+        """Where the execution stands, as a frozen record."""
+        return ExecutorStatistics(
+            operators=len(self.operators),
+            tasks_in_flight=sum(len(op.in_flight()) for op in self.operators),
+            bundles_queued=sum(len(q) for op in self.operators for q in op.queues),
+            held_bytes=self.held_bytes(), peak_held_bytes=self.peak_held_bytes,
+            budget_bytes=self.budget_bytes)
+
     def summary(self) -> str:
         lines = []
         for op in self.operators:

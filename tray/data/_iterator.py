@@ -174,6 +174,11 @@ RETRY = "retry"  # a split asked for an epoch that has not started yet
 class SplitCoordinator:
     """Owns one execution per epoch and deals its blocks out to n splits."""
 
+    # Blocks dealt to one split and not yet taken: a split that runs ahead
+    # waits (its call answers RETRY) rather than piling blocks up for a
+    # split that lags; the executor's budget does not see dealt blocks.
+    QUEUED_BLOCKS_MAX = 64
+
     def __init__(self, plan, n: int, equal: bool, context: DataContext) -> None:
         self.plan = plan
         self.n = n
@@ -208,6 +213,8 @@ class SplitCoordinator:
             if self._exhausted:
                 self.finished.add(index)
                 return None
+            if max(len(queue) for queue in self._queues) >= self.QUEUED_BLOCKS_MAX:
+                return RETRY  # another split lags: wait for it rather than buffer more
             self._pull(index)
         return self._queues[index].popleft()
 
