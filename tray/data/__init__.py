@@ -8,6 +8,8 @@ blocks through the cluster within a memory budget (see ``_executor``)."""
 
 from __future__ import annotations
 
+import builtins
+
 import numpy as np
 import pyarrow as pa
 
@@ -84,14 +86,11 @@ def from_items(items: list, *, override_num_blocks: int | None = None,
     blocks = _num_blocks(override_num_blocks, parallelism, "from_items") or \
         _default_blocks(len(items))
     tables = []
-    for i in builtins_range(blocks):
+    for i in builtins.range(blocks):
         chunk = items[len(items) * i // blocks: len(items) * (i + 1) // blocks]
         if chunk:
             tables.append(B.items_to_block(chunk))
     return _from_tables(tables, "FromItems")
-
-
-builtins_range = __builtins__["range"] if isinstance(__builtins__, dict) else __builtins__.range
 
 
 def from_numpy(ndarrays) -> MaterializedDataset:
