@@ -599,3 +599,43 @@ def test_restore_resumes_or_restarts_errored_trials(sim, tmp_path):
     assert result._trial.num_failures == 0
     with pytest.raises(ValueError, match="no tray.tune experiment to restore"):
         tune.Tuner.restore(str(tmp_path / "nowhere"), trainable=checkpointed)
+
+
+# ================================================================ the state machine
+
+
+def test_controller_state_machine_without_a_cluster(tmp_path):
+    """The controller is plain logic fed by events: no cluster needed."""
+    from tray.tune._controller import ExperimentSpec, TuneController
+    from tray.tune.trainable import as_spec
+
+    spec = ExperimentSpec(
+        name="unit", experiment_path=str(tmp_path / "unit"), trainable_name="quadratic",
+        param_space={"x": tune.grid_search([0.1, 0.2, 0.9])}, metric="score", mode="max",
+        num_samples=1, search=BasicVariantGenerator(), scheduler=tune.schedulers.ASHAScheduler(
+            max_t=4, grace_period=1, reduction_factor=2),
+        stopper=None, checkpoint_config=tune.CheckpointConfig(),
+        failure_config=tune.FailureConfig(max_failures=1), max_concurrent_trials=None,
+        time_budget_s=None, reuse_actors=False, seed=0, strict_metrics=("score",))
+    controller = TuneController(spec, as_spec(quadratic))
+    controller._nodes = lambda: [{"Resources": {"CPU": 2.0}, "Alive": True}]
+    status = controller.start()
+    assert status["demand"]["num_cpus=1"]["count"] == 2  # two fit on the node
+    shape = "num_cpus=1"
+    a, b = controller.next_work(0, shape), controller.next_work(1, shape)
+    assert (a.config["x"], b.config["x"]) == (0.1, 0.2)
+    assert controller.next_work(2, shape).config["x"] == 0.9  # a third runner would get 0.9
+    result = {"score": 0.9, "training_iteration": 1}
+    assert controller.report(a.trial_id, a.attempt, dict(result), None) == ("continue", False)
+    low = dict(result, score=0.1)
+    assert controller.report(b.trial_id, b.attempt, low, None) == ("stop", False)  # below cutoff
+    assert controller.get_trial(b.trial_id).status == "TERMINATED"
+    # The runner of trial a dies: retried within max_failures, from scratch (no checkpoint).
+    controller.runner_lost(0, "node died")
+    trial = controller.get_trial(a.trial_id)
+    assert trial.status == "PENDING" and trial.num_failures == 1
+    assert controller.report(a.trial_id, a.attempt, dict(result), None) == ("stop", False)  # stale
+    again = controller.next_work(0, shape)
+    assert again.trial_id == a.trial_id and again.attempt == a.attempt + 1
+    with pytest.raises(KeyError):
+        controller.get_trial("nope")
