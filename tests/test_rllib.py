@@ -149,7 +149,7 @@ def test_ppo_learns_cartpole_and_reports_rllib_result_keys(sim):
     assert result["learners"]["__all_modules__"]["num_env_steps_trained"] == 1000
     assert result["fault_tolerance"] == {
         "num_healthy_workers": 2, "num_remote_worker_restarts": 0,
-        "num_lost_sample_requests": 0, "num_faulty_episodes": 0,
+        "num_lost_sample_requests": 0, "num_lost_results": 0, "num_faulty_episodes": 0,
         "num_timed_out_sample_requests": 0}
     assert result["time_this_iter_s"] > 0 and result["time_total_s"] >= result["time_this_iter_s"]
     # Greedy evaluation of the trained policy (seed 0: 238; random play: ~20).
@@ -224,6 +224,7 @@ def test_killed_env_runner_is_restarted_and_training_converges_alike(sim):
     faults = results[-1]["fault_tolerance"]
     assert faults["num_remote_worker_restarts"] >= 1
     assert faults["num_lost_sample_requests"] >= 1
+    assert faults["num_lost_results"] == 0  # the runner died, not just a result
     assert faults["num_faulty_episodes"] == 2 * faults["num_lost_sample_requests"]
     assert faults["num_healthy_workers"] == 2
     assert all(r["env_runners"]["num_env_steps_sampled"] >= 1000 for r in results)
@@ -562,3 +563,22 @@ def test_readme_rllib_example_runs(tmp_path):
                           timeout=240, cwd=tmp_path, env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split("\n")[:4] == ["8 8000", "True", "True", "1"], done.stdout
+
+
+def test_tune_trains_an_algorithm_as_a_trainable(sim):
+    from tray import tune
+
+    config = (PPOConfig().environment("CartPole-v1").env_runners(num_env_runners=1)
+              .training(train_batch_size=200, minibatch_size=100, num_epochs=1,
+                        model={"fcnet_hiddens": [16]}))
+    space = config.to_dict()
+    space["lr"] = tune.grid_search([1e-3, 1e-4])
+    tuner = tune.Tuner(PPO.as_trainable(), param_space=space,
+                       tune_config=tune.TuneConfig(metric="episode_return_mean", mode="max"),
+                       run_config=tune.RunConfig(stop={"training_iteration": 2}, verbose=0))
+    grid = tuner.fit()
+    assert len(grid) == 2
+    assert sorted(r.config["lr"] for r in grid) == [1e-4, 1e-3]
+    for result in grid:
+        assert result.metrics["training_iteration"] == 2
+        assert result.metrics["num_env_steps_sampled_lifetime"] == 400

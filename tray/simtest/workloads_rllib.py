@@ -127,7 +127,7 @@ def rllib(program) -> None:
             r["env_runners"]["num_env_steps_sampled"] for r in results),
         "runners healthy": faults["num_healthy_workers"] == num_runners,
         "restarts match losses": faults["num_remote_worker_restarts"] ==
-        faults["num_lost_sample_requests"] - faults.get("num_lost_results", 0),
+        faults["num_lost_sample_requests"] - faults["num_lost_results"],
         "returns finite and plausible": all(math.isfinite(x) and x >= 8.0 for x in returns),
     }
     expected = {key: True for key in summary}

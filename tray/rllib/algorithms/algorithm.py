@@ -316,6 +316,7 @@ class Algorithm:
                 "num_healthy_workers": stats.num_healthy_env_runners,
                 "num_remote_worker_restarts": stats.num_remote_worker_restarts,
                 "num_lost_sample_requests": stats.num_lost_sample_requests,
+                "num_lost_results": stats.num_lost_results,
                 "num_faulty_episodes": stats.num_faulty_episodes,
                 "num_timed_out_sample_requests": stats.num_timed_out_sample_requests,
             },
@@ -491,12 +492,50 @@ class Algorithm:
         algorithm.set_state(state)
         return algorithm
 
-    # Tune's Trainable protocol.
+    # ---------------------------------------------------------------- Tune
+
     def save_checkpoint(self, checkpoint_dir: str) -> None:
         self.save_to_path(checkpoint_dir)
 
     def load_checkpoint(self, checkpoint_dir: str) -> None:
         self.restore_from_path(checkpoint_dir)
+
+    @classmethod
+    def as_trainable(cls):
+        """This algorithm as a ``tray.tune.Trainable`` class: each trial
+        builds it from its config (``config.to_dict()`` as the
+        ``param_space``, with search spaces in any value), ``step()`` is
+        ``train()``, checkpoints are the algorithm's."""
+        from tray import tune
+
+        algorithm_class = cls
+
+        class AlgorithmTrainable(tune.Trainable):
+            def setup(self, config: dict) -> None:
+                algo_config = algorithm_class.get_default_config()
+                algo_config.update_from_dict(
+                    {k: v for k, v in config.items() if k != "algo_class"})
+                self.algorithm = algorithm_class(config=algo_config)
+
+            def step(self) -> dict:
+                result = self.algorithm.train()
+                # Flat copies of the headline metrics: any Tune can stop on them.
+                env_runners = result["env_runners"]
+                result["episode_return_mean"] = env_runners["episode_return_mean"]
+                result["env_runners/episode_return_mean"] = env_runners["episode_return_mean"]
+                return result
+
+            def save_checkpoint(self, checkpoint_dir: str) -> None:
+                self.algorithm.save_to_path(checkpoint_dir)
+
+            def load_checkpoint(self, checkpoint) -> None:
+                self.algorithm.restore_from_path(checkpoint)
+
+            def cleanup(self) -> None:
+                self.algorithm.stop()
+
+        AlgorithmTrainable.__name__ = AlgorithmTrainable.__qualname__ = cls.__name__
+        return AlgorithmTrainable
 
     # ------------------------------------------------------------- stop
 

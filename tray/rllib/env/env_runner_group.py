@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from ..core.rl_module import DEFAULT_MODULE_ID
 
 SYNC_ROUNDS_MAX = 10_000  # a sampling loop that cannot fill its batch stops, loudly
+ABANDONED_MAX = 1_000  # timed-out requests remembered; older ones are forgotten
 
 
 class EnvRunnerFailedError(RuntimeError):
@@ -47,6 +48,7 @@ class EnvRunnerGroupStatistics:
     num_healthy_env_runners: int
     num_remote_worker_restarts: int
     num_lost_sample_requests: int
+    num_lost_results: int
     num_faulty_episodes: int
     num_timed_out_sample_requests: int
     num_in_flight_requests: int
@@ -90,6 +92,7 @@ class EnvRunnerGroup:
         self.num_lost_requests = 0
         self.num_faulty_episodes = 0
         self.num_timed_out = 0
+        self.num_lost_results = 0
         if self.num_env_runners == 0:
             self.local_runner = self._construct_local()
         else:
@@ -135,6 +138,7 @@ class EnvRunnerGroup:
             num_healthy_env_runners=len(self.healthy_indices()),
             num_remote_worker_restarts=self.num_restarts,
             num_lost_sample_requests=self.num_lost_requests,
+            num_lost_results=self.num_lost_results,
             num_faulty_episodes=self.num_faulty_episodes,
             num_timed_out_sample_requests=self.num_timed_out,
             num_in_flight_requests=len(self.inflight))
@@ -178,6 +182,7 @@ class EnvRunnerGroup:
             for ref in not_ready:
                 self.num_timed_out += 1
                 self.abandoned.append(ref)
+            del self.abandoned[:-ABANDONED_MAX]
             for ref in ready:
                 index = pending[ref]
                 try:
@@ -261,6 +266,12 @@ class EnvRunnerGroup:
         from tray import exceptions
 
         self.num_lost_requests += 1
+        if isinstance(error, exceptions.ObjectLostError) and \
+                not isinstance(error, exceptions.OwnerDiedError):
+            # The result was lost on its way (its node died), not the runner:
+            # the runner keeps its envs and is simply asked again.
+            self.num_lost_results += 1
+            return
         self.num_faulty_episodes += int(self.config.num_envs_per_env_runner)
         config = self.config
         if not config.restart_failed_env_runners:
