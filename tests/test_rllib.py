@@ -582,3 +582,19 @@ def test_tune_trains_an_algorithm_as_a_trainable(sim):
     for result in grid:
         assert result.metrics["training_iteration"] == 2
         assert result.metrics["num_env_steps_sampled_lifetime"] == 400
+
+
+def test_weights_are_broadcast_with_one_put_per_iteration(sim):
+    def driver_puts() -> int:
+        return sum(1 for e in sim.trace.events
+                   if e["event"] == "put" and e["component"].endswith("/driver"))
+
+    before = driver_puts()
+    algo = ppo_config(batch=400, runners=3).build()
+    assert driver_puts() - before == 1  # the initial weights
+    for _ in range(3):
+        algo.train()
+    assert driver_puts() - before == 4  # one more per update, whatever the runner count
+    versions = algo.env_runner_group.foreach_env_runner(lambda runner: runner.weights_version)
+    assert versions == [algo.weights_version - 1] * 3  # sampled with the last broadcast
+    algo.stop()
