@@ -61,13 +61,16 @@ def sample_keys(block, key: str, count: int):
 
 
 def _split_by(block: pa.Table, partition: np.ndarray, num_parts: int) -> list:
+    """The rows of each partition, in their order in ``block``; one copy
+    of the data (a take per part), since a slice would pickle whole
+    parent buffers."""
     order = np.argsort(partition, kind="stable")
     counts = np.bincount(partition, minlength=num_parts)
-    ordered = block.take(order) if block.num_rows else block
     parts, start = [], 0
     for count in counts:
-        parts.append(B.take_rows(ordered, start, start + int(count)))
-        start += int(count)
+        stop = start + int(count)
+        parts.append(block.take(order[start:stop]) if count else block.schema.empty_table())
+        start = stop
     return parts
 
 
