@@ -598,3 +598,42 @@ def test_weights_are_broadcast_with_one_put_per_iteration(sim):
     versions = algo.env_runner_group.foreach_env_runner(lambda runner: runner.weights_version)
     assert versions == [algo.weights_version - 1] * 3  # sampled with the last broadcast
     algo.stop()
+
+
+class _StuckOnceEnv(gymnasium.Env):
+    """CartPole; the first copy made for env runner 1 hangs on its 5th step."""
+    stuck = False
+
+    def __init__(self, config):
+        self.env = gymnasium.make("CartPole-v1")
+        self.observation_space, self.action_space = self.env.observation_space, \
+            self.env.action_space
+        self.hangs = config.worker_index == 1 and not _StuckOnceEnv.stuck
+        _StuckOnceEnv.stuck = _StuckOnceEnv.stuck or self.hangs
+        self.steps = 0
+
+    def reset(self, *, seed=None, options=None):
+        return self.env.reset(seed=seed)
+
+    def step(self, action):
+        self.steps += 1
+        if self.hangs and self.steps == 5:
+            import time
+
+            time.sleep(10_000)  # virtual time: the runner is alive but never answers
+        return self.env.step(action)
+
+
+def test_a_runner_that_keeps_missing_the_sample_timeout_is_replaced(sim):
+    _StuckOnceEnv.stuck = False
+    algo = (PPOConfig().environment(_StuckOnceEnv)
+            .env_runners(num_env_runners=2, sample_timeout_s=5.0)
+            .training(train_batch_size=200, minibatch_size=100, num_epochs=1, model=SMALL)
+            .build())
+    results = [algo.train() for _ in range(2)]
+    faults = results[-1]["fault_tolerance"]
+    assert faults["num_timed_out_sample_requests"] >= 2
+    assert faults["num_remote_worker_restarts"] == 1
+    assert faults["num_healthy_workers"] == 2
+    assert all(r["env_runners"]["num_env_steps_sampled"] >= 200 for r in results)
+    algo.stop()

@@ -26,7 +26,9 @@ runner may fail in a row before the group gives up (an env that raises on
 every step would otherwise be restarted forever).
 
 Requests that miss ``sample_timeout_s`` are abandoned (their results, when
-they come, are dropped) and counted in ``num_timed_out_sample_requests``."""
+they come, are dropped) and counted in ``num_timed_out_sample_requests``; a
+runner that misses it twice in a row counts as failed, as above (a runner
+that is alive but never answers would otherwise stall training forever)."""
 
 from __future__ import annotations
 
@@ -36,10 +38,17 @@ from ..core.rl_module import DEFAULT_MODULE_ID
 
 SYNC_ROUNDS_MAX = 10_000  # a sampling loop that cannot fill its batch stops, loudly
 ABANDONED_MAX = 1_000  # timed-out requests remembered; older ones are forgotten
+# A runner that misses sample_timeout_s this many times in a row is treated
+# as failed (replaced, if restarts are on): alive or not, it does not sample.
+TIMEOUTS_BEFORE_REPLACING = 2
 
 
 class EnvRunnerFailedError(RuntimeError):
     """An env runner failed and the fault-tolerance settings say to stop."""
+
+
+class SampleTimeoutError(TimeoutError):
+    """An env runner kept missing ``sample_timeout_s``."""
 
 
 @dataclass(frozen=True)
@@ -86,6 +95,7 @@ class EnvRunnerGroup:
         self.runners: dict[int, object] = {}
         self.healthy: dict[int, bool] = {}
         self.consecutive_failures: dict[int, int] = {}
+        self.consecutive_timeouts: dict[int, int] = {}
         self.inflight: dict = {}  # ref -> runner index (async sampling)
         self.abandoned: list = []  # timed-out refs, dropped
         self.num_restarts = 0
@@ -100,6 +110,7 @@ class EnvRunnerGroup:
                 self.runners[index] = self._make_actor(index)
                 self.healthy[index] = True
                 self.consecutive_failures[index] = 0
+                self.consecutive_timeouts[index] = 0
 
     def _specs_arg(self):
         return self.module_specs if self.config.is_multi_agent else \
@@ -182,6 +193,13 @@ class EnvRunnerGroup:
             for ref in not_ready:
                 self.num_timed_out += 1
                 self.abandoned.append(ref)
+                index = pending[ref]
+                self.consecutive_timeouts[index] += 1
+                if self.consecutive_timeouts[index] >= TIMEOUTS_BEFORE_REPLACING:
+                    self._on_failure(index, SampleTimeoutError(
+                        f"env runner {index} missed sample_timeout_s="
+                        f"{self.config.sample_timeout_s} {TIMEOUTS_BEFORE_REPLACING} times in "
+                        f"a row"))
             del self.abandoned[:-ABANDONED_MAX]
             for ref in ready:
                 index = pending[ref]
@@ -191,6 +209,7 @@ class EnvRunnerGroup:
                     self._on_failure(index, error)
                     continue
                 self.consecutive_failures[index] = 0
+                self.consecutive_timeouts[index] = 0
                 results.append(result)
                 steps += result["env_steps"]
                 episodes += len(result["episodes"])
@@ -242,6 +261,18 @@ class EnvRunnerGroup:
 
         refs = list(self.inflight)
         ready, rest = tray.wait(refs, num_returns=1, timeout=timeout_s)
+        if not ready:
+            for ref in refs:  # nobody delivered within the timeout
+                index = self.inflight[ref]
+                self.num_timed_out += 1
+                self.consecutive_timeouts[index] += 1
+                if self.consecutive_timeouts[index] >= TIMEOUTS_BEFORE_REPLACING:
+                    del self.inflight[ref]
+                    self._on_failure(index, SampleTimeoutError(
+                        f"env runner {index} delivered nothing within sample_timeout_s="
+                        f"{self.config.sample_timeout_s} {TIMEOUTS_BEFORE_REPLACING} times in "
+                        f"a row"))
+            return []
         if ready and rest:
             more, _ = tray.wait(rest, num_returns=len(rest), timeout=0)
             ready += more
@@ -257,6 +288,7 @@ class EnvRunnerGroup:
                 self._on_failure(index, error)
                 continue
             self.consecutive_failures[index] = 0
+            self.consecutive_timeouts[index] = 0
             results.append(result)
         return results
 
@@ -297,6 +329,7 @@ class EnvRunnerGroup:
         # its env raised: a fresh actor with the same index.
         self._kill(index)
         self.runners[index] = self._make_actor(index)
+        self.consecutive_timeouts[index] = 0
 
     def _kill(self, index: int) -> None:
         import tray
