@@ -158,7 +158,7 @@ def test_writes_of_every_format(sim, tmp_path):
 
 
 def test_map_batches_formats_sizes_and_arguments(sim):
-    ds = td.range(20, override_num_blocks=4)
+    ds = td.from_items([{"id": i} for i in range(20)], override_num_blocks=4)
 
     def scale(batch, factor, *, shift):
         return {"id": batch["id"] * factor + shift, "n": np.full(len(batch["id"]),
@@ -167,6 +167,9 @@ def test_map_batches_formats_sizes_and_arguments(sim):
     rows = ds.map_batches(scale, batch_size=10, fn_args=(2,), fn_kwargs={"shift": 1}).take_all()
     assert [r["id"] for r in rows] == [2 * i + 1 for i in range(20)]
     assert {r["n"] for r in rows} == {10}  # blocks of 5 bundled into batches of 10
+    fused = td.range(20, override_num_blocks=4).map_batches(scale, batch_size=10, fn_args=(1,),
+                                                             fn_kwargs={"shift": 0})
+    assert {r["n"] for r in fused.take_all()} == {5}  # fused into the read: its blocks
     as_pandas = ds.map_batches(lambda df: df.assign(sq=df["id"] ** 2), batch_format="pandas")
     assert as_pandas.take(3)[2] == {"id": 2, "sq": 4}
     as_arrow = ds.map_batches(lambda t: t.append_column("neg", pa.compute.negate(t["id"])),

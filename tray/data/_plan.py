@@ -61,9 +61,12 @@ def union_op(parents: list) -> LogicalOp:
 
 def _fusable(op: E.Operator, node: LogicalOp) -> bool:
     """Fuse unless resources differ, an actor pool is involved, or the map
-    asked for batches of a size that only bundling blocks can give."""
+    asked for batches of a size that only bundling the blocks of a map
+    before it could give. Into a read it always fuses, as in Ray: a read
+    task's output is a whole file or range, and batches are cut from it."""
     params = node.params
-    return (isinstance(op, E.MapOperator) and not params.get("explicit_batch_size") and op.pool_size is None and params["pool_size"] is None
+    return (isinstance(op, E.MapOperator)
+            and (op.is_read or not params.get("explicit_batch_size")) and op.pool_size is None and params["pool_size"] is None
             and op.concurrency == params["concurrency"]
             and _resources(op.remote_args) == _resources(params["remote_args"])
             and not getattr(op, "_started", False))
