@@ -88,7 +88,6 @@ class ExperimentSpec:
     reuse_actors: bool
     seed: int
     strict_metrics: tuple = ()
-    trial_name_creator: Any = None
     trial_dirname_creator: Any = None
 
 
@@ -103,6 +102,7 @@ class _State:
     scheduler: Any = None
     stopper: Any = None
     rng_state: Any = None
+    seed: int | None = None  # the first run's: trial ids keep their prefix on restore
 
 
 class TuneController:
@@ -113,8 +113,9 @@ class TuneController:
         self.spec = spec
         self.trainable = trainable
         self.rng = random.Random(spec.seed)
-        self.state = _State(search=spec.search, scheduler=spec.scheduler, stopper=spec.stopper)
-        self._id_prefix = hashlib.blake2b(str(spec.seed).encode(), digest_size=3).hexdigest()[:5]
+        self.state = _State(search=spec.search, scheduler=spec.scheduler, stopper=spec.stopper,
+                            seed=spec.seed)
+        self._id_prefix = self._prefix(spec.seed)
         self._session_start = time.time()
         self._last_snapshot = float("-inf")
         self._dirty = True
@@ -127,6 +128,10 @@ class TuneController:
         self._restore = restore
         self._save_requested: str | None = None  # a class trainable asked to save (PBT)
         self._pending_ahead = PENDING_TRIALS_MIN  # updated from the cluster's size by poll
+
+    @staticmethod
+    def _prefix(seed: int) -> str:
+        return hashlib.blake2b(str(seed).encode(), digest_size=3).hexdigest()[:5]
 
     # ================================================= scheduler's view
 
@@ -232,6 +237,8 @@ class TuneController:
 
             state: _State = pickle.load(file)
         self.state = state
+        if state.seed is not None:
+            self._id_prefix = self._prefix(state.seed)
         if state.rng_state is not None:
             self.rng.setstate(state.rng_state)
         for trial in state.trials.values():

@@ -102,7 +102,6 @@ class TuneConfig:
     max_concurrent_trials: int | None = None
     time_budget_s: float | None = None
     reuse_actors: bool = False
-    trial_name_creator: Callable | None = None
     trial_dirname_creator: Callable | None = None
 
     def __post_init__(self) -> None:

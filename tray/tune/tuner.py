@@ -141,11 +141,8 @@ class Tuner:
         max_concurrent = tc.max_concurrent_trials
         if isinstance(search, BasicVariantGenerator) and search.max_concurrent:
             max_concurrent = min(filter(None, [max_concurrent, search.max_concurrent]))
-        if isinstance(search, BasicVariantGenerator) and search.random_state is None:
-            seed = _default_seed(self._name)
-        else:
-            seed = search.random_state if isinstance(search, BasicVariantGenerator) and \
-                search.random_state is not None else _default_seed(self._name)
+        seed = search.random_state if isinstance(search, BasicVariantGenerator) and \
+            search.random_state is not None else _default_seed(self._name)
         strict = []
         for owner in (tc, scheduler if scheduler._needs_metric else None, search):
             metric = getattr(owner, "metric", None) if owner is not None else None
