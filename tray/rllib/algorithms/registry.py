@@ -5,7 +5,8 @@ from __future__ import annotations
 import importlib
 
 ALGORITHMS = {"PPO": ("ppo", "PPO"), "PG": ("pg", "PG"), "APPO": ("appo", "APPO"),
-              "IMPALA": ("appo", "IMPALA"), "BC": ("bc", "BC")}
+              "IMPALA": ("appo", "IMPALA"), "BC": ("bc", "BC"),
+              "DQN": ("dqn", "DQN")}
 
 
 def get_algorithm_class(name: str):

@@ -75,6 +75,14 @@ class LearnerGroup:
         results = tray.get([actor.finish_update.remote(merged) for actor in self.actors])
         return results[0]
 
+    def foreach_learner(self, method: str, *args) -> list:
+        """``learner.<method>(*args)`` on every learner (local or actors)."""
+        if self.local is not None:
+            return [getattr(self.local, method)(*args)]
+        import tray
+
+        return tray.get([getattr(actor, method).remote(*args) for actor in self.actors])
+
     def get_weights(self, module_ids=None) -> dict:
         if self.local is not None:
             return self.local.get_weights(module_ids)

@@ -131,9 +131,19 @@ class NumpyPolicy:
     def value(self, obs_flat: np.ndarray) -> np.ndarray:
         return mlp_forward(self.weights["vf"], obs_flat, self.activation)[:, 0]
 
-    def act(self, obs_flat: np.ndarray, rng: np.random.Generator, explore: bool):
-        """(actions, logp, dist_inputs) for a batch of flat observations."""
+    def act(self, obs_flat: np.ndarray, rng: np.random.Generator, explore: bool,
+            epsilon: float | None = None):
+        """(actions, logp, dist_inputs) for a batch of flat observations.
+        With ``epsilon`` (DQN) the outputs are Q-values: greedy, or with
+        probability ``epsilon`` (when exploring) a uniformly random action."""
         inputs = self.dist_inputs(obs_flat).astype(np.float64)
+        if epsilon is not None:
+            actions = inputs.argmax(axis=1)
+            if explore and epsilon > 0:
+                random_actions = rng.integers(0, inputs.shape[1], size=inputs.shape[0])
+                actions = np.where(rng.random(inputs.shape[0]) < epsilon, random_actions, actions)
+            return (actions.astype(np.int64), np.zeros(inputs.shape[0], np.float32),
+                    inputs.astype(np.float32))
         if self.discrete:
             shifted = inputs - inputs.max(axis=1, keepdims=True)
             logp_all = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))

@@ -129,7 +129,8 @@ class SingleAgentEnvRunner:
 
     def sample(self, weights=None, version: int = 0, *, num_timesteps: int | None = None,
                num_episodes: int | None = None, explore: bool | None = None,
-               random_actions: bool = False, force_reset: bool = False) -> dict:
+               random_actions: bool = False, force_reset: bool = False,
+               epsilon: float | None = None) -> dict:
         """Step the envs for ``num_timesteps`` env steps in all (rounded up
         to a multiple of the number of envs) or until ``num_episodes``
         episodes finish; return chunks and finished-episode statistics."""
@@ -162,7 +163,7 @@ class SingleAgentEnvRunner:
                     break
             elif steps >= steps_per_env * self.num_envs:
                 break
-            for _index, finished in self._step(explore, random_actions):
+            for _index, finished in self._step(explore, random_actions, epsilon):
                 chunks.append(finished[0])
                 episodes.append(finished[1])
                 steps_in_finished += finished[1]["length"]
@@ -201,7 +202,7 @@ class SingleAgentEnvRunner:
     def _flat(self, observations) -> np.ndarray:
         return spaces_module.flatten_observations(self.observation_space, observations)
 
-    def _step(self, explore: bool, random_actions: bool):
+    def _step(self, explore: bool, random_actions: bool, epsilon: float | None = None):
         obs = np.stack([track.obs[-1] for track in self.tracks])
         if random_actions:
             actions = self._random_actions(len(self.tracks))
@@ -209,7 +210,7 @@ class SingleAgentEnvRunner:
             dist_inputs = np.zeros((len(self.tracks), spaces_module.action_dist_size(
                 self.action_space)), dtype=np.float32)
         else:
-            actions, logp, dist_inputs = self.policy.act(obs, self.rng, explore)
+            actions, logp, dist_inputs = self.policy.act(obs, self.rng, explore, epsilon)
         finished = []
         for index, track in enumerate(self.tracks):
             new_obs, reward, terminated, truncated, _info = self.envs[index].step(

@@ -158,13 +158,13 @@ class EnvRunnerGroup:
 
     def sample(self, weights, version: int, *, num_timesteps: int | None = None,
                num_episodes: int | None = None, explore: bool | None = None,
-               random_actions: bool = False) -> list[dict]:
+               random_actions: bool = False, epsilon: float | None = None) -> list[dict]:
         """Sample until ``num_timesteps`` env steps (or ``num_episodes``
         episodes) have arrived; ``weights`` is a ref (or, for a local
         runner, the weights dict)."""
         if self.local_runner is not None:
             return self._sample_local(weights, version, num_timesteps, num_episodes, explore,
-                                      random_actions)
+                                      random_actions, epsilon)
         import tray
 
         results: list[dict] = []
@@ -181,6 +181,8 @@ class EnvRunnerGroup:
             pending = {}
             for index in indices:
                 kwargs = {"explore": explore, "random_actions": random_actions}
+                if epsilon is not None:
+                    kwargs["epsilon"] = epsilon
                 if num_episodes is not None:
                     left = num_episodes - episodes
                     kwargs["num_episodes"] = max(1, -(-left // len(indices)))
@@ -222,7 +224,7 @@ class EnvRunnerGroup:
         return self.config.get_rollout_fragment_length() * self.config.num_envs_per_env_runner
 
     def _sample_local(self, weights, version, num_timesteps, num_episodes, explore,
-                      random_actions) -> list[dict]:
+                      random_actions, epsilon=None) -> list[dict]:
         results = []
         steps = episodes = 0
         for _round in range(SYNC_ROUNDS_MAX):
@@ -231,6 +233,8 @@ class EnvRunnerGroup:
             if num_episodes is not None and episodes >= num_episodes:
                 break
             kwargs = {"explore": explore, "random_actions": random_actions}
+            if epsilon is not None:
+                kwargs["epsilon"] = epsilon
             if num_episodes is not None:
                 kwargs["num_episodes"] = num_episodes - episodes
             else:

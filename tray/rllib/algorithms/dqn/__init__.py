@@ -1,0 +1,3 @@
+from .dqn import DQN, DQNConfig
+
+__all__ = ["DQN", "DQNConfig"]
