@@ -626,16 +626,32 @@ def test_controller_state_machine_without_a_cluster(tmp_path):
     assert (a.config["x"], b.config["x"]) == (0.1, 0.2)
     assert controller.next_work(2, shape).config["x"] == 0.9  # a third runner would get 0.9
     result = {"score": 0.9, "training_iteration": 1}
-    assert controller.report(a.trial_id, a.attempt, dict(result), None) == ("continue", False)
+    assert controller.report(a.trial_id, a.attempt, [(dict(result), None)]) == \
+        ("continue", False, 0)  # the next result (iteration 2) meets a rung: wait for it
     low = dict(result, score=0.1)
-    assert controller.report(b.trial_id, b.attempt, low, None) == ("stop", False)  # below cutoff
+    assert controller.report(b.trial_id, b.attempt, [(low, None)]) == ("stop", False)  # below cutoff
     assert controller.get_trial(b.trial_id).status == "TERMINATED"
     # The runner of trial a dies: retried within max_failures, from scratch (no checkpoint).
     controller.runner_lost(0, "node died")
     trial = controller.get_trial(a.trial_id)
     assert trial.status == "PENDING" and trial.num_failures == 1
-    assert controller.report(a.trial_id, a.attempt, dict(result), None) == ("stop", False)  # stale
+    assert controller.report(a.trial_id, a.attempt, [(dict(result), None)]) == ("stop", False)  # stale
     again = controller.next_work(0, shape)
     assert again.trial_id == a.trial_id and again.attempt == a.attempt + 1
     with pytest.raises(KeyError):
         controller.get_trial("nope")
+
+
+def test_reports_that_need_no_answer_are_sent_without_waiting():
+    """ASHA decides at rungs only: the results in between go without a round trip."""
+    from tray.tune.experiment import Trial
+
+    asha = tune.schedulers.ASHAScheduler(metric="m", mode="max", max_t=16, grace_period=2,
+                                         reduction_factor=2)
+    trial = Trial("t", 0, {}, {}, "0", "d", {"num_cpus": 1})
+    asha.on_trial_add(None, trial)
+    assert [asha.results_ahead(trial, {"training_iteration": i}) for i in (1, 2, 5, 8, 15)] == \
+        [0, 1, 2, 7, 0]  # next rungs: 2, 4, 8, 16 (max_t), 16
+    assert tune.schedulers.FIFOScheduler().results_ahead(trial, {}) > 1000
+    median = tune.schedulers.MedianStoppingRule(metric="m", mode="max")
+    assert median.results_ahead(trial, {}) == 0  # decides at any result

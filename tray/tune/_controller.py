@@ -65,6 +65,9 @@ SNAPSHOT_PERIOD_S = 1.0
 PENDING_TRIALS_MIN = 16
 PENDING_TRIALS_MAX = 1000
 STOP_GRACE_S = 5.0  # a trial told to stop that does not report within this is killed
+# Reports a trial sends without waiting for an answer, at most, between two that
+# wait: also the most unanswered report calls one runner has in flight.
+REPORTS_AHEAD_MAX = 32
 TABLE_ROWS_MAX = 20
 
 
@@ -420,6 +423,7 @@ class TuneController:
         restore = trial.restore_from
         self._dirty = True
         config = self.spec.checkpoint_config
+        done_so_far = {"training_iteration": restore.training_iteration if restore else 0}
         return Work(
             trial_id=trial.trial_id, attempt=trial.attempt, trial_name=str(trial),
             trial_dir=os.path.join(self.spec.experiment_path, trial.dirname),
@@ -428,7 +432,8 @@ class TuneController:
             next_checkpoint_index=trial.next_checkpoint_index,
             checkpoint_frequency=config.checkpoint_frequency,
             checkpoint_at_end=bool(config.checkpoint_at_end),
-            reuse_actors=self.spec.reuse_actors, strict_metrics=self.spec.strict_metrics)
+            reuse_actors=self.spec.reuse_actors, strict_metrics=self.spec.strict_metrics,
+            results_ahead=self._results_ahead(trial, done_so_far))
 
     def _live(self, trial_id: str, attempt: int) -> Trial | None:
         trial = self.state.trials.get(trial_id)
@@ -436,12 +441,24 @@ class TuneController:
             return None  # a call from an attempt given up on
         return trial
 
-    def report(self, trial_id: str, attempt: int, result: dict,
-               checkpoint: dict | None) -> tuple:
-        """A result: the scheduler's decision, as ("continue" | "stop" | "pause", save_first)."""
-        trial = self._live(trial_id, attempt)
-        if trial is None:
-            return ("stop", False)
+    def report(self, trial_id: str, attempt: int, items: list) -> tuple:
+        """Results of one trial, in order (``[(result, checkpoint), ...]``: those
+        the trial sent without waiting, then usually one it waits on). Answers
+        the decision on the last, as ("continue" | "stop" | "pause", save_first,
+        results the trial may send next without waiting); a result that stops
+        or pauses the trial drops the ones after it."""
+        decision: tuple = ("stop", False)
+        for result, checkpoint in items:
+            trial = self._live(trial_id, attempt)
+            if trial is None:
+                return ("stop", False)
+            decision = self._report_one(trial, result, checkpoint)
+            if decision[0] != "continue":
+                return decision
+        return decision
+
+    def _report_one(self, trial: Trial, result: dict, checkpoint: dict | None) -> tuple:
+        trial_id = trial.trial_id
         result["config"] = trial.config
         trial.last_result = result
         self._dirty = True
@@ -492,7 +509,17 @@ class TuneController:
                     os.sep + trial.dirname + os.sep) < 0:
                 stale = False  # an exploit: resume from the donor, not a save of our own
             return ("pause", save_first or (self.trainable.is_class and stale))
-        return ("continue", save_first)
+        return ("continue", save_first, self._results_ahead(trial, result))
+
+    def _results_ahead(self, trial: Trial, result: dict) -> int:
+        """Reports the trial may send next without waiting for an answer: what
+        the scheduler is sure to let pass, when nothing else can stop the trial
+        in between (a stopper, a time budget) and it owes no save."""
+        if self.state.stopper is not None or self.spec.time_budget_s is not None or \
+                self._stopping_since is not None or trial.stop_requested:
+            return 0
+        ahead = self.state.scheduler.results_ahead(trial, result)
+        return max(0, min(ahead, REPORTS_AHEAD_MAX))
 
     def saved(self, trial_id: str, attempt: int, checkpoint: dict) -> tuple:
         """A class trainable saved the checkpoint a decision asked for."""
@@ -516,6 +543,8 @@ class TuneController:
     def trial_ended(self, runner_id: int, trial_id: str, attempt: int, outcome: dict,
                     shape: str) -> Any:
         """The trainable of ``trial_id`` ended on ``runner_id``; its next work."""
+        if outcome.get("results"):  # what the trial sent without waiting, before it ended
+            self.report(trial_id, attempt, outcome["results"])
         trial = self.state.trials.get(trial_id)
         if trial is not None and trial.attempt == attempt:
             kind = outcome["kind"]

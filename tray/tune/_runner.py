@@ -72,7 +72,7 @@ class TrialRunner:
                         self.runner_id, self.shape))
                     continue
                 idle_s = IDLE_SLEEP_S[0]
-                outcome = self._run(work)
+                outcome = self._run(work)  # carries the results not sent yet
                 work = call_controller(self.controller.trial_ended.remote(
                     self.runner_id, work.trial_id, work.attempt, outcome, self.shape))
         except ControllerLost:
@@ -87,16 +87,19 @@ class TrialRunner:
             session.prepare_directory()
             if self.spec.is_class:
                 session.is_function = False
-                return self._run_class(session)
-            return self._run_function(session)
+                outcome = self._run_class(session)
+            else:
+                outcome = self._run_function(session)
         except ControllerLost:
             raise
         except TrialInterrupt as interrupt:
-            return {"kind": interrupt.kind}
+            outcome = {"kind": interrupt.kind}
         except Exception as error:  # noqa: BLE001 - the trial's error, reported
-            return _error_outcome(error)
+            outcome = _error_outcome(error)
         finally:
             _session._current.reset(token)
+        outcome["results"] = session.take_pending()
+        return outcome
 
     def _run_function(self, session: Session) -> dict:
         try:
@@ -161,6 +164,9 @@ class TrialRunner:
                     continue
                 if action == "stop" or done:
                     if work.checkpoint_at_end and last_saved_at != session.iteration:
+                        if session.pending:  # the results first, in order
+                            self.controller.report.remote(work.trial_id, work.attempt,
+                                                          session.take_pending())
                         call_controller(self.controller.saved.remote(
                             work.trial_id, work.attempt, self._save(session, trainable)))
                     keep = True

@@ -37,6 +37,9 @@ PARAMS_FILE = "params.json"
 # the limit is on what one result may hold, so that one report cannot blow
 # up the controller's memory (every field is also in result.json).
 RESULT_BYTES_MAX = 1_000_000
+# Results that need no answer are batched: at most this many, or this old.
+PENDING_RESULTS_MAX = 32
+PENDING_RESULTS_S = 1.0
 
 
 class TrialInterrupt(BaseException):
@@ -68,6 +71,7 @@ class Work:
     checkpoint_at_end: bool
     reuse_actors: bool
     strict_metrics: tuple  # metrics every result must hold
+    results_ahead: int = 0  # results the trial may send before it waits for an answer
 
 
 def _json_default(value: Any) -> Any:
@@ -102,6 +106,9 @@ class Session:
         self.checkpoint = Checkpoint(restore.path) if restore is not None else None
         self.reported = False
         self.is_function = True
+        self.ahead = work.results_ahead  # results it may send without waiting for an answer
+        self.pending: list = []  # those results, not sent yet
+        self.pending_since = 0.0
 
     # ---------------------------------------------------------- files
 
@@ -195,8 +202,30 @@ class Session:
         with open(os.path.join(self.work.trial_dir, RESULT_FILE), "a", encoding="utf-8") as f:
             f.write(text + "\n")
         self.reported = True
-        return call_controller(self.controller.report.remote(
-            self.work.trial_id, self.work.attempt, result, checkpoint))
+        if not self.pending:
+            self.pending_since = time.time()
+        self.pending.append((result, checkpoint))
+        if self.ahead > 0:
+            # The scheduler already said it lets this result pass: no round trip.
+            # Results wait here in a bounded batch, and go out (without waiting
+            # for an answer) when the batch is full or old, or with the next
+            # report that waits, or with the trial's end: calls from one caller
+            # run in order, so the controller sees every result, in order.
+            self.ahead -= 1
+            if len(self.pending) >= PENDING_RESULTS_MAX or \
+                    time.time() - self.pending_since >= PENDING_RESULTS_S:
+                self.controller.report.remote(self.work.trial_id, self.work.attempt,
+                                              self.take_pending())
+            return ("continue", False)
+        decision = call_controller(self.controller.report.remote(
+            self.work.trial_id, self.work.attempt, self.take_pending()))
+        self.ahead = decision[2] if len(decision) > 2 else 0
+        return decision
+
+    def take_pending(self) -> list:
+        """The results not sent yet (they go with the trial's end or a save)."""
+        pending, self.pending = self.pending, []
+        return pending
 
     def act(self, decision: tuple) -> None:
         action = decision[0]

@@ -107,6 +107,16 @@ class AsyncHyperBandScheduler(FIFOScheduler):
             self._num_stopped += 1
         return action
 
+    def results_ahead(self, trial: Trial, result: dict) -> int:
+        """ASHA decides only at a rung and at ``max_t``: the results before the
+        trial's next one need no answer (when time is counted in iterations)."""
+        if self._time_attr != "training_iteration" or trial.trial_id not in self._trial_bracket:
+            return 0
+        now = result.get("training_iteration", 0)
+        bracket = self._brackets[self._trial_bracket[trial.trial_id]]
+        upcoming = [m for m, _recorded in bracket.rungs if m > now] + [self._max_t]
+        return max(0, math.ceil(min(upcoming)) - now - 1)
+
     def on_trial_complete(self, controller, trial: Trial, result: dict) -> None:
         index = self._trial_bracket.pop(trial.trial_id, None)
         if index is None or self._time_attr not in result or self._metric not in result:
