@@ -15,10 +15,12 @@ Weights are broadcast once per update: the driver ``put``s them (one
 object) and every sample request carries the ref and a version number; a
 runner fetches the object only when the version is new to it.
 
-Episode metrics (``episode_return_mean``, ...) are means over the last
-``metrics_num_episodes_for_smoothing`` episodes (100) finished by the
-training env runners, as RLlib's; ``evaluate()`` reports the episodes of
-that evaluation only. Before any episode has finished they are NaN."""
+Episode metrics (``episode_return_mean``, ...) are, as in RLlib 2.x's new
+stack, over the episodes the training env runners finished during this
+iteration (the last ``metrics_num_episodes_for_smoothing``, 100, of them);
+an iteration in which no episode finished repeats the previous iteration's
+(NaN before any has finished). ``evaluate()`` reports the episodes of that
+evaluation only."""
 
 from __future__ import annotations
 
@@ -191,7 +193,9 @@ class Algorithm:
     def train(self) -> dict:
         started = time.perf_counter()
         self._iteration_counts = {"env_steps": 0, "agent_steps": 0, "episodes": 0,
-                                  "module_steps": {}, "episodes_this_iter": []}
+                                  "module_steps": {},
+                                  "episodes_this_iter": deque(
+                                      maxlen=self.config.metrics_num_episodes_for_smoothing)}
         self._timers = {"env_runner_sampling_timer": 0.0, "learner_update_timer": 0.0,
                         "synch_weights": 0.0}
         learner_results: dict = {}
@@ -240,7 +244,6 @@ class Algorithm:
             self.module_steps_sampled_lifetime[module_id] = \
                 self.module_steps_sampled_lifetime.get(module_id, 0) + steps
         for episode in result["episodes"]:
-            self._episodes.append(episode)
             counts["episodes_this_iter"].append(episode)
         counts["episodes"] += len(result["episodes"])
         self.episodes_lifetime += len(result["episodes"])
@@ -289,6 +292,9 @@ class Algorithm:
         counts = self._iteration_counts
         self.time_total_s += elapsed_s
         stats = self.env_runner_group.statistics()
+        if counts["episodes_this_iter"]:
+            self._episodes.clear()
+            self._episodes.extend(counts["episodes_this_iter"])
         env_runners = self._episode_metrics(self._episodes)
         env_runners.update({
             "num_episodes": counts["episodes"],
