@@ -651,3 +651,58 @@ def test_invalid_init_arguments(not_initialized, backend, kwargs):
     # A failed init leaves the process able to init properly.
     tray.init(backend=backend, num_nodes=1, num_cpus=1)
     assert tray.get(add.remote(1, 2)) == 3
+
+
+# ============================== options are honoured, or refused with why
+
+
+def test_options_tray_does_not_support_yet_are_refused_not_ignored():
+    with pytest.raises(NotImplementedError, match="runtime environments are not supported yet"):
+        add.options(runtime_env={"env_vars": {"A": "1"}})
+    with pytest.raises(NotImplementedError, match="runtime environments"):
+        tray.remote(runtime_env={"pip": ["requests"]})(_A)
+    with pytest.raises(NotImplementedError, match="_metadata"):
+        add.options(_metadata={"k": "v"})
+    add.options(runtime_env={})  # empty: nothing asked, nothing refused
+
+
+def test_actor_method_retry_exceptions_is_refused():
+    tray.init(backend="sim")
+
+    @tray.remote
+    class Counter:
+        def bump(self):
+            return 1
+
+    counter = Counter.remote()
+    with pytest.raises(NotImplementedError, match="retrying application errors of actor"):
+        counter.bump.options(retry_exceptions=True)
+
+
+def test_accelerator_type_is_a_resource_constraint():
+    tray.init(backend="sim", resources={"accelerator_type:V100": 1})
+
+    @tray.remote(accelerator_type="V100")
+    def on_v100():
+        return "v100"
+
+    @tray.remote(accelerator_type="A100")
+    def on_a100():
+        return "a100"
+
+    assert tray.get(on_v100.remote()) == "v100"
+    ready, _ = tray.wait([on_a100.remote()], timeout=5.0)
+    assert ready == []  # no node has one: it waits, as in Ray
+    with pytest.raises(ValueError, match="accelerator_type"):
+        on_v100.options(accelerator_type="")
+
+
+def test_name_option_names_the_task_in_its_error(backend):
+    tray.init(backend=backend, num_cpus=1)
+
+    @tray.remote
+    def fails():
+        raise ValueError("bad")
+
+    with pytest.raises(ValueError, match="in task custom-name"):
+        tray.get(fails.options(name="custom-name").remote())

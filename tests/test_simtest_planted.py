@@ -73,20 +73,20 @@ def test_a_lease_never_returned_is_caught_within_5_seeds(monkeypatch):
 
 def test_dropping_a_reconstructed_result_is_caught_within_40_seeds(monkeypatch):
     original_recover = ObjectRecoveryManager.handle_recover_object
-    original_finish = TaskManager.finish
+    original_complete = TaskManager.complete
     reconstructing: set = set()
 
     def recover(self, conn, object_id, lost):
         reconstructing.add(object_id)
         return original_recover(self, conn, object_id, lost)
 
-    def finish(self, task, results):
+    def complete(self, task, results):
         if reconstructing.intersection(task.spec.return_ids):
-            task.done = True  # the re-execution's result goes nowhere
+            task.state = "FINISHED"  # the re-execution's result goes nowhere
             self.tasks.pop(TaskID(task.spec.task_id), None)
             return
-        original_finish(self, task, results)
+        original_complete(self, task, results)
 
     monkeypatch.setattr(ObjectRecoveryManager, "handle_recover_object", recover)
-    monkeypatch.setattr(TaskManager, "finish", finish)
+    monkeypatch.setattr(TaskManager, "complete", complete)
     _first_failure(range(40), "objects", "node_crash", "no-hang")

@@ -133,6 +133,11 @@ class ActorUnavailableError(ActorError):
     """The actor is restarting; the call may be retried later."""
 
 
+class PendingCallsLimitExceeded(_MessageError):
+    """An actor handle has ``max_pending_calls`` calls pending already; the
+    new call was not submitted (raised by ``.remote()``, as in Ray)."""
+
+
 class GetTimeoutError(TrayError, TimeoutError):
     """``get`` did not finish within its ``timeout``."""
 
@@ -190,5 +195,6 @@ __all__ = [
     "GetTimeoutError", "TaskCancelledError", "WorkerCrashedError", "NodeDiedError",
     "ObjectLostError", "OwnerDiedError", "ObjectReconstructionFailedError",
     "ObjectStoreFullError", "OutOfMemoryError", "NotInitializedError",
+    "PendingCallsLimitExceeded",
     "RayError", "RayTaskError", "RayActorError",
 ]

@@ -158,7 +158,7 @@ class RemoteFunction:
         def submit():
             worker.export_function(function_id, blob)
             return worker.submit_task(
-                name=getattr(self._function, "__qualname__", "task"),
+                name=options.get("name") or getattr(self._function, "__qualname__", "task"),
                 function_id=function_id, args=args, kwargs=kwargs,
                 num_returns=num_returns, resources=opts.resources_of(options, 1.0),
                 strategy=opts.to_strategy(options.get("scheduling_strategy")),
@@ -255,7 +255,8 @@ class ActorClass:
         existing = _block(worker, worker.register_actor, actor, holds)
         info = existing or actor
         return ActorHandle(info.actor_id, info.class_name, info.method_meta,
-                           info.max_task_retries, _signatures(self._cls))
+                           info.max_task_retries, _signatures(self._cls),
+                           info.max_pending_calls)
 
     def __reduce__(self):
         return (ActorClass, (self._cls, self._options))
@@ -267,11 +268,12 @@ def _signatures(cls) -> dict:
 
 class ActorMethod:
     def __init__(self, handle: ActorHandle, name: str, num_returns: int,
-                 max_task_retries: int | None = None) -> None:
+                 max_task_retries: int | None = None, display_name: str | None = None) -> None:
         self._handle = handle
         self._name = name
         self._num_returns = num_returns
         self._max_task_retries = max_task_retries
+        self._display_name = display_name  # the call's name in errors and traces
 
     def __call__(self, *args, **kwargs):
         raise TypeError(f"Actor methods cannot be called directly. Instead of running "
@@ -281,7 +283,8 @@ class ActorMethod:
         options = opts.validate(options, opts.METHOD_OPTIONS, "an actor method")
         return ActorMethod(self._handle, self._name,
                            options.get("num_returns", self._num_returns),
-                           options.get("max_task_retries", self._max_task_retries))
+                           options.get("max_task_retries", self._max_task_retries),
+                           options.get("name", self._display_name))
 
     def remote(self, *args, **kwargs):
         worker = get_worker()
@@ -296,11 +299,13 @@ class ActorMethod:
 
         def submit():
             return worker.submit_task(
-                name=f"{handle._class_name}.{self._name}", function_id="", args=args,
+                name=self._display_name or f"{handle._class_name}.{self._name}",
+                function_id="", args=args,
                 kwargs=kwargs, num_returns=self._num_returns, resources={},
                 strategy=opts.to_strategy(None), max_retries=0, retry_exceptions=False,
                 actor=worker.actor_state(handle._actor_id), method=self._name,
-                max_task_retries=handle._max_task_retries if retries is None else retries)
+                max_task_retries=handle._max_task_retries if retries is None else retries,
+                max_pending_calls=handle._max_pending_calls)
         return _returns(_in_loop(worker, submit), self._num_returns)
 
 
@@ -308,12 +313,14 @@ class ActorHandle:
     """A reference to an actor; pass it to tasks and call its methods."""
 
     def __init__(self, actor_id: str, class_name: str, method_meta: dict,
-                 max_task_retries: int, signatures: dict | None = None) -> None:
+                 max_task_retries: int, signatures: dict | None = None,
+                 max_pending_calls: int = -1) -> None:
         self._actor_id = actor_id
         self._class_name = class_name
         self._method_meta = method_meta
         self._max_task_retries = max_task_retries
         self._signatures = signatures
+        self._max_pending_calls = max_pending_calls
 
     def __getattr__(self, name: str) -> ActorMethod:
         if name.startswith("__") or name not in self.__dict__.get("_method_meta", {}):
@@ -323,7 +330,7 @@ class ActorHandle:
 
     def __reduce__(self):
         return (ActorHandle, (self._actor_id, self._class_name, self._method_meta,
-                              self._max_task_retries))
+                              self._max_task_retries, None, self._max_pending_calls))
 
     def __repr__(self) -> str:
         return f"Actor({self._class_name}, {self._actor_id})"
@@ -451,7 +458,7 @@ def get_actor(name: str, namespace: str | None = None) -> ActorHandle:
         raise ValueError(f"Failed to look up actor with name {name!r} in namespace "
                          f"{namespace!r}: no live actor has that name")
     return ActorHandle(info.actor_id, info.class_name, info.method_meta,
-                       info.max_task_retries)
+                       info.max_task_retries, max_pending_calls=info.max_pending_calls)
 
 
 # ================================================================= cluster

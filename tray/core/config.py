@@ -1,7 +1,8 @@
 """Tunables of the runtime, each with its unit in its name.
 
-Every queue and buffer in the core is bounded by one of these (TigerBeetle's
-"put a limit on everything")."""
+The limits here bound what grows with load (TigerBeetle's "put a limit on
+everything"); what is bounded otherwise, and why, is listed in
+docs/architecture.md ("Limits")."""
 
 from __future__ import annotations
 
@@ -35,8 +36,13 @@ class Config:
     idle_worker_timeout_s: float = 10.0
     # Workers per node, whatever the requests say.
     workers_per_node_max: int = 256
-    # Calls buffered per caller at an actor while waiting for a gap to fill.
+    # Calls held per caller at an actor: waiting for an earlier call to
+    # arrive, or finished but above the caller's floor (their replies are
+    # kept for a re-send). A call beyond it fails with ActorError.
     actor_pending_calls_max: int = 100_000
+    # Finished tasks kept to re-create their lost results (the oldest go
+    # first, and their results can no longer be re-created).
+    lineage_tasks_max: int = 100_000
     default_max_concurrency_async: int = 1000
     # A request on a connection waiting longer than this is a bug or a hang.
     rpc_pending_calls_max: int = 1_000_000

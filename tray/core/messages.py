@@ -170,6 +170,7 @@ class ActorSpec:
     method_meta: dict
     creation: TaskSpec  # the constructor call
     max_concurrency: int | None = None
+    max_pending_calls: int = -1  # per caller process; -1: no limit
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,7 +211,8 @@ class ActorRecord:
                          max_restarts=spec.max_restarts, death_cause=self.death_cause,
                          incarnation=self.incarnation, class_name=spec.class_name,
                          max_task_retries=spec.max_task_retries, is_async=spec.is_async,
-                         method_meta=spec.method_meta)
+                         method_meta=spec.method_meta,
+                         max_pending_calls=spec.max_pending_calls)
 
 
 @dataclass(frozen=True)
@@ -231,6 +233,7 @@ class ActorInfo:
     max_task_retries: int
     is_async: bool
     method_meta: dict
+    max_pending_calls: int = -1
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,7 +1,9 @@
 """Validation of ``@tray.remote(...)`` / ``.options(...)`` arguments.
 
 Every unknown option or invalid value raises ValueError naming it, at the
-call site, as Ray does."""
+call site, as Ray does. Every option accepted here does something; Ray's
+options tray does not support yet are rejected with the reason
+(``NOT_YET``), never accepted and ignored."""
 
 from __future__ import annotations
 
@@ -17,6 +19,19 @@ ACTOR_OPTIONS = {"num_cpus", "num_gpus", "resources", "memory", "max_restarts",
                  "get_if_exists", "scheduling_strategy", "runtime_env", "accelerator_type",
                  "_metadata", "max_pending_calls"}
 METHOD_OPTIONS = {"num_returns", "name", "max_task_retries", "retry_exceptions"}
+
+ACCELERATOR_REQUEST = 0.001
+
+# Ray's options that tray rejects for now, and why.
+NOT_YET = {
+    "runtime_env": "runtime environments are not supported yet: install what tasks need "
+                   "on every node (see README, 'Not yet')",
+    "_metadata": "_metadata is Ray-internal and not supported",
+}
+METHOD_NOT_YET = {
+    "retry_exceptions": "retrying application errors of actor methods is not supported yet; "
+                        "use max_task_retries for actor deaths, or retry in the caller",
+}
 
 
 def _non_negative_number(name: str, value) -> None:
@@ -34,6 +49,14 @@ def validate(options: dict, allowed: set[str], what: str) -> dict:
         if name not in allowed:
             raise ValueError(f"invalid option {name!r} for {what}; valid options are "
                              f"{', '.join(sorted(allowed))}")
+    not_yet = dict(NOT_YET, **(METHOD_NOT_YET if allowed is METHOD_OPTIONS else {}))
+    for name, reason in not_yet.items():
+        if options.get(name) not in (None, False, {}):
+            raise NotImplementedError(f"option {name} of {what}: {reason}")
+    accelerator = options.get("accelerator_type")
+    if accelerator is not None and (not isinstance(accelerator, str) or not accelerator):
+        raise ValueError(f"option accelerator_type must be a non-empty string, got "
+                         f"{accelerator!r}")
     for name in ("num_cpus", "num_gpus", "memory"):
         if options.get(name) is not None:
             _non_negative_number(name, options[name])
@@ -56,6 +79,10 @@ def validate(options: dict, allowed: set[str], what: str) -> dict:
         _int_at_least("max_restarts", options["max_restarts"], -1)
     if options.get("max_task_retries") is not None:
         _int_at_least("max_task_retries", options["max_task_retries"], -1)
+    if options.get("max_pending_calls") is not None:
+        _int_at_least("max_pending_calls", options["max_pending_calls"], -1)
+        if options["max_pending_calls"] == 0:
+            raise ValueError("option max_pending_calls must be -1 (no limit) or positive, got 0")
     if options.get("max_concurrency") is not None:
         _int_at_least("max_concurrency", options["max_concurrency"], 1)
     retry = options.get("retry_exceptions")
@@ -97,4 +124,8 @@ def resources_of(options: dict, default_cpus: float) -> dict:
         resources["GPU"] = options["num_gpus"]
     if options.get("memory"):
         resources["memory"] = options["memory"]
+    if options.get("accelerator_type"):
+        # As Ray: a node with that accelerator has the resource
+        # "accelerator_type:<name>", and a task asks for a sliver of it.
+        resources[f"accelerator_type:{options['accelerator_type']}"] = ACCELERATOR_REQUEST
     return {name: float(amount) for name, amount in sorted(resources.items()) if amount > 0}

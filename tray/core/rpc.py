@@ -142,6 +142,8 @@ class Connection:
             value, ok = error, False
         if kind == REQUEST:
             self._send_reply_nowait(call_id, ok, value)
+        elif not ok:  # nobody to tell: a one-way message failed here
+            logger.error("one-way %s from %s failed: %r", method, self.peer, value)
 
     def _send_reply_nowait(self, call_id: int, ok: bool, value) -> None:
         try:
@@ -158,6 +160,8 @@ class Connection:
             value, ok = error, False
         if kind == REQUEST:
             await self._reply(call_id, ok, value)
+        elif not ok:
+            logger.error("one-way %s from %s failed: %r", handler.__name__, self.peer, value)
 
     async def _reply(self, call_id: int, ok: bool, value) -> None:
         try:

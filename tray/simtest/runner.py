@@ -495,6 +495,12 @@ def _run_seed(seed, workload, faults, trace_path, config, started,
             if failure is None:
                 failure = InvariantViolation("clean-shutdown",
                                              f"shutdown raised {type(error).__name__}: {error}")
+    if cluster.crashes and (failure is None or failure.invariant == "no-hang"):
+        lines = []
+        for address, error in cluster.crashes[:5]:
+            lines.append(f"{address} crashed: {type(error).__name__}: {error}")
+            lines.append("".join(traceback.format_exception(error))[-2000:])
+        failure = InvariantViolation("no-process-crashes", "\n".join(lines))
     if cluster.invariant_failure is not None:
         # Whatever went wrong after it, this broke first: at a known step.
         failure = InvariantViolation("component-invariants-hold",

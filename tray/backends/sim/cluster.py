@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import gc
+import logging
 import os
 import random
 import threading
@@ -26,6 +27,8 @@ from ...core.worker.core_worker import DRIVER, WORKER, CoreWorker
 from ...exceptions import TrayError
 from ...transports.sim import SimNetwork
 from .stores import MemoryObjectStore, MemoryStorage
+
+logger = logging.getLogger("tray.sim")
 
 # Virtual wall-clock time starts here (2026-01-01 UTC) in simulated user code.
 SIM_EPOCH_S = 1_767_225_600.0
@@ -86,6 +89,8 @@ class SimProcess:
         self.nursery: trio.Nursery | None = None
         self.alive = True
         self.component = None
+        self.on_exit = None  # on_exit(exit_code) when the process has ended, however it ended
+        self.exit_code = 0  # -9 when killed, 1 when it crashed, else what it exited with
 
 
 class SimSpawner:
@@ -140,6 +145,9 @@ class SimCluster:
         # (host ticks) of the run; 0: never.
         self.validate_every_steps = validate_every_steps
         self.invariant_failure: SimulationInvariantError | None = None
+        # (address, exception) of every simulated process that crashed.
+        self.crashes: list = []
+        self._stopping = False
 
     def _rng(self, name: str) -> random.Random:
         return random.Random(f"{self.seed}:{name}")
@@ -241,6 +249,10 @@ class SimCluster:
 
         try:
             if self._finished is None and self._token is not None:
+                # Processes are torn down mid-step from here on: their state
+                # is not expected to hold together any more.
+                self.validate_every_steps = 0
+                self._stopping = True
                 if self.driver is not None:
                     self.driver.begin_shutdown()
                 self._token.run_sync_soon(self._nursery.cancel_scope.cancel)
@@ -308,13 +320,27 @@ class SimCluster:
                     task_status.started(process)
         except* SimulatedProcessExit as group:
             exit_ = group.exceptions[0]
+            process.exit_code = exit_.args[0] if exit_.args else 0
             self.trace.record("cluster", "process_exit", process=process.address,
                               code=exit_.args[0] if exit_.args else None)
+        except* Exception as group:
+            # An exception escaped the process: a real one would exit with a
+            # traceback; this one ends alone, and the crash is kept for the
+            # report (simtest fails the seed on it).
+            error = group.exceptions[0]
+            self.trace.record("cluster", "process_crashed", process=process.address,
+                              error=type(error).__name__)
+            self.crashes.append((process.address, error))
+            process.exit_code = 1
+            logger.error("simulated process %s crashed", process.address,
+                         exc_info=(type(error), error, error.__traceback__))
         finally:
             process.alive = False
             self.network.close_all(process.address)
             if self.processes.get(process.address) is process:
                 del self.processes[process.address]
+            if process.on_exit is not None:
+                process.on_exit(process.exit_code)
         if not started:
             task_status.started(process)
 
@@ -324,6 +350,7 @@ class SimCluster:
             return
         self.trace.record("cluster", "process_kill", process=address)
         process.alive = False
+        process.exit_code = -9
         self.network.close_all(address)
         process.scope.cancel()
 
@@ -355,6 +382,8 @@ class SimCluster:
         address = f"n{node_index}/worker-{worker_id[:12]}"
 
         async def worker_main(process: SimProcess, nursery: trio.Nursery) -> None:
+            # Its node manager learns of its end, as a real one reaps its child.
+            process.on_exit = lambda code: self._worker_exited(node_index, worker_id, code)
             env = self._env(address, node_index,
                             exit_process=lambda: self.kill_process(address))
             worker = CoreWorker(env, WORKER, nursery, worker_id=worker_id)
@@ -365,6 +394,13 @@ class SimCluster:
 
         self._nursery.start_soon(self._start_process, f"worker-{worker_id[:12]}", address,
                                  node_index, worker_main)
+
+    def _worker_exited(self, node_index: int, worker_id: str, exit_code: int) -> None:
+        if self._stopping:
+            return  # everything is ending: nobody is left to tell
+        node = self.processes.get(f"n{node_index}/raylet")
+        if node is not None and node.alive and node.component is not None:
+            node.component.worker_process_exited(worker_id, exit_code)
 
     # ------------------------------------------------------------ fault API
     # Callable from the driver's code (between tray calls) and from inside

@@ -40,6 +40,7 @@ from ..messages import (
     LeaseRequest,
 )
 from ..rpc import Endpoint, PeerDisconnected
+from ..serialization import serialize_error
 from .node_table import NodeTable
 
 logger = logging.getLogger("tray.gcs")
@@ -184,11 +185,7 @@ class ActorManager:
         else:
             actor.restart_budget_bypass = True
         if worker_id is not None and node_id in self._nodes.nodes:
-            try:
-                await self._endpoint.call(self._nodes.nodes[node_id].address, "kill_worker",
-                                          worker_id)
-            except PeerDisconnected:
-                pass
+            await self._kill_worker(node_id, worker_id)
 
     def handle_worker_died(self, conn, worker_id: str, node_id: str, reason: str) -> None:
         for actor in sorted(self.actors.values(), key=lambda a: a.actor_id):
@@ -215,8 +212,10 @@ class ActorManager:
         try:
             await self._endpoint.call(self._nodes.nodes[node_id].address, "kill_worker",
                                       worker_id)
-        except PeerDisconnected:
-            pass
+        except Exception as error:  # noqa: BLE001 - gone already, or the node failed
+            if not isinstance(error, PeerDisconnected):
+                logger.warning("node %s failed to kill worker %s: %s", node_id, worker_id,
+                               error)
 
     def _actor_failed(self, actor: ActorRecord, reason: str) -> None:
         bypass, actor.restart_budget_bypass = actor.restart_budget_bypass, False
@@ -249,13 +248,18 @@ class ActorManager:
         free at its last heartbeat, less the actors placed there since
         (a heartbeat sent before a placement must not undo it)."""
         now = trio.current_time()
+        for node_id in sorted(self.placements):
+            kept = [p for p in self.placements[node_id] if p[1] > now]
+            if kept:
+                self.placements[node_id] = kept
+            else:
+                del self.placements[node_id]
         view = {}
         for node_id, node in self._nodes.view().items():
             available = dict(node.available)
-            for resources, until in self.placements.get(node_id, []):
-                if until > now:
-                    for name, amount in resources.items():
-                        available[name] = available.get(name, 0.0) - amount
+            for resources, _until in self.placements.get(node_id, []):
+                for name, amount in resources.items():
+                    available[name] = available.get(name, 0.0) - amount
             view[node_id] = scheduling.NodeView(node_id, node.address, node.total, available,
                                                 node.alive)
         return view
@@ -290,10 +294,17 @@ class ActorManager:
             except PeerDisconnected:
                 await trio.sleep(self._config.heartbeat_period_s)
                 continue
+            except Exception as error:  # noqa: BLE001 - the node failed the request
+                # The actor stays pending and is tried again: a node's error
+                # about one lease must not end the GCS.
+                logger.warning("actor %s (%s): node %s failed a lease request: %s",
+                               spec.class_name, actor_id, target, error)
+                self._tracer.record("gcs", "actor_lease_failed", actor=actor_id,
+                                    error=type(error).__name__)
+                await trio.sleep(self._config.infeasible_retry_period_s)
+                continue
             finally:
                 placement[1] = trio.current_time() + 2 * self._config.heartbeat_period_s
-                now = trio.current_time()
-                self.placements[target] = [p for p in self.placements[target] if p[1] > now]
             if not isinstance(grant, LeaseGranted):
                 await trio.sleep(self._config.infeasible_retry_period_s)
                 continue
@@ -341,6 +352,9 @@ class ActorManager:
             self._tracer.record("gcs", "actor_creation_lost", actor=actor_id)
             await self._kill_worker(target, grant.worker_id)
             return _Creation.WORKER_LOST, None
+        except Exception as failure:  # noqa: BLE001 - the worker could not even try
+            # (its class could not be loaded, say): the actor is dead with that error.
+            return _Creation.CONSTRUCTOR_FAILED, serialize_error(failure)
         if error is not None:
             return _Creation.CONSTRUCTOR_FAILED, error
         return _Creation.CREATED, None

@@ -314,8 +314,11 @@ class LeaseManager:
     async def _reconcile(self, owner: str, lease_ids: list) -> None:
         try:
             held = await self._endpoint.call(owner, "held_leases", self._address, lease_ids)
-        except PeerDisconnected:
-            return  # unreachable: ask again later (if it died, its leases go anyway)
+        except Exception as error:  # noqa: BLE001 - unreachable, or it failed to answer
+            # Ask again later (if it died, its leases go anyway).
+            if not isinstance(error, PeerDisconnected):
+                logger.warning("%s failed to say which leases it holds: %s", owner, error)
+            return
         finally:
             self._reconciling.discard(owner)
         for lease_id in lease_ids:

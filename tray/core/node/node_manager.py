@@ -134,6 +134,9 @@ class NodeManager:
                                                  self.node_id, dict(self.leases.available))
             except PeerDisconnected:
                 continue  # the GCS is restarting; try again next period
+            except Exception as error:  # noqa: BLE001 - the GCS failed this heartbeat
+                logger.warning("the GCS failed a heartbeat of node %s: %s", self.node_id, error)
+                continue
             if reply.dead:
                 self._fence()
                 return

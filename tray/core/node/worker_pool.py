@@ -8,7 +8,9 @@ simulated process) and registers when ready. Each worker is in one state:
   any -> dead
 
 Idle workers beyond one per CPU (or the prestart count) are stopped after
-``idle_worker_timeout_s``. A worker that exits before registering counts as
+``idle_worker_timeout_s``. At most ``workers_per_node_max`` live at once: a
+lease that needs a worker beyond that waits (with a warning) until one is
+free, as an actor stays pending in Ray when a node cannot start more. A worker that exits before registering counts as
 a failed start; after ``worker_start_failures_max`` in a row, lease requests
 fail with the reason instead of waiting for workers that never come.
 
@@ -116,9 +118,7 @@ class WorkerPool:
         return {"node_id": self._node_id}
 
     def start_worker(self) -> None:
-        live = [w for w in self.workers.values() if w.state != "dead"]
-        if len(live) >= self._config.workers_per_node_max:
-            raise RuntimeError(f"node {self._node_id} has {len(live)} workers, the maximum")
+        assert self.live_count() < self._config.workers_per_node_max, self.live_count()
         worker_id = WorkerID.from_random(self._rng).hex()
         self.workers[worker_id] = WorkerInfo(worker_id)
         self._tracer.record(self._trace_name, "worker_start", worker=worker_id)
@@ -126,7 +126,9 @@ class WorkerPool:
         self._spawner.start_worker(worker_id, {})
 
     async def take_worker(self) -> WorkerInfo:
-        """An idle worker, starting one if none is (waits for it)."""
+        """An idle worker, starting one if none is; waits for it, and, at
+        ``workers_per_node_max`` live workers, for one to be free."""
+        warned = False
         while True:
             while self.idle:
                 worker = self.workers[self.idle.pop(0)]
@@ -138,7 +140,16 @@ class WorkerPool:
                     f"({self.failed_worker_starts} in a row; last: {self.last_start_failure})")
             starting = [w for w in self.workers.values() if w.state == "starting"]
             if not starting:
-                self.start_worker()
+                if self.live_count() < self._config.workers_per_node_max:
+                    self.start_worker()
+                elif not warned:
+                    warned = True
+                    logger.warning(
+                        "node %s has %d workers, its maximum (workers_per_node_max): a task or "
+                        "actor waits for one of them to be free", self._node_id,
+                        self.live_count())
+                    self._tracer.record(self._trace_name, "worker_cap_reached",
+                                        workers=self.live_count())
             await self.worker_registered.wait()
 
     def put_back(self, worker: WorkerInfo) -> None:
@@ -170,7 +181,6 @@ class WorkerPool:
                                       "before registering"
             logger.error("%s", self.last_start_failure)
             self.worker_died(worker, self.last_start_failure)
-            self._wake_waiters()
             return
         self.worker_died(worker, f"its process exited with code {exit_code}")
 
@@ -193,6 +203,7 @@ class WorkerPool:
                             reason=reason)
         logger.debug("worker %s died: %s", worker.worker_id[:8], reason)
         self.release_leases_of(worker.worker_id)
+        self._wake_waiters()  # below the cap again: a waiting lease may start a worker
         if previous in ("leased", "actor"):
             self._nursery.start_soon(self._report_worker_death, worker.worker_id, reason)
 

@@ -9,11 +9,18 @@ not ordered against each other (Ray's contract). At most
 ``max_concurrency`` calls run at once (1 for a plain actor, so its methods
 never interleave).
 
-Each caller sends its *floor* with every call: every call below it is
+Each caller sends its *floor* with every call (and alone, in
+``actor_floor``, when a call ends without running): every call below it is
 finished or abandoned. The host skips ahead to the floor (a gap left by a
 call that will never come must not block the queue) and drops the replies
 it kept below it. Those replies exist so that a call re-sent after a broken
-connection gets the first execution's reply instead of running twice."""
+connection gets the first execution's reply instead of running twice.
+
+Limits, per caller: at most ``actor_pending_calls_max`` calls wait for their
+turn; one more is refused (``ActorError``), and its turn is skipped when it
+comes, so the calls after it still run. At most as many replies are kept;
+beyond that the oldest are forgotten (a call re-sent after that would run
+again — it takes that many calls outstanding behind one unfinished call)."""
 
 from __future__ import annotations
 
@@ -43,7 +50,9 @@ class CallerQueue:
     # floor passes them: a call re-sent after a broken connection gets the
     # first one's reply instead of running twice.
     started: dict = field(default_factory=dict)  # seq -> trio.Event (set when done)
-    replies: dict = field(default_factory=dict)  # seq -> reply
+    replies: dict = field(default_factory=dict)  # seq -> reply, in the order they finished
+    # Calls refused while waiting (the limit): their turns are skipped.
+    refused: dict = field(default_factory=dict)  # seq -> None
 
 
 @dataclass(frozen=True)
@@ -52,6 +61,7 @@ class CallerSummary:
     next_seq: int  # the call this caller's queue runs next
     waiting: tuple  # sequence numbers of calls held back until their turn
     replies_kept: int  # for calls that may be re-sent
+    refused: int  # calls refused at the limit whose turn has not come
 
 
 @dataclass(frozen=True)
@@ -79,7 +89,7 @@ class ActorHost:
     def statistics(self) -> ActorHostStatistics:
         return ActorHostStatistics(self.actor_id, tuple(
             CallerSummary(caller, queue.next_seq, tuple(sorted(queue.waiters)),
-                          len(queue.replies))
+                          len(queue.replies), len(queue.refused))
             for caller, queue in sorted(self.callers.items())))
 
     def validate_state(self) -> None:
@@ -91,6 +101,9 @@ class ActorHost:
                 (caller, queue.next_seq, sorted(queue.waiters))
             assert set(queue.replies) <= set(queue.started), caller
             assert len(queue.waiters) <= self._config.actor_pending_calls_max, caller
+            assert len(queue.replies) <= self._config.actor_pending_calls_max, caller
+            # A refused call's turn is skipped as soon as it comes.
+            assert all(seq > queue.next_seq for seq in queue.refused), caller
 
     async def handle_create_actor(self, conn, actor: ActorSpec, gpu_ids: list,
                                   incarnation: int) -> SerializedObject | None:
@@ -137,9 +150,7 @@ class ActorHost:
         queue = self.callers.get(spec.caller)
         if queue is None:
             queue = self.callers[spec.caller] = CallerQueue()
-        for seq in [seq for seq in queue.started if seq < spec.floor]:
-            del queue.started[seq]
-            queue.replies.pop(seq, None)
+        self._advance_floor(queue, spec.floor)
         first = queue.started.get(spec.seq)
         if first is not None:  # a re-sent call: it arrived here already
             await first.wait()
@@ -148,17 +159,47 @@ class ActorHost:
         done = queue.started[spec.seq] = trio.Event()
         try:
             reply = queue.replies[spec.seq] = await self._run_call(queue, spec)
+            while len(queue.replies) > self._config.actor_pending_calls_max:
+                oldest = next(iter(queue.replies))
+                del queue.replies[oldest]
+                queue.started.pop(oldest, None)
         finally:
             done.set()
         return reply
 
-    async def _run_call(self, queue: CallerQueue, spec: TaskSpec) -> TaskReply:
-        if spec.floor > queue.next_seq:
-            queue.next_seq = spec.floor
+    def handle_actor_floor(self, conn, caller: str, floor: int) -> None:
+        """Every call of ``caller`` below ``floor`` is finished or abandoned."""
+        queue = self.callers.get(caller)
+        if queue is not None:
+            self._advance_floor(queue, floor)
+
+    def _advance_floor(self, queue: CallerQueue, floor: int) -> None:
+        for seq in [seq for seq in queue.started if seq < floor]:
+            del queue.started[seq]
+            queue.replies.pop(seq, None)
+        for seq in [seq for seq in queue.refused if seq < floor]:
+            del queue.refused[seq]
+        if floor > queue.next_seq:
+            queue.next_seq = floor
+            self._skip_refused(queue)
             self._wake(queue, all_due=True)
+
+    @staticmethod
+    def _skip_refused(queue: CallerQueue) -> None:
+        while queue.next_seq in queue.refused:
+            del queue.refused[queue.next_seq]
+            queue.next_seq += 1
+
+    async def _run_call(self, queue: CallerQueue, spec: TaskSpec) -> TaskReply:
         if spec.seq > queue.next_seq:
-            if len(queue.waiters) >= self._config.actor_pending_calls_max:
-                raise exceptions.ActorError(f"too many calls waiting at actor {self.actor_id}")
+            limit = self._config.actor_pending_calls_max
+            if len(queue.waiters) >= limit:
+                queue.refused[spec.seq] = None
+                raise exceptions.ActorError(
+                    f"the actor {self.actor_id} refused {spec.name} (call #{spec.seq} from "
+                    f"{spec.caller}): {len(queue.waiters)} calls from that caller already "
+                    f"wait for an earlier call to arrive (actor_pending_calls_max={limit})",
+                    self.actor_id)
             event = queue.waiters.setdefault(spec.seq, trio.Event())
             while spec.seq > queue.next_seq:
                 await event.wait()
@@ -168,6 +209,7 @@ class ActorHost:
         async with self._slots:
             if spec.seq >= queue.next_seq:
                 queue.next_seq = spec.seq + 1
+                self._skip_refused(queue)
                 self._wake(queue, all_due=False)
             instance = self.instance
 

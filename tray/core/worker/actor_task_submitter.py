@@ -12,7 +12,18 @@ the actor is alive in an incarnation newer than the one this process last
 saw die (or dead for good). A call cut off by a broken connection is re-sent
 within ``max_task_retries``; otherwise it fails with ``ActorDiedError`` (the
 actor is dead) or ``ActorUnavailableError`` (it is restarting, or only the
-connection broke and the call may or may not have run).
+connection broke and the call may or may not have run). Any other error on a
+call's way (the GCS unreachable, the actor refusing it) fails that call, and
+only that call.
+
+A call that ends without being sent (its argument failed, it was cancelled,
+the GCS was unreachable) leaves a gap in the sequence that calls sent after
+it would wait on forever: the actor is told the caller's new floor
+(``actor_floor``) so they run.
+
+``max_pending_calls`` (per caller process and actor; -1: no limit) makes
+``.remote()`` raise ``PendingCallsLimitExceeded`` while that many calls are
+pending, as Ray does.
 
 Creation: the owner registers the actor (its ``ActorSpec``) with the GCS,
 which schedules it; the owner holds the constructor's argument refs until
@@ -25,15 +36,22 @@ from dataclasses import dataclass, field
 import trio
 
 from ... import exceptions
-from ..messages import DEAD, ActorInfo, ActorSpec, FailedResult
+from ..messages import ALIVE, DEAD, ActorInfo, ActorSpec
 from ..rpc import Endpoint, PeerDisconnected
-from ..serialization import deserialize, serialize_error
+from ..serialization import deserialize
 from .dependency_resolver import DependencyResolver
 from .function_table import FunctionTable
 from .gcs_client import GcsClient
 from .loop_bridge import LoopBridge
+from .outbox import Outbox
 from .reference_counter import ReferenceCounter
-from .task_manager import PendingTask, TaskManager, spend_retry
+from .task_manager import (
+    PENDING_NODE_ASSIGNMENT,
+    SUBMITTED_TO_WORKER,
+    PendingTask,
+    TaskManager,
+    spend_retry,
+)
 
 
 @dataclass
@@ -59,9 +77,12 @@ def actor_died_error(info: ActorInfo, call_name: str) -> Exception:
 
 
 class ActorTaskSubmitter:
-    def __init__(self, *, name: str, endpoint: Endpoint, gcs: GcsClient, bridge: LoopBridge,
-                 tracer, task_manager: TaskManager, resolver: DependencyResolver,
-                 functions: FunctionTable, references: ReferenceCounter) -> None:
+    def __init__(self, *, address: str, name: str, endpoint: Endpoint, gcs: GcsClient,
+                 bridge: LoopBridge, outbox: Outbox, tracer, task_manager: TaskManager,
+                 resolver: DependencyResolver, functions: FunctionTable,
+                 references: ReferenceCounter) -> None:
+        self._address = address
+        self._outbox = outbox
         self._name = name
         self._endpoint = endpoint
         self._gcs = gcs
@@ -88,6 +109,16 @@ class ActorTaskSubmitter:
             if state.info is not None:
                 assert state.info.actor_id == actor_id, actor_id
 
+    @staticmethod
+    def check_pending_calls(state: ActorState, max_pending_calls: int) -> None:
+        """Raise PendingCallsLimitExceeded when ``max_pending_calls`` (-1: no
+        limit) calls to the actor are pending from this process."""
+        if 0 <= max_pending_calls <= len(state.unfinished):
+            raise exceptions.PendingCallsLimitExceeded(
+                f"the actor {state.actor_id} has {len(state.unfinished)} calls pending from "
+                f"this process, its max_pending_calls={max_pending_calls}; wait for some to "
+                "finish (tray.get or tray.wait) before calling it again")
+
     def next_call(self, state: ActorState) -> int:
         """The sequence number of a new call to the actor."""
         seq = state.next_seq
@@ -113,24 +144,33 @@ class ActorTaskSubmitter:
         return state.info
 
     async def submit(self, task: PendingTask, state: ActorState) -> None:
+        """Send one call (re-sending it within its retries) and record its
+        outcome; any error on its way fails this call, never the process."""
+        answered = False
+        try:
+            answered = await self._submit(task, state)
+        except Exception as error:  # noqa: BLE001 - the GCS unreachable, the actor refused it
+            self._task_manager.fail(task, error)
+        finally:
+            self._call_ended(task, state, answered)
+
+    async def _submit(self, task: PendingTask, state: ActorState) -> bool:
+        """Whether the actor answered the call (then it ran there)."""
         spec = task.spec
         failure = await self._resolver.resolve(task)
         if failure is not None:
-            self._finish(task, state, [FailedResult(failure)] * spec.num_returns)
-            return
-        while True:
-            try:
-                info = await self.actor_info(state)
-            except exceptions.TrayError as error:  # the GCS stayed unreachable
-                self._finish(task, state,
-                             [FailedResult(serialize_error(error))] * spec.num_returns)
-                return
+            self._task_manager.fail(task, failure)
+            return False
+        while not task.done:  # (cancel() may end it while it waits)
+            self._task_manager.set_state(task, PENDING_NODE_ASSIGNMENT)
+            info = await self.actor_info(state)
             if info.state == DEAD:
-                error = actor_died_error(info, spec.name)
-                self._finish(task, state,
-                             [FailedResult(serialize_error(error))] * spec.num_returns)
-                return
+                self._task_manager.fail(task, actor_died_error(info, spec.name))
+                return False
+            if task.done:  # cancelled while it waited for the actor
+                return False
             spec.floor = min(state.unfinished)
+            self._task_manager.set_state(task, SUBMITTED_TO_WORKER)
             try:
                 reply = await self._endpoint.call(info.address, "actor_call", spec)
             except PeerDisconnected:
@@ -150,11 +190,22 @@ class ActorTaskSubmitter:
                         "(max_task_retries=0)", state.actor_id)
                 else:
                     error = await self._actor_failure(state, spec)
-                self._finish(task, state,
-                             [FailedResult(serialize_error(error))] * spec.num_returns)
-                return
-            self._finish(task, state, reply.results)
-            return
+                self._task_manager.fail(task, error)
+                return False
+            self._task_manager.complete(task, reply.results)
+            return True
+        return False
+
+    def _call_ended(self, task: PendingTask, state: ActorState, answered: bool) -> None:
+        state.unfinished.pop(task.spec.seq, None)
+        if answered:
+            return  # it ran: the actor moved past it
+        # It never ran (or may not have): calls sent after it must not wait
+        # for it at the actor.
+        info = state.info
+        if info is not None and info.state == ALIVE and info.address:
+            floor = min(state.unfinished, default=state.next_seq)
+            self._outbox.send_later(info.address, "actor_floor", self._address, floor)
 
     async def kill_actor(self, actor_id: str, no_restart: bool) -> None:
         await self._gcs.call("kill_actor", actor_id, no_restart)
@@ -185,10 +236,6 @@ class ActorTaskSubmitter:
             f"the actor {state.actor_id} died while running {spec.name}; the call was not "
             "retried (max_task_retries=0)", state.actor_id)
 
-    def _finish(self, task: PendingTask, state: ActorState, results: list) -> None:
-        state.unfinished.pop(task.spec.seq, None)
-        self._task_manager.finish(task, results)
-
     def addresses_on(self, node_id: str) -> set:
         """Addresses of the actors this process knows to live on a node."""
         return {state.info.address for state in self.actors.values()
@@ -217,8 +264,11 @@ class ActorTaskSubmitter:
         return None
 
     async def _release_when_created(self, actor_id: str, holds: list) -> None:
+        """Hold the constructor's arguments until the actor is alive or dead
+        (or the GCS stays unreachable: then calls to it fail, and nothing
+        here waits any longer)."""
         try:
             await self.actor_info(self.actor_state(actor_id))
-        except PeerDisconnected:
+        except (PeerDisconnected, exceptions.TrayError):
             pass
         self._references.release_submitted(holds)

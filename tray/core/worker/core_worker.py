@@ -38,11 +38,11 @@ from dataclasses import dataclass
 from ... import exceptions
 from ..context import TaskContext, current_task
 from ..ids import ActorID, JobID, ObjectID, TaskID
-from ..messages import ActorInfo, ActorSpec, FailedResult
+from ..messages import ActorInfo, ActorSpec
 from ..object_ref import ObjectRef
-from ..rpc import Endpoint
+from ..rpc import Endpoint, PeerDisconnected
 from ..scheduling import Strategy
-from ..serialization import serialize, serialize_error
+from ..serialization import serialize
 from ..task_spec import ArgByRef, ArgByValue, TaskSpec
 from .actor_host import ActorHost, ActorHostStatistics
 from .actor_task_submitter import ActorState, ActorTaskSubmitter
@@ -108,7 +108,8 @@ class CoreWorker:
             task_pending=lambda task_id: self.task_manager.is_pending(task_id),
             lineage_released=lambda task_id: self.task_manager.forget_lineage(task_id))
         self.task_manager = task_manager = TaskManager(name=name, references=references,
-                                                       outbox=outbox, tracer=tracer)
+                                                       outbox=outbox, tracer=tracer,
+                                                       config=config)
         self.getter = getter = ObjectGetter(
             address=address, endpoint=endpoint, references=references, outbox=outbox,
             store=env.object_store, node_manager_address=env.node_manager_address,
@@ -120,13 +121,14 @@ class CoreWorker:
             tracer=tracer, config=config, node_manager_address=env.node_manager_address,
             task_manager=task_manager, resolver=resolver, functions=functions)
         self.actor_submitter = ActorTaskSubmitter(
-            name=name, endpoint=endpoint, gcs=gcs, bridge=bridge, tracer=tracer,
+            address=address, name=name, endpoint=endpoint, gcs=gcs, bridge=bridge,
+            outbox=outbox, tracer=tracer,
             task_manager=task_manager, resolver=resolver, functions=functions,
             references=references)
         self.recovery = recovery = ObjectRecoveryManager(
             address=address, name=name, endpoint=endpoint, bridge=bridge, outbox=outbox,
             tracer=tracer, references=references, task_manager=task_manager,
-            submitter=submitter)
+            submitter=submitter, config=config)
         getter.bind_recovery(recovery.recover)
         self.receiver = receiver = TaskReceiver(
             address=address, name=name, endpoint=endpoint, tracer=tracer,
@@ -155,8 +157,21 @@ class CoreWorker:
             self.job_id = JobID.from_int(job)
             self.driver_context = TaskContext(TaskID.for_driver(self.job_id), name="driver")
         else:
-            await self.endpoint.call(self.env.node_manager_address, "register_worker",
-                                     self.worker_id, self.address)
+            manager = self.env.node_manager_address
+            while True:
+                try:
+                    await self.endpoint.call(manager, "register_worker", self.worker_id,
+                                             self.address)
+                    return
+                except PeerDisconnected:
+                    if await self.endpoint.reachable(manager):
+                        continue  # only the connection broke: register again
+                    # Its node manager went away before it could register: a
+                    # worker without a node has nothing to do.
+                    if self.env.exit_process is None:
+                        raise
+                    self.env.exit_process()
+                    return
 
     def begin_shutdown(self) -> None:
         """The process is ending: queue no more background sends."""
@@ -280,9 +295,11 @@ class CoreWorker:
     def submit_task(self, *, name: str, function_id: str, args: tuple, kwargs: dict,
                     num_returns: int, resources: dict, strategy: Strategy, max_retries: int,
                     retry_exceptions, actor: ActorState | None = None, method: str | None = None,
-                    max_task_retries: int = 0) -> list[ObjectRef]:
+                    max_task_retries: int = 0, max_pending_calls: int = -1) -> list[ObjectRef]:
         """Build a task and start submitting it; returns its refs at once."""
         context = self.current_context()
+        if actor is not None:
+            self.actor_submitter.check_pending_calls(actor, max_pending_calls)
         task_id = context.next_child_id()
         packed_args, packed_kwargs, holds = self._serialize_args(args, kwargs, name)
         return_ids = [ObjectID.for_return(task_id, i + 1) for i in range(num_returns)]
@@ -335,7 +352,9 @@ class CoreWorker:
             max_task_retries=options.get("max_task_retries") or 0,
             resources=resources, strategy=strategy, is_async=is_async,
             method_meta=method_meta, creation=creation,
-            max_concurrency=options.get("max_concurrency"))
+            max_concurrency=options.get("max_concurrency"),
+            max_pending_calls=-1 if options.get("max_pending_calls") is None
+            else options["max_pending_calls"])
         return actor, holds
 
     async def register_actor(self, actor: ActorSpec, holds: list) -> ActorInfo | None:
@@ -368,8 +387,7 @@ class CoreWorker:
             f"task {task.spec.name} ({task.spec.task_id.hex()}) was cancelled")
         if task.pushed_to is None:
             self.normal_submitter.remove_queued(task)
-            self.task_manager.finish(
-                task, [FailedResult(serialize_error(error))] * task.spec.num_returns)
+            self.task_manager.fail(task, error)
             return
         await self.endpoint.notify(task.pushed_to, "cancel_task", task.spec.task_id, force,
                                    recursive)

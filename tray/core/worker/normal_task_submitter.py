@@ -11,7 +11,10 @@ policy spreads them).
 
 A push that fails because the worker died (or the connection to it broke)
 gives the lease back as broken and retries the task within its budget;
-an application error is retried only under ``retry_exceptions``."""
+an application error is retried only under ``retry_exceptions``. Any other
+error on a task's way (the GCS unreachable, a node that cannot schedule it,
+a worker that answers with an error of its own) fails that task — or, for a
+lease request, the tasks queued in its class — and never the process."""
 
 from __future__ import annotations
 
@@ -22,14 +25,19 @@ from dataclasses import dataclass, field
 import trio
 
 from ... import exceptions
-from ..messages import FailedResult, Infeasible, LeaseGranted, LeaseRequest, Spillback
+from ..messages import Infeasible, LeaseGranted, LeaseRequest, Spillback
 from ..rpc import Endpoint, PeerDisconnected
-from ..serialization import serialize_error
 from ..task_spec import TaskSpec
 from .dependency_resolver import DependencyResolver
 from .function_table import FunctionTable
 from .outbox import Outbox
-from .task_manager import PendingTask, TaskManager, spend_retry
+from .task_manager import (
+    PENDING_NODE_ASSIGNMENT,
+    SUBMITTED_TO_WORKER,
+    PendingTask,
+    TaskManager,
+    spend_retry,
+)
 
 logger = logging.getLogger("tray.worker")
 
@@ -104,31 +112,31 @@ class NormalTaskSubmitter:
             assert all(lease.busy for lease in queue.leases), key
             for task in queue.tasks:
                 assert not task.done, task.spec.name
+                assert task.state == PENDING_NODE_ASSIGNMENT, (task.spec.name, task.state)
                 assert task.pushed_to is None, task.spec.name
                 assert class_key(task.spec) == key, task.spec.name
             lease_ids = [(lease.node_manager, lease.lease_id) for lease in queue.leases]
             assert len(lease_ids) == len(set(lease_ids)), key
 
-    def _fail(self, task: PendingTask, error) -> None:
-        self._task_manager.finish(task, [FailedResult(error)] * task.spec.num_returns)
-
     async def submit(self, task: PendingTask) -> None:
+        """Export the function, wait for the arguments, queue the task."""
         try:
             await self._functions.ensure_exported(task.spec.function_id)
-        except exceptions.TrayError as error:  # the GCS stayed unreachable
-            self._fail(task, serialize_error(error))
+            failure = await self._resolver.resolve(task)
+        except Exception as error:  # noqa: BLE001 - the GCS unreachable, an owner's error
+            self._task_manager.fail(task, error)
             return
-        failure = await self._resolver.resolve(task)
         if failure is not None:
-            self._fail(task, failure)
+            self._task_manager.fail(task, failure)
             return
-        if task.cancelled:
+        if task.done:  # cancelled while its arguments were on their way
             return
         self.enqueue(task)
 
     def enqueue(self, task: PendingTask) -> None:
         key = class_key(task.spec)
         queue = self.queues.setdefault(key, ClassQueue())
+        self._task_manager.set_state(task, PENDING_NODE_ASSIGNMENT)
         queue.tasks.append(task)
         self._pump(key, queue)
 
@@ -174,7 +182,7 @@ class NormalTaskSubmitter:
                     manager, hops = self._node_manager_address, 0
                     await trio.sleep(self._config.heartbeat_period_s)
                     continue
-                except exceptions.TrayError as error:  # the node cannot run workers
+                except Exception as error:  # noqa: BLE001 - the node cannot run workers
                     self._fail_queue(queue, exceptions.TaskError(
                         spec.name, f"the task cannot be scheduled: {error}", None))
                     break
@@ -208,11 +216,12 @@ class NormalTaskSubmitter:
 
     def _fail_queue(self, queue: ClassQueue, error: Exception) -> None:
         while queue.tasks:
-            self._fail(queue.tasks.popleft(), serialize_error(error))
+            self._task_manager.fail(queue.tasks.popleft(), error)
 
     async def _push(self, key: tuple, queue: ClassQueue, lease: LeaseState,
                     task: PendingTask) -> None:
         spec = task.spec
+        self._task_manager.set_state(task, SUBMITTED_TO_WORKER)
         task.pushed_to = lease.worker_address
         try:
             reply = await self._endpoint.call(lease.worker_address, "push_task", spec,
@@ -226,6 +235,13 @@ class NormalTaskSubmitter:
             self._task_worker_died(task, lease)
             self._pump(key, queue)
             return
+        except Exception as error:  # noqa: BLE001 - the worker failed to take the task
+            task.pushed_to = None
+            queue.leases.remove(lease)
+            self._outbox.send_later(lease.node_manager, "return_lease", lease.lease_id, False)
+            self._task_manager.fail(task, error)
+            self._pump(key, queue)
+            return
         task.pushed_to = None
         lease.busy = False
         if spec.strategy.kind == "SPREAD":
@@ -237,11 +253,12 @@ class NormalTaskSubmitter:
             spend_retry(task)
             self._tracer.record(self._name, "task_retry", task=spec.task_id,
                                 attempt=spec.attempt, reason="exception")
+            self._task_manager.set_state(task, PENDING_NODE_ASSIGNMENT)
             queue.tasks.append(task)
             self._pump(key, queue)
             return
         self._pump(key, queue)  # return or reuse the lease before waking getters
-        self._task_manager.finish(task, results)
+        self._task_manager.complete(task, results)
 
     def _task_worker_died(self, task: PendingTask, lease: LeaseState) -> None:
         spec = task.spec
@@ -259,7 +276,7 @@ class NormalTaskSubmitter:
                 f"the worker running task {spec.name} ({spec.task_id.hex()}) on node "
                 f"{lease.node_id} died, and its retries are used up "
                 f"(max_retries={spec.max_retries}, attempts={spec.attempt + 1})")
-        self._fail(task, serialize_error(error))
+        self._task_manager.fail(task, error)
 
     def handle_held_leases(self, conn, node_manager: str, lease_ids: list) -> list:
         """Which of these leases from ``node_manager`` this process holds."""

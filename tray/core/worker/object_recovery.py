@@ -40,7 +40,8 @@ logger = logging.getLogger("tray.worker")
 class ObjectRecoveryManager:
     def __init__(self, *, address: str, name: str, endpoint: Endpoint, bridge: LoopBridge,
                  outbox: Outbox, tracer, references: ReferenceCounter,
-                 task_manager: TaskManager, submitter: NormalTaskSubmitter) -> None:
+                 task_manager: TaskManager, submitter: NormalTaskSubmitter, config) -> None:
+        self._config = config
         self._address = address
         self._name = name
         self._endpoint = endpoint
@@ -90,7 +91,8 @@ class ObjectRecoveryManager:
         if task is None:
             return serialize_error(exceptions.ObjectReconstructionFailedError(
                 f"object {oid.hex()} was lost with node(s) {where} and cannot be re-created: "
-                "it was returned by an actor call, or its lineage is gone"))
+                "it was returned by an actor call, or its task's lineage was evicted (at most "
+                f"lineage_tasks_max={self._config.lineage_tasks_max} finished tasks are kept)"))
         spec = task.spec
         if task.retries_left == 0:
             return serialize_error(exceptions.ObjectReconstructionFailedError(

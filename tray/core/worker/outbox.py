@@ -11,10 +11,13 @@ handler, still in queue order."""
 
 from __future__ import annotations
 
+import logging
 from collections import deque
 
 from ..rpc import Endpoint
 from .loop_bridge import LoopBridge
+
+logger = logging.getLogger("tray.worker")
 
 
 class Outbox:
@@ -54,7 +57,10 @@ class Outbox:
             while self._queue:
                 address, method, args = self._queue.popleft()
                 if address == self._address:
-                    self._endpoint.handlers[method](None, *args)
+                    try:
+                        self._endpoint.handlers[method](None, *args)
+                    except Exception:  # noqa: BLE001 - as a one-way message sent away would
+                        logger.exception("one-way %s to this process failed", method)
                 else:
                     await self._endpoint.notify(address, method, *args)
         finally:

@@ -1,14 +1,32 @@
 """The owner's table of tasks: pending ones, and the lineage of finished ones.
 
 A task (or actor call) this process submitted is *pending* from
-``.remote()`` until its outcome is recorded; its outcome is recorded here,
-in ``finish``, whichever path ended it. ``finish`` stores each result in the
-reference table (inline values, the locations of stored ones, errors),
-wakes getters, and releases the task's hold on its arguments.
+``.remote()`` until its outcome is recorded. Its state is one field, with
+Ray's names:
+
+  PENDING_ARGS_AVAIL       waiting for its by-reference arguments
+  PENDING_NODE_ASSIGNMENT  queued for a lease (an actor call: waiting for
+                           its actor to be alive)
+  SUBMITTED_TO_WORKER      pushed to a worker (sent to its actor)
+  FINISHED | FAILED        its outcome is recorded; it is no longer pending
+
+A retry goes back to PENDING_NODE_ASSIGNMENT; a re-run for lineage
+reconstruction starts again as a new pending task.
+
+**Every path that ends a task ends it here**, in ``complete`` (the task ran
+and returned its results: values, or the error it raised) or ``fail`` (it
+ended without results: worker death past its retries, cancellation, a
+failed dependency, a lease that cannot be had, the GCS unreachable, an
+actor's limit...). Both record each result in the reference table (inline
+values, the locations of stored ones, errors), wake getters, and release
+the task's hold on its arguments. No path can forget to end a task, and a
+task is ended once: a second ``complete``/``fail`` is ignored.
 
 A finished normal task whose results live in node stores stays in
-``lineage`` for as long as any of its results is referenced: it is what
-re-creates a result whose copies were all lost (``object_recovery``)."""
+``lineage`` for as long as any of its results is referenced, at most
+``lineage_tasks_max`` of them (the oldest go first; their results can no
+longer be re-created): it is what re-creates a result whose copies were all
+lost (``object_recovery``)."""
 
 from __future__ import annotations
 
@@ -16,10 +34,17 @@ from dataclasses import dataclass
 
 from ..ids import ObjectID, TaskID
 from ..messages import FailedResult, InlineResult, StoredResult
-from ..serialization import deserialize
+from ..serialization import SerializedObject, deserialize, serialize_error
 from ..task_spec import TaskSpec
 from .outbox import Outbox
 from .reference_counter import ReferenceCounter
+
+PENDING_ARGS_AVAIL = "PENDING_ARGS_AVAIL"
+PENDING_NODE_ASSIGNMENT = "PENDING_NODE_ASSIGNMENT"
+SUBMITTED_TO_WORKER = "SUBMITTED_TO_WORKER"
+FINISHED, FAILED = "FINISHED", "FAILED"
+TASK_STATES = (PENDING_ARGS_AVAIL, PENDING_NODE_ASSIGNMENT, SUBMITTED_TO_WORKER, FINISHED,
+               FAILED)
 
 
 @dataclass
@@ -27,9 +52,13 @@ class PendingTask:
     spec: TaskSpec
     retries_left: int  # -1: unlimited
     arg_refs: list  # oids whose submitted count this task holds
-    cancelled: bool = False
-    pushed_to: str | None = None  # worker address while running
-    done: bool = False
+    state: str = PENDING_ARGS_AVAIL
+    cancelled: bool = False  # cancel() was called: never retried
+    pushed_to: str | None = None  # the worker running it (normal tasks, while submitted)
+
+    @property
+    def done(self) -> bool:
+        return self.state in (FINISHED, FAILED)
 
 
 @dataclass(frozen=True)
@@ -40,6 +69,7 @@ class PendingTaskSummary:
     actor_id: str | None
     seq: int
     pushed_to: str | None  # the worker running it, if it was pushed
+    state: str
 
 
 @dataclass(frozen=True)
@@ -57,22 +87,25 @@ def spend_retry(task: PendingTask) -> None:
 
 class TaskManager:
     def __init__(self, *, name: str, references: ReferenceCounter, outbox: Outbox,
-                 tracer) -> None:
+                 tracer, config) -> None:
         self._name = name
         self._references = references
         self._outbox = outbox
         self._tracer = tracer
+        self._config = config
         # Pending tasks: bounded by what the program submits and has not
         # collected (each holds its arguments; results go as they finish).
         self.tasks: dict[TaskID, PendingTask] = {}
         # Finished tasks whose results live in node stores, kept while any of
-        # their results is referenced: what re-creates a lost result.
+        # their results is referenced: what re-creates a lost result. In
+        # insertion order, at most lineage_tasks_max (the oldest go first).
         self.lineage: dict[TaskID, PendingTask] = {}
+        self.lineage_evicted = 0
 
     def statistics(self) -> TaskManagerStatistics:
         pending = tuple(
             PendingTaskSummary(task_id.hex(), task.spec.name, task.spec.attempt,
-                               task.spec.actor_id, task.spec.seq, task.pushed_to)
+                               task.spec.actor_id, task.spec.seq, task.pushed_to, task.state)
             for task_id, task in sorted(self.tasks.items(), key=lambda kv: kv[0].hex()))
         return TaskManagerStatistics(pending=pending, lineage=len(self.lineage))
 
@@ -80,7 +113,12 @@ class TaskManager:
         holds: dict = {}
         for task_id, task in self.tasks.items():
             assert not task.done, task.spec.name
+            assert task.state in TASK_STATES, (task.spec.name, task.state)
             assert task_id.binary() == task.spec.task_id, task.spec.name
+            # Only a normal task in a worker's hands says which worker.
+            if task.pushed_to is not None:
+                assert task.state == SUBMITTED_TO_WORKER, (task.spec.name, task.state)
+                assert task.spec.actor_id is None, task.spec.name
             assert task.retries_left >= -1, (task.spec.name, task.retries_left)
             for oid in task.arg_refs:
                 holds[oid] = holds.get(oid, 0) + 1
@@ -89,7 +127,8 @@ class TaskManager:
             assert entry is not None, f"a pending task holds {oid.hex()}, which is not referenced"
             # Actor creations and reconstructions hold arguments too.
             assert entry.submitted >= count, (oid, entry.submitted, count)
-        for task_id, task in self.lineage.items():
+        assert len(self.lineage) <= self._config.lineage_tasks_max, len(self.lineage)
+        for task in self.lineage.values():
             assert task.done, task.spec.name
             assert task.spec.actor_id is None, task.spec.name
             assert any(ObjectID(oid) in self._references.refs
@@ -125,17 +164,34 @@ class TaskManager:
         cause = getattr(error, "cause", None)
         return isinstance(cause, tuple(policy))
 
-    def finish(self, task: PendingTask, results: list) -> None:
-        """Record a task's outcome: one TaskResult per return."""
+    def set_state(self, task: PendingTask, state: str) -> None:
+        assert not task.done, (task.spec.name, task.state, state)
+        assert state in (PENDING_ARGS_AVAIL, PENDING_NODE_ASSIGNMENT, SUBMITTED_TO_WORKER), state
+        task.state = state
+
+    def complete(self, task: PendingTask, results: list) -> None:
+        """The task ran: record one TaskResult per return (a FailedResult
+        where it raised)."""
+        self._finish(task, results)
+
+    def fail(self, task: PendingTask, error: BaseException | SerializedObject) -> None:
+        """The task ended without results: every return raises ``error``."""
+        if not isinstance(error, SerializedObject):
+            error = serialize_error(error)
+        self._finish(task, [FailedResult(error)] * task.spec.num_returns)
+
+    def _finish(self, task: PendingTask, results: list) -> None:
         if task.done:
             return
-        task.done = True
+        task.pushed_to = None
+        task.state = FAILED if any(isinstance(result, FailedResult) for result in results) \
+            else FINISHED
         spec = task.spec
         task_id = TaskID(spec.task_id)
         self.tasks.pop(task_id, None)
         references = self._references
         if spec.actor_id is None and any(isinstance(result, StoredResult) for result in results):
-            self.lineage[task_id] = task
+            self._keep_lineage(task_id, task)
         for oid_bytes, result in zip(spec.return_ids, results, strict=True):
             oid = ObjectID(oid_bytes)
             entry = references.refs.get(oid)
@@ -163,4 +219,13 @@ class TaskManager:
                 references.maybe_release(oid, entry)
         self.forget_lineage(task_id)
         self._tracer.record(self._name, "task_finished", task=task_id,
-                            ok=all(not isinstance(result, FailedResult) for result in results))
+                            ok=task.state == FINISHED)
+
+    def _keep_lineage(self, task_id: TaskID, task: PendingTask) -> None:
+        self.lineage.pop(task_id, None)  # a re-run: now the newest
+        self.lineage[task_id] = task
+        while len(self.lineage) > self._config.lineage_tasks_max:
+            oldest = next(iter(self.lineage))
+            del self.lineage[oldest]
+            self.lineage_evicted += 1
+            self._tracer.record(self._name, "lineage_evicted", task=oldest)
