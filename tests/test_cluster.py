@@ -128,6 +128,16 @@ def test_cluster_resources_sum_over_nodes(cluster):
     assert total.get("GPU", 0) == 0
 
 
+@pytest.mark.cluster(object_store_memory=64 * 1024**2)
+def test_nodes_report_their_object_store_capacity(cluster):
+    # As Ray's: each node's resources hold object_store_memory (bytes).
+    for node in tray.nodes():
+        assert node["Resources"]["object_store_memory"] == 64 * 1024**2
+    assert tray.cluster_resources()["object_store_memory"] == 64 * 1024**2 * cluster.num_nodes
+    free = tray.available_resources()["object_store_memory"]
+    assert 0 < free <= 64 * 1024**2 * cluster.num_nodes
+
+
 @pytest.mark.cluster(num_cpus=3, num_gpus=2, resources={"widget": 5})
 def test_cluster_resources_with_gpus_and_custom(cluster):
     total = tray.cluster_resources()

@@ -464,9 +464,13 @@ def get_actor(name: str, namespace: str | None = None) -> ActorHandle:
 # ================================================================= cluster
 
 def nodes() -> list[dict]:
-    """Every node the cluster has known, alive or dead, as in ``ray.nodes()``."""
+    """Every node the cluster has known, alive or dead, as in ``ray.nodes()``:
+    its resources include ``object_store_memory`` (the store's capacity in
+    bytes), as Ray's do."""
     return [{"NodeID": node.node_id, "Alive": node.alive, "alive": node.alive,
-             "NodeManagerAddress": node.address, "Resources": dict(node.resources)}
+             "NodeManagerAddress": node.address,
+             "Resources": {**node.resources,
+                           "object_store_memory": float(node.object_store_bytes)}}
             for node in _gcs_call("get_all_nodes")]
 
 
@@ -492,7 +496,9 @@ def available_resources() -> dict:
         return stats
 
     total: dict[str, float] = {}
-    for stats in _block(worker, gather):
+    for node, stats in zip(alive, _block(worker, gather), strict=True):
+        free_store = node["Resources"]["object_store_memory"] - stats["store_used_bytes"]
+        total["object_store_memory"] = total.get("object_store_memory", 0.0) + free_store
         for name, amount in stats["available"].items():
             if amount > 0:
                 total[name] = total.get(name, 0.0) + amount
