@@ -120,6 +120,14 @@ FOUND = [
     # had taken was lost to the pool (found by validate_state after every step).
     ("lease-released-while-worker-starts", 80, "nested", "default"),
     ("lease-released-while-worker-starts-mixed", 87, "mixed", "default"),
+    # no-hang: a worker hosting an actor died while the GCS was down; the
+    # node's one-way report was lost, the GCS kept the actor "alive" and its
+    # callers waited forever (found with tray.data's actor pools).
+    ("worker-death-lost-during-gcs-restart", 8, "restarts", "default"),
+    # nothing-leaks-at-quiescence: a lease the GCS asked of a node for an
+    # actor reached a restarted node at the same address, which granted it
+    # despite the hard affinity to the old node; the worker leaked.
+    ("lease-for-a-dead-node-granted-by-its-successor", 14, "restarts", "default"),
 ]
 
 

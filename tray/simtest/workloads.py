@@ -151,6 +151,19 @@ class Account:
 
 
 @tray.remote
+class Squarer:
+    """A stateless actor: however often it restarts, and however often a
+    call is re-sent, each call's value is exact."""
+
+    def __init__(self, key: str) -> None:
+        _ran(f"{key}:init")
+
+    def square(self, x: int, sleep_s: float) -> int:
+        time.sleep(sleep_s)
+        return x * x
+
+
+@tray.remote
 def account_caller(key: str, account, caller: str, amounts: list) -> list:
     """A task that calls an actor: each caller's calls keep their order."""
     _ran(key)
@@ -337,6 +350,19 @@ def actors(program) -> None:
                        label="balance")
 
 
+def restarts(program) -> None:
+    """Long-lived actors with unlimited restarts and re-sent calls, called
+    throughout the fault window: every call must come back with its value."""
+    rng = program.rng
+    cpus = 0  # holding CPU for the whole run would starve the 1-CPU tasks of other pieces
+    actors = [program.actor(Squarer.options(max_restarts=-1, max_task_retries=-1,
+                                            num_cpus=cpus), program.key("squarer", retries=-1))
+              for _ in range(rng.randint(1, 3))]
+    for i in range(rng.randint(10, 40)):
+        ref = actors[i % len(actors)].square.remote(i, rng.random() * 0.05)
+        program.expect(ref, i * i, label=f"call {i} to a restarting actor", actor_call=True)
+
+
 def retries(program) -> None:
     """Application errors and retry_exceptions: the count is exact."""
     rng = program.rng
@@ -367,7 +393,7 @@ def cancellation(program) -> None:
 
 PIECES = {
     "dag": dag, "nested": nested, "objects": objects, "wait": wait_loop, "actors": actors,
-    "retries": retries, "cancel": cancellation,
+    "retries": retries, "cancel": cancellation, "restarts": restarts,
 }
 
 

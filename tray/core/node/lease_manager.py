@@ -165,7 +165,13 @@ class LeaseManager:
                 await self._refresh_view()
             except PeerDisconnected:
                 pass
-        if hops >= self._config.spillback_hops_max and scheduling.fits(resources, self.total):
+        pinned_elsewhere = strategy.kind == "NODE_AFFINITY" and not strategy.soft and \
+            strategy.node_id != self._node_id
+        if hops >= self._config.spillback_hops_max and scheduling.fits(resources, self.total) \
+                and not pinned_elsewhere:
+            # Enough spillbacks: run here. Not when the request is pinned to
+            # another node — it may have come here because a restarted node
+            # took over the address of the node it was meant for.
             target = self._node_id
         else:
             self._refresh_local_view()

@@ -208,11 +208,25 @@ class WorkerPool:
             self._nursery.start_soon(self._report_worker_death, worker.worker_id, reason)
 
     async def _report_worker_death(self, worker_id: str, reason: str) -> None:
-        try:
-            await self._endpoint.notify(self._gcs_address, "worker_died", worker_id,
-                                        self._node_id, reason)
-        except PeerDisconnected:
-            pass
+        """Tell the GCS, as a call it must answer: a report lost while the
+        GCS restarts would leave an actor that died then "alive" for good
+        (and its callers waiting). Retried for ``gcs_reconnect_timeout_s``."""
+        deadline = trio.current_time() + self._config.gcs_reconnect_timeout_s
+        while True:
+            try:
+                await self._endpoint.call(self._gcs_address, "worker_died", worker_id,
+                                          self._node_id, reason)
+                return
+            except PeerDisconnected:
+                if trio.current_time() >= deadline:
+                    logger.error("could not tell the GCS that worker %s died (%s)",
+                                 worker_id[:8], reason)
+                    return
+                await trio.sleep(self._config.heartbeat_period_s)
+            except Exception as error:  # noqa: BLE001 - the GCS failed the report
+                logger.error("the GCS failed the report that worker %s died: %s",
+                             worker_id[:8], error)
+                return
 
     def handle_kill_worker(self, conn, worker_id: str) -> None:
         worker = self.workers.get(worker_id)
