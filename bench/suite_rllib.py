@@ -14,9 +14,11 @@
   its ``EnvRunnerGroup``).
 
 Both run on a local cluster of 2 CPUs (``tray.init(num_cpus=2)``, Ray with
-``_node_ip_address="127.0.0.1"``), one process per runtime and metric as
-run.py does; rounds: one training run per round (``--rounds`` is capped
-at 2 for the training metric: each takes minutes)."""
+``_node_ip_address="127.0.0.1"``) with one torch thread in the driver
+(``torch.set_num_threads(1)``, ``OMP_NUM_THREADS=1``), one process per
+runtime and metric as run.py does; the training metric runs one training
+per round, seeded with the round's index, and at most 2 rounds (RLlib takes
+a minute or more per training here)."""
 
 from __future__ import annotations
 
@@ -27,7 +29,7 @@ import harness
 
 CPUS = 2
 TARGET_RETURN = 450.0
-STEPS_MAX = 400_000
+STEPS_MAX = 200_000
 BATCH = 2000
 SAMPLE_STEPS = 2000
 
@@ -39,6 +41,12 @@ NAMES = [definition[0] for definition in DEFINITIONS]
 
 
 def _start(runtime: str):
+    # One torch thread in the driver (its local learner), for both: on 2
+    # cores busy with env runners, more threads only spin against them.
+    os.environ["OMP_NUM_THREADS"] = "1"
+    import torch
+
+    torch.set_num_threads(1)
     if runtime == "tray":
         import tray
 
