@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
 import pytest
 
 import tray
@@ -541,3 +542,39 @@ def test_actor_options_num_cpus(one_node):
 
     w = Worker.options(num_cpus=2).remote()
     assert tray.get(w.ping.remote()) == "pong"
+
+
+# ===================================== constructor arguments of every kind
+
+
+@tray.remote
+class _Keeper:
+    def __init__(self, *args, **kwargs):
+        self.args = args
+        self.kwargs = kwargs
+
+    def get(self):
+        return self.args, self.kwargs
+
+
+def test_constructor_arguments_of_every_kind(one_node):
+    # Small NumPy arrays (carried inside the actor's record, which the GCS
+    # stores) failed with "PickleBuffer can only pickled with protocol >= 5".
+    import pandas as pd
+    import pyarrow as pa
+
+    small = np.arange(100)
+    large = np.ones(300_000)  # past the inline limit: put in the store
+    frame = pd.DataFrame({"a": [1, 2], "b": ["x", "y"]})
+    table = pa.table({"c": [1.5, 2.5]})
+    ref = tray.put(np.full(10, 7))
+    keeper = _Keeper.remote(small, large, [small, {"nested": small * 2}], ref, frame, table,
+                            key=np.float32(3.5))
+    args, kwargs = tray.get(keeper.get.remote())
+    assert np.array_equal(args[0], small)
+    assert args[1].shape == (300_000,) and float(args[1].sum()) == 300_000.0
+    assert np.array_equal(args[2][1]["nested"], small * 2)
+    assert np.array_equal(args[3], np.full(10, 7))  # a ref argument arrives as its value
+    assert args[4].equals(frame)
+    assert args[5].equals(table)
+    assert kwargs == {"key": np.float32(3.5)}

@@ -112,6 +112,15 @@ def test_killed_node_work_is_retried_re_created_and_restarted_elsewhere():
         tray.shutdown()
 
 
+@tray.remote
+class Shelf:
+    def __init__(self, items):
+        self._items = items
+
+    def items(self):
+        return self._items
+
+
 def test_gcs_killed_with_redis_behind_it_comes_back_and_the_workload_finishes(
         tmp_path, monkeypatch):
     root = tmp_path / "sessions"
@@ -130,6 +139,8 @@ def test_gcs_killed_with_redis_behind_it_comes_back_and_the_workload_finishes(
             tally = Tally.remote()
             ledger = Counter.options(name="ledger", lifetime="detached").remote()
             assert tray.get(ledger.add.remote(1)) == 1
+            # Its record (with a small array inside) is stored in Redis.
+            shelf = Shelf.options(name="shelf", lifetime="detached").remote(np.arange(5))
             refs = [slow_square.remote(tally, i, 1.0) for i in range(6)]
 
             os.kill(gcs_pid, signal.SIGKILL)
@@ -146,6 +157,7 @@ def test_gcs_killed_with_redis_behind_it_comes_back_and_the_workload_finishes(
             assert _wait_until(restarted, timeout_s=30)
             found = tray.get_actor("ledger")
             assert tray.get(found.add.remote(3)) == 6  # same actor, same state
+            assert tray.get(tray.get_actor("shelf").items.remote()).tolist() == [0, 1, 2, 3, 4]
             assert [n["Alive"] for n in tray.nodes()] == [True]
             fresh = Counter.remote()  # the new GCS schedules actors
             assert tray.get(fresh.add.remote(7)) == 7

@@ -128,6 +128,10 @@ FOUND = [
     # actor reached a restarted node at the same address, which granted it
     # despite the hard affinity to the old node; the worker leaked.
     ("lease-for-a-dead-node-granted-by-its-successor", 14, "restarts", "default"),
+    # component-invariants-hold: an actor kept the reply of a long call whose
+    # caller's floor had passed it meanwhile (the caller gave up on it after
+    # a reset), a reply for a call it had forgotten (found by tray.tune).
+    ("reply-kept-for-a-forgotten-call", 14, "tune", "default"),
 ]
 
 

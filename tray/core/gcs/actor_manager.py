@@ -101,7 +101,7 @@ class ActorManager:
             assert self.actors[actor_id].spec.name == name, (namespace, name)
 
     def _save(self, actor: ActorRecord) -> None:
-        self._storage.put(T_ACTORS, actor.actor_id, pickle.dumps(actor))
+        self._storage.put(T_ACTORS, actor.actor_id, pickle.dumps(actor, protocol=5))
         event = self.actor_changed.pop(actor.actor_id, None)
         if event is not None:
             event.set()

@@ -52,7 +52,7 @@ class NodeTable:
             assert node_id in self.nodes, node_id
 
     def _save(self, node: NodeRecord) -> None:
-        self._storage.put(T_NODES, node.node_id, pickle.dumps(node))
+        self._storage.put(T_NODES, node.node_id, pickle.dumps(node, protocol=5))
 
     def start(self) -> None:
         """After a (re)start: every known node gets a full timeout to heartbeat."""

@@ -158,7 +158,11 @@ class ActorHost:
                 return queue.replies[spec.seq]
         done = queue.started[spec.seq] = trio.Event()
         try:
-            reply = queue.replies[spec.seq] = await self._run_call(queue, spec)
+            reply = await self._run_call(queue, spec)
+            # Kept for a re-send — unless the caller's floor passed this call
+            # while it ran (the caller gave up on it): then nobody will ask.
+            if spec.seq in queue.started:
+                queue.replies[spec.seq] = reply
             while len(queue.replies) > self._config.actor_pending_calls_max:
                 oldest = next(iter(queue.replies))
                 del queue.replies[oldest]
