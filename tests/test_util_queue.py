@@ -260,3 +260,102 @@ def test_queue_replays_identically():
             tray.shutdown()
 
     assert run() == run()
+
+
+# ====================================== the actor's logic on either event loop
+#
+# tray runs async actors on trio today (an asyncio loop is planned); the
+# queue actor must work on both. These drive its methods directly, without a
+# cluster, under each library.
+
+
+async def _queue_actor_scenario(sleep, spawn) -> list:
+    """Parked getters and putters, timeouts and a cancelled getter; returns
+    the order things happened in."""
+    from tray.util.queue import _QueueActor
+
+    actor = _QueueActor(maxsize=1)
+    log = []
+
+    async def getter(name, timeout_s=None):
+        try:
+            log.append((name, await actor.get(timeout_s)))
+        except Empty:
+            log.append((name, "empty"))
+
+    async def putter(name, item, timeout_s=None):
+        try:
+            await actor.put(item, timeout_s)
+            log.append((name, "put"))
+        except Full:
+            log.append((name, "full"))
+
+    spawn(getter, "g1")
+    await sleep(0.01)  # trio may start tasks spawned together in any order
+    spawn(getter, "g2", 0.5)
+    await sleep(0.01)
+    assert (await actor.statistics()).getters_waiting == 2
+    await actor.put("a")                        # handed straight to g1
+    await sleep(1.0)                            # g2 times out
+    await actor.put("b")                        # queue: [b]
+    spawn(putter, "p1", "c", 5.0)               # parked: the queue is full
+    await sleep(0.01)
+    spawn(putter, "p2", "d", 0.2)               # parked, then times out
+    await sleep(0.5)
+    assert await actor.get(0) == "b"            # lets p1's item in
+    await sleep(0.01)
+    assert await actor.get_nowait() == "c"
+    assert await actor.wait_idle(0.1)
+    return log
+
+
+def test_queue_actor_on_trio():
+    import trio
+    import trio.testing
+
+    async def main():
+        async with trio.open_nursery() as nursery:
+            return await _queue_actor_scenario(trio.sleep, nursery.start_soon)
+
+    log = trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))  # virtual time
+    assert log == [("g1", "a"), ("g2", "empty"), ("p2", "full"), ("p1", "put")]
+
+
+def test_queue_actor_on_asyncio():
+    import asyncio
+
+    async def main():
+        tasks = []
+        log = await _queue_actor_scenario(
+            asyncio.sleep, lambda fn, *args: tasks.append(asyncio.create_task(fn(*args))))
+        await asyncio.gather(*tasks)
+        return log
+
+    log = asyncio.run(main())
+    assert log == [("g1", "a"), ("g2", "empty"), ("p2", "full"), ("p1", "put")]
+
+
+def test_a_cancelled_getter_gives_its_item_back():
+    """On asyncio a getter can be cancelled after the put handed it an item
+    but before it ran again; the item goes back to the front of the queue.
+    (On trio the wake-up wins over a later cancel, so the call returns it.)"""
+    import asyncio
+
+    from tray.util.queue import _QueueActor
+
+    async def main():
+        actor = _QueueActor(maxsize=0)
+        getter = asyncio.create_task(actor.get(None))
+        await asyncio.sleep(0.01)
+        await actor.put("x")   # handed to the parked getter...
+        getter.cancel()        # ...which is cancelled before it runs again
+        try:
+            await getter
+        except asyncio.CancelledError:
+            pass
+        else:
+            raise AssertionError("the getter was not cancelled")
+        assert await actor.get_nowait() == "x"
+        assert (await actor.statistics()).getters_waiting == 0
+
+    asyncio.run(main())
