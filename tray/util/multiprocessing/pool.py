@@ -152,8 +152,7 @@ class AsyncResult:
     """The result of ``apply_async``/``map_async``/``starmap_async``, as the
     standard library's (``ApplyResult``/``MapResult``)."""
 
-    def __init__(self, pool: Pool, chunks: list, single: bool, callback, error_callback):
-        self._pool = pool
+    def __init__(self, chunks: list, single: bool, callback, error_callback):
         self._chunks = chunks          # [(ref, item count)]
         self._single = single
         self._callback = callback
@@ -238,7 +237,7 @@ class IMapIterator:
 
     def __init__(self, pool: Pool, func, iterable, chunksize: int, ordered: bool):
         self._pool = pool
-        self._func = func
+        self._func = tray.put(func)  # pickled once, not once per chunk
         self._items = iter(iterable)
         self._chunksize = chunksize
         self._ordered = ordered
@@ -449,7 +448,7 @@ class Pool:
         for name, fn in (("callback", callback), ("error_callback", error_callback)):
             if fn is not None and not callable(fn):
                 raise TypeError(f"{name} must be a callable or None")
-        result = AsyncResult(self, chunks, single, callback, error_callback)
+        result = AsyncResult(chunks, single, callback, error_callback)
         if result._has_callbacks:
             self._watched.append(result)
         return result
