@@ -49,7 +49,7 @@ class ActorPoolStatistics:
     busy_actors: int       # running a call whose result is not returned yet
     draining_actors: int   # running a call given up by ignore_if_timedout
     values_waiting: int    # submitted, waiting for a free actor
-    results_pending: int   # submitted to an actor, result not returned yet
+    results_pending: int   # submitted, result not returned yet (busy + waiting)
 
 
 @dataclasses.dataclass
