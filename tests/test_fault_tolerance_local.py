@@ -210,3 +210,33 @@ def test_detached_actor_outlives_its_driver_and_non_detached_dies(tmp_path, monk
         if tray.is_initialized():
             tray.shutdown()
         _tray(root, "stop", check=False)
+
+
+@tray.remote
+def total(array):
+    return float(array.sum())
+
+
+def test_a_task_waiting_for_an_argument_lost_with_its_node_lends_its_cpu():
+    # Issue: the task that consumes an object lost with a node was pushed to
+    # a worker and held its node's only CPU while it waited for the object to
+    # be made again; the task that makes it waited for that CPU: a deadlock
+    # (get timed out after 60 s). Two nodes with one CPU each.
+    tray.init(num_nodes=2, num_cpus=1)
+    try:
+        head = tray.get_runtime_context().get_node_id()
+        [other] = [n["NodeID"] for n in tray.nodes() if n["NodeID"] != head]
+        tally = Tally.options(scheduling_strategy=NodeAffinitySchedulingStrategy(head)).remote()
+        big = produce.options(scheduling_strategy=NodeAffinitySchedulingStrategy(
+            other, soft=True)).remote(tally, 2.0)
+        tray.wait([big], fetch_local=False)  # its only copy is on the other node
+        node = _node_process(1)
+        victims = [node, *node.children(recursive=True)]
+        for process in victims:
+            process.send_signal(signal.SIGKILL)
+        psutil.wait_procs(victims, timeout=10)
+        consumer = total.remote(big)  # runs on the head node, waits for big
+        assert tray.get(consumer, timeout=60) == 1_000_000.0
+        assert tray.get(tally.count.remote("produce")) == 2  # made again, on the head
+    finally:
+        tray.shutdown()

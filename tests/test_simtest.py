@@ -132,6 +132,10 @@ FOUND = [
     # caller's floor had passed it meanwhile (the caller gave up on it after
     # a reset), a reply for a call it had forgotten (found by tray.tune).
     ("reply-kept-for-a-forgotten-call", 14, "tune", "default"),
+    # no-hang: a task pushed to a worker held its node's only CPU while its
+    # argument, lost with another node, was made again by a task that needed
+    # that CPU (issue 11's node-death deadlock).
+    ("argument-wait-holds-the-cpu", 64, "mixed", "default"),
 ]
 
 

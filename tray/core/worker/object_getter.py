@@ -94,10 +94,10 @@ class ObjectGetter:
 
     # ------------------------------------------------------------ get/wait
 
-    def _blocking(self, blocked: bool) -> None:
-        """A task about to wait in get/wait lends its CPU back to its node
-        (and takes it again after), so nested tasks cannot starve each other
-        of CPUs — as Ray does."""
+    def lend_cpu(self, blocked: bool) -> None:
+        """A task about to wait (in get/wait, or for its own arguments) lends
+        its CPU back to its node, and takes it again after, so tasks waiting
+        for objects cannot starve the tasks that make them of CPUs."""
         if self._lends_cpu() and current_task.get(None) is not None:
             self._outbox.send_later(self._node_manager_address,
                                     "worker_blocked" if blocked else "worker_unblocked",
@@ -113,30 +113,40 @@ class ObjectGetter:
     async def get(self, refs: list, timeout: float | None, single: bool = False):
         if all(self.ready_here(ref) for ref in refs):
             return await self._get(refs, timeout, single)  # nothing to wait for
-        self._blocking(True)
+        self.lend_cpu(True)
         try:
             return await self._get(refs, timeout, single)
         finally:
-            self._blocking(False)
+            self.lend_cpu(False)
 
     async def _get(self, refs: list, timeout: float | None, single: bool):
+        """Fetch every ref at once. The first error fails the whole get at
+        once (as Ray: ``get([a, b])`` raises a's error without waiting for
+        b); when several have failed by then, the first in list order wins."""
+        values: list = [None] * len(refs)
+        failed = False
         with trio.move_on_after(timeout if timeout is not None else float("inf")) as scope:
-            values = [None] * len(refs)
 
-            async def fetch(i: int, ref: ObjectRef) -> None:
+            async def fetch(i: int, ref: ObjectRef, nursery: trio.Nursery) -> None:
+                nonlocal failed
                 values[i] = await self.fetch(ref.object_id(), ref._owner)
+                if values[i].kind == KIND_ERROR:
+                    failed = True
+                    nursery.cancel_scope.cancel()  # fail fast: stop waiting for the rest
 
             if len(refs) == 1:
-                await fetch(0, refs[0])
+                values[0] = await self.fetch(refs[0].object_id(), refs[0]._owner)
             else:
                 async with trio.open_nursery() as nursery:
                     for i, ref in enumerate(refs):
-                        nursery.start_soon(fetch, i, ref)
-        if scope.cancelled_caught:
+                        nursery.start_soon(fetch, i, ref, nursery)
+        if scope.cancelled_caught and not failed:
             raise exceptions.GetTimeoutError(
                 f"get() timed out after {timeout} s waiting for {len(refs)} object(s)")
         results = []
         for serialized in values:
+            if failed and (serialized is None or serialized.kind != KIND_ERROR):
+                continue  # not fetched, or fine: the error below is what get raises
             value = await self._references.deserialize(serialized)
             if serialized.kind == KIND_ERROR:
                 raise value
@@ -145,11 +155,11 @@ class ObjectGetter:
 
     async def wait(self, refs: list, num_returns: int, timeout: float | None,
                    fetch_local: bool) -> tuple[list, list]:
-        self._blocking(True)
+        self.lend_cpu(True)
         try:
             return await self._wait(refs, num_returns, timeout, fetch_local)
         finally:
-            self._blocking(False)
+            self.lend_cpu(False)
 
     async def _wait(self, refs: list, num_returns: int, timeout: float | None,
                     fetch_local: bool) -> tuple[list, list]:

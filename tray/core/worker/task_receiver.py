@@ -7,6 +7,13 @@ inside suspends through greenback, so the worker keeps serving its peers),
 and each return value is stored — small ones inline in the reply, large
 ones in this node's store with the location in the reply.
 
+A task whose stored arguments are not on this node yet lends its CPU back
+while it waits for them (as a task blocked in ``get`` does): an argument
+lost with a node is made again by a task that needs a CPU, and a node full
+of tasks holding theirs while they wait would never give it one (Ray's
+raylet resolves arguments before it dispatches a task; this is the same
+guarantee from the worker's side).
+
 Before the caller learns of a returned value, it is registered as a
 borrower of every ref inside it, so the owners cannot free those objects in
 between. Cancellation cancels the running task's trio scope; ``force``
@@ -38,6 +45,11 @@ class _ArgumentError(Exception):
     def __init__(self, error: BaseException) -> None:
         super().__init__(str(error))
         self.error = error
+
+
+def _group_of(strategy):
+    """The placement-group strategy a task runs under, or None."""
+    return strategy if strategy.kind == "PLACEMENT_GROUP" else None
 
 
 def _split_returns(value, num_returns: int, name: str) -> list:
@@ -95,7 +107,8 @@ class TaskReceiver:
 
     async def handle_push_task(self, conn, spec: TaskSpec, gpu_ids: list) -> TaskReply:
         context = TaskContext(TaskID(spec.task_id), gpu_ids=gpu_ids, name=spec.name,
-                              job_id=spec.job_id, namespace=spec.namespace)
+                              job_id=spec.job_id, namespace=spec.namespace,
+                              placement_group=_group_of(spec.strategy))
         return await self.execute(spec, context,
                                   lambda: self._functions.load(spec.function_id))
 
@@ -109,6 +122,10 @@ class TaskReceiver:
         scope = self.running.get(task_id)
         if scope is not None:
             scope.cancel()
+
+    def _args_here(self, spec: TaskSpec) -> bool:
+        """Are the task's stored arguments in this node's store already?"""
+        return all(self._store.contains(arg.object_id) for arg in spec.ref_args())
 
     async def _resolve_args(self, spec: TaskSpec) -> tuple[list, dict]:
         async def value_of(arg):
@@ -137,7 +154,14 @@ class TaskReceiver:
                 if self._on_gpu_ids is not None:
                     self._on_gpu_ids(context.gpu_ids)
                 function = await load()
-                args, kwargs = await self._resolve_args(spec)
+                waits = not self._args_here(spec)
+                if waits:  # (for a pull, or for a lost argument to be made again)
+                    self._getter.lend_cpu(True)
+                try:
+                    args, kwargs = await self._resolve_args(spec)
+                finally:
+                    if waits:
+                        self._getter.lend_cpu(False)
                 if inspect.iscoroutinefunction(function):
                     value = await function(*args, **kwargs)
                 else:
