@@ -1,12 +1,11 @@
 """Ray's side of the benchmarks: the metrics shared with tray
 (suite_raylike.py) bound to Ray, plus what differs: a two-node cluster
-(``ray.cluster_utils``) and placement groups."""
+(``ray.cluster_utils``)."""
 
 from __future__ import annotations
 
 import ray
 import suite_raylike
-from harness import n, throughput
 from harness import metric as _metric
 
 # No dashboard (``ray`` without ``[default]`` has none anyway), quiet logs.
@@ -16,26 +15,6 @@ METRICS: dict = suite_raylike.bind(
 
 def metric(name):
     return _metric(METRICS, name)
-
-
-@metric("placement group create/removal")
-def placement_groups():
-    from ray.util import placement_group, remove_placement_group
-
-    suite_raylike._cluster(resources={"custom": 100})
-    try:
-        groups = n(100)
-
-        def body():
-            pgs = [placement_group(bundles=[{"custom": 0.001}]) for _ in range(groups)]
-            for pg in pgs:
-                pg.wait(timeout_seconds=30)
-            for pg in pgs:
-                remove_placement_group(pg)
-            return groups
-        return throughput(body)
-    finally:
-        ray.shutdown()
 
 
 @metric("get 80 MB array across two nodes")

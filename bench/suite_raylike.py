@@ -71,6 +71,27 @@ def across_nodes(other: str) -> list[float]:
     return [LARGE * 8 / 1e9 / body() for _ in range(ROUNDS)]
 
 
+@metric("placement group create/removal")
+def placement_groups():
+    import importlib
+
+    util = importlib.import_module(f"{rt.__name__}.util")
+    _cluster(resources={"custom": 100})
+    try:
+        groups = n(100)
+
+        def body():
+            pgs = [util.placement_group(bundles=[{"custom": 0.001}]) for _ in range(groups)]
+            for pg in pgs:
+                pg.wait(timeout_seconds=30)
+            for pg in pgs:
+                util.remove_placement_group(pg)
+            return groups
+        return throughput(body)
+    finally:
+        rt.shutdown()
+
+
 # Remote functions and classes are made after init, in a function, as Ray's
 # script does at import time.
 

@@ -1,6 +1,6 @@
 """tray's side of the benchmarks: the metrics shared with Ray
-(suite_raylike.py) bound to tray, plus what differs: a two-node cluster,
-placement groups (not in tray yet) and the simulator."""
+(suite_raylike.py) bound to tray, plus what differs: a two-node cluster
+and the simulator."""
 
 from __future__ import annotations
 
@@ -21,11 +21,6 @@ _defs = suite_raylike._defs
 
 def metric(name):
     return _metric(METRICS, name)
-
-
-@metric("placement group create/removal")
-def placement_groups():
-    raise NotAvailable("tray has no placement groups yet")
 
 
 @metric("get 80 MB array across two nodes")

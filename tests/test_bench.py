@@ -22,5 +22,5 @@ def test_bench_harness_writes_json_and_table(tmp_path):
     assert len(record["loadavg_before"]) == 3
     rows = {row["name"]: row["results"]["tray"] for row in record["rows"]}
     assert rows["single client tasks sync"]["median"] > 0
-    assert "placement groups" in rows["placement group create/removal"]["na"]
+    assert rows["placement group create/removal"]["median"] > 0
     assert "| single client tasks sync | tasks/s |" in done.stdout

@@ -133,6 +133,14 @@ class ActorUnavailableError(ActorError):
     """The actor is restarting; the call may be retried later."""
 
 
+class TaskPlacementGroupRemoved(_MessageError):
+    """The placement group the task was to run in was removed."""
+
+
+class ActorPlacementGroupRemoved(ActorDiedError):
+    """The placement group the actor was placed in was removed."""
+
+
 class PendingCallsLimitExceeded(_MessageError):
     """An actor handle has ``max_pending_calls`` calls pending already; the
     new call was not submitted (raised by ``.remote()``, as in Ray)."""
@@ -195,6 +203,6 @@ __all__ = [
     "GetTimeoutError", "TaskCancelledError", "WorkerCrashedError", "NodeDiedError",
     "ObjectLostError", "OwnerDiedError", "ObjectReconstructionFailedError",
     "ObjectStoreFullError", "OutOfMemoryError", "NotInitializedError",
-    "PendingCallsLimitExceeded",
+    "PendingCallsLimitExceeded", "TaskPlacementGroupRemoved", "ActorPlacementGroupRemoved",
     "RayError", "RayTaskError", "RayActorError",
 ]

@@ -48,6 +48,8 @@ class TaskContext:
     namespace: str = ""
     children: int = 0
     puts: int = 0
+    # The placement-group strategy it runs under (scheduling.Strategy), if any.
+    placement_group: object = None
 
     def next_child_id(self) -> TaskID:
         self.children += 1

@@ -9,7 +9,8 @@ a simulated run produces the same IDs from the same seed:
   the program it was submitted.
 * ``ObjectID`` (20 bytes) is the creating task's ID plus a 4-byte index
   (returns count from 1, ``put`` objects from 2**31).
-* ``ActorID`` (16 bytes) is the creating task's ID hashed again.
+* ``ActorID`` (16 bytes) is the creating task's ID hashed again, and so is a
+  ``PlacementGroupID`` (a child id of the task that created the group).
 * ``NodeID`` and ``WorkerID`` (16 bytes) come from the component's injected
   random generator (seeded in the simulator, OS-seeded in real processes).
 """
@@ -113,6 +114,15 @@ class ActorID(BaseID):
     @classmethod
     def of_creation_task(cls, task_id: TaskID) -> ActorID:
         return cls(_digest(b"actor", task_id.binary(), size=16))
+
+
+class PlacementGroupID(BaseID):
+    __slots__ = ()
+
+    @classmethod
+    def of_creation(cls, task_id: TaskID) -> PlacementGroupID:
+        """The id of a group created where ``task_id`` would have been submitted."""
+        return cls(_digest(b"placement group", task_id.binary(), size=16))
 
 
 PUT_INDEX_BASE = 2**31

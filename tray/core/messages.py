@@ -16,6 +16,8 @@ reference between processes (the transports copy every message).
 * Actors: ``ActorSpec`` (what the owner registers), ``ActorRecord`` (the
   GCS's row, stored in ``Storage`` with a ``version``), ``ActorInfo`` (what
   callers learn).
+* Placement groups: ``PlacementGroupSpec``, ``PlacementGroupRecord``
+  (stored, versioned), ``PlacementGroupInfo``.
 """
 
 from __future__ import annotations
@@ -241,3 +243,51 @@ class ActorCreation:
     """The GCS's reply to ``create_actor``: ``existing`` is the live actor of
     that name when the owner asked for ``get_if_exists``."""
     existing: ActorInfo | None = None
+
+
+# ======================================================= placement groups
+
+PG_PENDING, PG_CREATED, PG_RESCHEDULING, PG_REMOVED = \
+    "PENDING", "CREATED", "RESCHEDULING", "REMOVED"
+
+
+@dataclass(frozen=True)
+class PlacementGroupSpec:
+    """A placement group as its creator asks for it; never changes."""
+    pg_id: str
+    name: str
+    namespace: str
+    bundles: list  # [{resource: amount}]
+    strategy: str  # PACK | SPREAD | STRICT_PACK | STRICT_SPREAD
+    detached: bool
+    owner_address: str
+
+
+@dataclass
+class PlacementGroupRecord:
+    """The GCS's row for a placement group (stored; ``version`` changes with
+    the shape of this record)."""
+    VERSION = 1
+
+    spec: PlacementGroupSpec
+    state: str = PG_PENDING
+    bundle_nodes: dict = field(default_factory=dict)  # bundle index -> node id
+    version: int = VERSION
+
+    @property
+    def pg_id(self) -> str:
+        return self.spec.pg_id
+
+
+@dataclass(frozen=True)
+class PlacementGroupInfo:
+    """What callers learn of a placement group."""
+    pg_id: str
+    name: str
+    namespace: str
+    bundles: list
+    strategy: str
+    state: str
+    detached: bool
+    bundle_nodes: dict  # bundle index -> node id (placed bundles only)
+    bundle_addresses: dict  # bundle index -> that node's node manager address

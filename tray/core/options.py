@@ -104,7 +104,10 @@ def validate(options: dict, allowed: set[str], what: str) -> dict:
 
 
 def to_strategy(value) -> Strategy:
-    from ..util.scheduling_strategies import NodeAffinitySchedulingStrategy
+    from ..util.scheduling_strategies import (
+        NodeAffinitySchedulingStrategy,
+        PlacementGroupSchedulingStrategy,
+    )
 
     if value is None or value == "DEFAULT":
         return Strategy()
@@ -112,8 +115,13 @@ def to_strategy(value) -> Strategy:
         return Strategy("SPREAD")
     if isinstance(value, NodeAffinitySchedulingStrategy):
         return Strategy("NODE_AFFINITY", value.node_id, bool(value.soft))
-    raise ValueError(f"invalid scheduling_strategy {value!r}: use 'DEFAULT', 'SPREAD' or "
-                     "NodeAffinitySchedulingStrategy(node_id, soft=...)")
+    if isinstance(value, PlacementGroupSchedulingStrategy):
+        return Strategy("PLACEMENT_GROUP", placement_group_id=value.placement_group.id.hex(),
+                        bundle_index=value.placement_group_bundle_index,
+                        capture_child_tasks=bool(value.placement_group_capture_child_tasks))
+    raise ValueError(f"invalid scheduling_strategy {value!r}: use 'DEFAULT', 'SPREAD', "
+                     "NodeAffinitySchedulingStrategy(node_id, soft=...) or "
+                     "PlacementGroupSchedulingStrategy(placement_group, ...)")
 
 
 def resources_of(options: dict, default_cpus: float) -> dict:

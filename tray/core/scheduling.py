@@ -9,7 +9,15 @@ queue on a node that could ever run it. A request no node could *ever* run is
 node that has it joins.
 
 ``SPREAD`` walks the feasible nodes round-robin; node affinity pins a node,
-hard (fail if it is gone) or soft (fall back to the default policy)."""
+hard (fail if it is gone) or soft (fall back to the default policy). A task
+in a placement group runs in one of the group's bundles (``PLACEMENT_GROUP``):
+where those are is the GCS's placement-group manager's business, which
+places bundles with ``place_bundles``:
+
+* ``PACK``: as few nodes as possible (all on one if it fits), best effort;
+* ``SPREAD``: as many distinct nodes as possible, best effort;
+* ``STRICT_PACK``: all on one node, or not at all;
+* ``STRICT_SPREAD``: each on a node of its own, or not at all."""
 
 from __future__ import annotations
 
@@ -51,9 +59,17 @@ class NodeView:
 
 @dataclass(frozen=True)
 class Strategy:
-    kind: str = "DEFAULT"  # DEFAULT | SPREAD | NODE_AFFINITY
+    kind: str = "DEFAULT"  # DEFAULT | SPREAD | NODE_AFFINITY | PLACEMENT_GROUP
     node_id: str | None = None
     soft: bool = False
+    # PLACEMENT_GROUP: the group (hex id), the bundle (-1: any of the
+    # group's), and whether tasks submitted from inside run in the group too.
+    placement_group_id: str | None = None
+    bundle_index: int = -1
+    capture_child_tasks: bool = False
+
+
+PG_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 
 
 INFEASIBLE = "infeasible"
@@ -103,12 +119,78 @@ def pick_node(request: dict[str, float], strategy: Strategy, local_node_id: str 
     return feasible[0].node_id
 
 
+def place_bundles(bundles: list[dict], strategy: str, view: dict[str, NodeView],
+                  fixed: dict[int, str] | None = None) -> dict[int, str] | None:
+    """Nodes for the bundles of a placement group, by index, or None when
+    they do not fit now. ``fixed`` are bundles already placed (a group being
+    rescheduled after a node died): the others are placed around them, and
+    only the missing ones are returned. Pure: decides on the view alone."""
+    fixed = dict(fixed or {})
+    alive = [view[node_id] for node_id in sorted(view) if view[node_id].alive]
+    free = {node.node_id: dict(node.available) for node in alive}
+    missing = [index for index in range(len(bundles)) if index not in fixed]
+    chosen: dict[int, str] = {}
+
+    def take(node_id: str, request: dict) -> None:
+        for name, amount in request.items():
+            free[node_id][name] = free[node_id].get(name, 0.0) - amount
+
+    if strategy == "STRICT_PACK":
+        homes = set(fixed.values())
+        candidates = sorted(homes) if homes else [node.node_id for node in alive]
+        total: dict[str, float] = {}
+        for index in missing:
+            for name, amount in bundles[index].items():
+                total[name] = total.get(name, 0.0) + amount
+        for node_id in candidates:
+            if node_id in free and fits(total, free[node_id]):
+                return {index: node_id for index in missing}
+        return None
+    used = set(fixed.values())
+    for index in missing:
+        request = bundles[index]
+        fitting = [node for node in alive if fits(request, free[node.node_id])]
+        if strategy == "STRICT_SPREAD":
+            fitting = [node for node in fitting if node.node_id not in used]
+        if not fitting:
+            return None
+        if strategy == "PACK":
+            # Where earlier bundles went, else the fullest node that fits.
+            ranked = sorted(fitting, key=lambda node: (node.node_id not in used,
+                                                       -utilization(node.total,
+                                                                    free[node.node_id]),
+                                                       node.node_id))
+        else:  # SPREAD, STRICT_SPREAD: a fresh node, the least used first
+            ranked = sorted(fitting, key=lambda node: (node.node_id in used,
+                                                       utilization(node.total,
+                                                                   free[node.node_id]),
+                                                       node.node_id))
+        target = ranked[0].node_id
+        take(target, request)
+        used.add(target)
+        chosen[index] = target
+    return chosen
+
+
+def bundles_feasible(bundles: list[dict], strategy: str, view: dict[str, NodeView]) -> bool:
+    """Could the group ever be placed on these nodes (all of them free)?"""
+    empty = {node_id: NodeView(node.node_id, node.address, node.total, dict(node.total),
+                               node.alive) for node_id, node in view.items()}
+    return place_bundles(bundles, strategy, empty) is not None
+
+
 class GpuAllocator:
     """Per-device GPU accounting: whole GPUs for ``num_gpus >= 1``, a share
-    of one device for fractions (as Ray does)."""
+    of one device for fractions (as Ray does). Allocations are lists of
+    (device id, share)."""
 
-    def __init__(self, count: int) -> None:
-        self.free = [1.0] * count
+    def __init__(self, count: int, devices: list[tuple[int, float]] | None = None) -> None:
+        # Device ids 0..count-1, whole; or, for a placement-group bundle, the
+        # shares of devices the bundle reserved from its node.
+        if devices is None:
+            devices = [(i, 1.0) for i in range(count)]
+        self.capacity = {device: share for device, share in devices}
+        self.free = dict(self.capacity)
 
     def can_allocate(self, amount: float) -> bool:
         return self._choose(amount) is not None
@@ -116,14 +198,15 @@ class GpuAllocator:
     def _choose(self, amount: float) -> list[tuple[int, float]] | None:
         if amount <= 0:
             return []
+        devices = sorted(self.free)
         if amount >= 1 - EPSILON:
             whole = round(amount)
-            ids = [i for i, share in enumerate(self.free) if share >= 1 - EPSILON]
+            ids = [i for i in devices if self.free[i] >= 1 - EPSILON]
             if abs(amount - whole) > EPSILON or len(ids) < whole:
                 return None
             return [(i, 1.0) for i in ids[:whole]]
-        for i, share in enumerate(self.free):
-            if share + EPSILON >= amount:
+        for i in devices:
+            if self.free[i] + EPSILON >= amount:
                 return [(i, amount)]
         return None
 
@@ -137,4 +220,4 @@ class GpuAllocator:
     def release(self, allocation: list[tuple[int, float]]) -> None:
         for i, share in allocation:
             self.free[i] += share
-            assert self.free[i] <= 1 + EPSILON
+            assert self.free[i] <= self.capacity[i] + EPSILON, (i, self.free[i])

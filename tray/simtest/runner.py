@@ -140,6 +140,7 @@ class Program:
         self.exact: dict[str, int] = {}
         self.actor_calls: dict[str, dict] = {}  # actor key -> {(caller, seq): limit}
         self.actors: list = []
+        self.placement_groups: list = []  # removed at quiescence
         self.laters: list = []
         self._keys = 0
         self._retries = 0
@@ -174,6 +175,13 @@ class Program:
 
     def exact_executions(self, key: str, count: int) -> None:
         self.exact[key] = count
+
+    def placement_group(self, bundles: list, strategy: str):
+        from ..util import placement_group
+
+        group = placement_group(bundles, strategy=strategy)
+        self.placement_groups.append(group)
+        return group
 
     def later(self, fn) -> None:
         self.laters.append(fn)
@@ -489,6 +497,7 @@ def _run_seed(seed, workload, faults, trace_path, config, started,
     finally:
         program.expectations.clear()
         program.actors.clear()
+        program.placement_groups.clear()
         try:
             tray.shutdown()
         except Exception as error:  # noqa: BLE001
@@ -537,6 +546,11 @@ def _liveness_and_values(cluster, program: Program) -> None:
 def _quiesce(cluster, program: Program) -> None:
     for handle in program.actors:
         tray.kill(handle)
+    from ..util import remove_placement_group
+
+    for group in program.placement_groups:
+        remove_placement_group(group)
+    program.placement_groups.clear()
     program.expectations.clear()
     program.actors.clear()
     program.laters.clear()

@@ -363,6 +363,35 @@ def restarts(program) -> None:
         program.expect(ref, i * i, label=f"call {i} to a restarting actor", actor_call=True)
 
 
+def placement_groups(program) -> None:
+    """A placement group (of memory, so it starves no other piece of CPUs)
+    with tasks and a restarting actor in its bundles; bundles lost with a
+    node are placed again and the work still comes back. Groups are removed
+    at quiescence, which must leave no resource reserved."""
+    from tray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    rng = program.rng
+    nodes = sum(1 for node in tray.nodes() if node["Alive"])
+    strategy = rng.choice(["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"])
+    count = rng.randint(1, min(3, nodes) if strategy == "STRICT_SPREAD" else 3)
+    group = program.placement_group([{"memory": 4e6} for _ in range(count)], strategy)
+    for i in range(rng.randint(1, 6)):
+        index = rng.choice([-1, *range(count)])
+        where = PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=index)
+        ref = leaf.options(num_cpus=0, memory=1e6, max_retries=-1,
+                           scheduling_strategy=where).remote(
+            program.key("in-group", retries=-1), i, rng.random() * 0.1)
+        program.expect(ref, i * i, label=f"task {i} in a {strategy} group")
+    if rng.random() < 0.5:
+        where = PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=0)
+        squarer = program.actor(Squarer.options(num_cpus=0, memory=1e6, max_restarts=-1,
+                                                max_task_retries=-1, scheduling_strategy=where),
+                                program.key("grouped-squarer", retries=-1))
+        for i in range(rng.randint(1, 5)):
+            program.expect(squarer.square.remote(i, rng.random() * 0.05), i * i,
+                           label=f"call {i} to an actor in a group", actor_call=True)
+
+
 def retries(program) -> None:
     """Application errors and retry_exceptions: the count is exact."""
     rng = program.rng
@@ -394,6 +423,7 @@ def cancellation(program) -> None:
 PIECES = {
     "dag": dag, "nested": nested, "objects": objects, "wait": wait_loop, "actors": actors,
     "retries": retries, "cancel": cancellation, "restarts": restarts,
+    "groups": placement_groups,
 }
 
 

@@ -30,6 +30,7 @@ from ..messages import (
     ALIVE,
     DEAD,
     PENDING_CREATION,
+    PG_REMOVED,
     RESTARTING,
     ActorCreation,
     ActorDeathCause,
@@ -58,8 +59,9 @@ class _Creation(enum.Enum):
 
 class ActorManager:
     def __init__(self, *, address: str, storage, endpoint: Endpoint, nursery: trio.Nursery,
-                 tracer, config, rng, nodes: NodeTable) -> None:
+                 tracer, config, rng, nodes: NodeTable, placement_groups) -> None:
         self._address = address
+        self._placement_groups = placement_groups
         self._storage = storage
         self._endpoint = endpoint
         self._nursery = nursery
@@ -197,6 +199,15 @@ class ActorManager:
             if actor.node_id == node_id and actor.state in (ALIVE, PENDING_CREATION):
                 self._actor_failed(actor, f"its node {node_id} died ({reason})")
 
+    def placement_group_removed(self, pg_id: str) -> None:
+        """The actors placed in a removed group die (their workers go with
+        the group's bundles)."""
+        for actor in sorted(self.actors.values(), key=lambda a: a.actor_id):
+            if actor.spec.strategy.placement_group_id == pg_id and actor.state != DEAD:
+                self._set_dead(actor, f"its placement group {pg_id} was removed")
+                if actor.worker_id and actor.node_id in self._nodes.nodes:
+                    self._nursery.start_soon(self._kill_worker, actor.node_id, actor.worker_id)
+
     def owns_any(self, owner_address: str) -> bool:
         return any(actor.spec.owner_address == owner_address for actor in self.actors.values())
 
@@ -271,9 +282,16 @@ class ActorManager:
             if actor.state == DEAD:
                 return
             spec = actor.spec
-            target = scheduling.pick_node(spec.resources, spec.strategy, None,
-                                          self.policy_view(), self.policy_state,
-                                          self._config.local_utilization_threshold)
+            if spec.strategy.kind == "PLACEMENT_GROUP":
+                target = await self._bundle_node(actor)
+                if target is None:
+                    return  # dead: its group is gone
+                strategy = spec.strategy
+            else:
+                target = scheduling.pick_node(spec.resources, spec.strategy, None,
+                                              self.policy_view(), self.policy_state,
+                                              self._config.local_utilization_threshold)
+                strategy = scheduling.Strategy("NODE_AFFINITY", target, False)
             if target == scheduling.INFEASIBLE:
                 if not warned:
                     warned = True
@@ -285,10 +303,11 @@ class ActorManager:
             # Count the placement until heartbeats sent after the lease was
             # granted have arrived, so the next actor is not put in the same room.
             placement = [spec.resources, float("inf")]
-            self.placements.setdefault(target, []).append(placement)
+            if spec.strategy.kind != "PLACEMENT_GROUP":  # (a bundle holds those already)
+                self.placements.setdefault(target, []).append(placement)
             request = LeaseRequest(resources=spec.resources, owner=self._address,
-                                   strategy=scheduling.Strategy("NODE_AFFINITY", target, False),
-                                   for_actor=actor_id, hops=self._config.spillback_hops_max)
+                                   strategy=strategy, for_actor=actor_id,
+                                   hops=self._config.spillback_hops_max)
             try:
                 grant = await self._endpoint.call(node.address, "request_lease", request)
             except PeerDisconnected:
@@ -335,6 +354,24 @@ class ActorManager:
             self._tracer.record("gcs", "actor_alive", actor=actor_id, node=target,
                                 incarnation=incarnation)
             return
+
+    async def _bundle_node(self, actor: ActorRecord) -> str | None:
+        """The node of the bundle an actor in a placement group goes to
+        (once the group is placed); None, with the actor dead, when the
+        group is gone; INFEASIBLE when no bundle of it could hold the actor."""
+        spec = actor.spec
+        pg_id = spec.strategy.placement_group_id
+        info = await self._placement_groups.wait_ready(pg_id)
+        if info is None or info.state == PG_REMOVED:
+            self._set_dead(actor, f"its placement group {pg_id} does not exist or was removed")
+            return None
+        index = spec.strategy.bundle_index
+        candidates = [index] if index >= 0 else sorted(info.bundle_nodes)
+        for candidate in candidates:
+            if candidate in info.bundle_nodes and \
+                    scheduling.fits(spec.resources, info.bundles[candidate]):
+                return info.bundle_nodes[candidate]
+        return scheduling.INFEASIBLE
 
     async def _create(self, actor_id: str, target: str, grant: LeaseGranted):
         """Run the constructor in the leased worker: (outcome, the serialized

@@ -3,17 +3,18 @@ key-value store (which also holds the function table).
 
 A facade over its tables, each with one concern:
 
-  ``node_table``     membership, heartbeats, death detection, the view
-  ``actor_manager``  the actor directory, actor scheduling and lifecycle
-  ``kv_store``       the key-value store and the job table
+  ``node_table``               membership, heartbeats, death detection, the view
+  ``actor_manager``            the actor directory, actor scheduling and lifecycle
+  ``placement_group_manager``  bundles reserved across nodes, two-phase
+  ``kv_store``                 the key-value store and the job table
 
 Durable state goes through the ``Storage`` interface (tables of key ->
 bytes) so that a GCS restarted on the same storage recovers nodes, actors,
 names and the key-value store. Volatile state (who waits for what,
 heartbeat times) is rebuilt from the next messages.
 
-When a process goes away, the non-detached actors it owned die with it, and
-every node is told to free the objects it owned."""
+When a process goes away, the non-detached actors and placement groups it
+owned go with it, and every node is told to free the objects it owned."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from ..rpc import Endpoint
 from .actor_manager import ActorManager
 from .kv_store import KvStore
 from .node_table import NodeTable
+from .placement_group_manager import PlacementGroupManager
 
 logger = logging.getLogger("tray.gcs")
 
@@ -39,12 +41,18 @@ class GcsServer:
         self.endpoint = endpoint = Endpoint(env, handlers, nursery)
         self.node_table = NodeTable(storage=env.storage, endpoint=endpoint, nursery=nursery,
                                     tracer=env.tracer, config=env.config)
+        self.placement_groups = PlacementGroupManager(
+            storage=env.storage, endpoint=endpoint, nursery=nursery, tracer=env.tracer,
+            config=env.config, nodes=self.node_table)
         self.actor_manager = ActorManager(
             address=env.address, storage=env.storage, endpoint=endpoint, nursery=nursery,
-            tracer=env.tracer, config=env.config, rng=env.rng, nodes=self.node_table)
-        self.node_table.on_node_dead = self.actor_manager.node_died
+            tracer=env.tracer, config=env.config, rng=env.rng, nodes=self.node_table,
+            placement_groups=self.placement_groups)
+        self.node_table.on_node_dead = self._node_dead
+        self.placement_groups.on_removed = self.actor_manager.placement_group_removed
         self.kv = KvStore(env.storage, env.tracer)
-        for component in (self.node_table, self.actor_manager, self.kv):
+        for component in (self.node_table, self.actor_manager, self.placement_groups,
+                          self.kv):
             for attribute in dir(component):
                 if attribute.startswith("handle_"):
                     method = attribute[len("handle_"):]
@@ -57,20 +65,27 @@ class GcsServer:
         every step of a simtest run)."""
         self.node_table.validate_state()
         self.actor_manager.validate_state()
+        self.placement_groups.validate_state()
 
     async def run(self) -> None:
         await self.endpoint.serve()
         self.node_table.start()
+        self.placement_groups.start()
         self.actor_manager.start()
         self.tracer.record("gcs", "started", nodes=len(self.node_table.nodes),
                            actors=len(self.actor_manager.actors))
         self.nursery.start_soon(self.node_table.death_detector)
 
+    def _node_dead(self, node_id: str, reason: str) -> None:
+        self.placement_groups.node_died(node_id)
+        self.actor_manager.node_died(node_id, reason)
+
     def _peer_closed(self, address: str) -> None:
-        # A process went away: the non-detached actors it owned die, and
-        # every node frees the objects it owned.
+        # A process went away: the non-detached actors and placement groups
+        # it owned go, and every node frees the objects it owned.
         if self.actor_manager.owns_any(address):
             self.actor_manager.handle_owner_died(None, address)
+        self.placement_groups.owner_died(address)
         if address in self.node_table.addresses():
             return
         for _node_id, node in sorted(self.node_table.nodes.items()):

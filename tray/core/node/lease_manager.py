@@ -16,7 +16,17 @@ oversubscribe the node for a while, as in Ray).
 
 A lease granted over a connection that broke may never have reached its
 owner; such leases are *reconciled*: the owner is asked which of them it
-holds (``held_leases``), and the others are released."""
+holds (``held_leases``), and the others are released.
+
+Placement groups reserve *bundles* here (``prepare_bundles``, then
+``commit_bundles``, from the GCS's placement-group manager): a bundle's
+resources leave the node's pool and form a pool of their own, which only
+leases for that group (``Strategy`` kind ``PLACEMENT_GROUP``) draw from. So,
+for every resource, ``available + leases outside bundles + bundles ==
+total``, and within each bundle ``available + its leases == reserved``.
+Cancelling a bundle (the group was removed) kills the workers leased in it
+and gives its resources back. Every heartbeat the node asks the GCS which of
+its bundles it should still hold (``held_bundles``) and releases the rest."""
 
 from __future__ import annotations
 
@@ -45,6 +55,19 @@ class Lease:
     # The connection the grant went out on: if it breaks, the grant may
     # never have arrived, so the owner is asked whether it holds the lease.
     conn: object = None
+    bundle: tuple | None = None  # (pg id, bundle index) whose resources it holds
+
+
+@dataclass
+class Bundle:
+    """Resources a placement group reserved on this node."""
+    pg_id: str
+    index: int
+    resources: dict  # reserved from the node
+    available: dict  # what its leases do not hold
+    gpus: scheduling.GpuAllocator  # over the devices reserved from the node
+    node_gpu_allocation: list  # what was taken from the node's allocator
+    committed: bool = False  # usable by leases (prepared only, until then)
 
 
 @dataclass
@@ -53,6 +76,7 @@ class _Waiter:
     event: trio.Event = field(default_factory=trio.Event)
     lease_id: int = 0
     gpu_ids: list = field(default_factory=list)
+    withdrawn: str = ""  # why it will never be granted (its bundle went)
 
 
 @dataclass(frozen=True)
@@ -71,12 +95,14 @@ class LeaseStatistics:
     available: dict
     leases: tuple  # LeaseSummary, by lease id
     waiting: tuple  # (owner, resources) of queued requests, in queue order
+    bundles: tuple = ()  # (pg id, index, reserved resources, committed)
 
 
 class LeaseManager:
     def __init__(self, *, node_id: str, address: str, endpoint: Endpoint,
                  nursery: trio.Nursery, tracer, config, resources: dict, rng,
-                 pool: WorkerPool, refresh_view) -> None:
+                 pool: WorkerPool, refresh_view, gcs_address: str) -> None:
+        self._gcs_address = gcs_address
         self._node_id = node_id
         self._trace_name = node_id[:8]
         self._address = address
@@ -97,6 +123,9 @@ class LeaseManager:
         self.view: dict[str, scheduling.NodeView] = {}
         self.policy_state = scheduling.PolicyState(rng=rng)
         self._reconciling: set[str] = set()
+        # Placement-group bundles reserved here: (pg id, index) -> Bundle.
+        self.bundles: dict[tuple, Bundle] = {}
+        self._reconciling_bundles = False
 
     def statistics(self) -> LeaseStatistics:
         return LeaseStatistics(
@@ -105,35 +134,54 @@ class LeaseManager:
                                       dict(lease.resources), lease.for_actor, lease.blocked)
                          for _, lease in sorted(self.leases.items())),
             waiting=tuple((waiter.request.owner, dict(waiter.request.resources))
-                          for waiter in self.waiting))
+                          for waiter in self.waiting),
+            bundles=tuple((pg_id, index, dict(bundle.resources), bundle.committed)
+                          for (pg_id, index), bundle in sorted(self.bundles.items())))
 
     def validate_state(self) -> None:
-        held: dict = {}
+        held: dict = {}  # by the node's pool: leases outside bundles, and bundles
+        in_bundles: dict = {key: {} for key in self.bundles}
         for lease_id, lease in self.leases.items():
             assert lease.lease_id == lease_id, lease_id
             assert 0 < lease_id < self._next_lease_id, lease_id
+            target = held if lease.bundle is None else in_bundles.get(lease.bundle)
+            assert target is not None, f"lease {lease_id} in a bundle that is gone"
             for name, amount in lease.resources.items():
                 if name == "CPU" and lease.blocked:
                     continue  # lent back while its task waits
-                held[name] = held.get(name, 0.0) + amount
+                target[name] = target.get(name, 0.0) + amount
             if lease.worker_id:
                 worker = self._pool.workers.get(lease.worker_id)
                 assert worker is not None, (lease_id, lease.worker_id)
                 assert worker.state == ("actor" if lease.for_actor else "leased"), \
                     (lease_id, worker.state)
                 assert worker.lease_id == lease_id, (lease_id, worker.lease_id)
+        for key, bundle in self.bundles.items():
+            assert (bundle.pg_id, bundle.index) == key, key
+            for name, amount in bundle.resources.items():
+                held[name] = held.get(name, 0.0) + amount
+                # Within a bundle too, every unit is free or held by one lease.
+                assert abs(bundle.available.get(name, 0.0) + in_bundles[key].get(name, 0.0)
+                           - amount) <= 1e-6, (key, name, bundle.available, in_bundles[key])
+            if not bundle.committed:
+                assert not in_bundles[key], f"leases in bundle {key} before its commit"
         for name, total in self.total.items():
-            # Every unit is free or held by exactly one lease.
+            # Every unit is free, held by exactly one lease, or in one bundle.
             assert abs(self.available.get(name, 0.0) + held.get(name, 0.0) - total) <= \
                 1e-6, (name, self.available.get(name), held.get(name), total)
         for name in self.available:
             assert name in self.total, name
-        allocated = [0.0] * len(self.gpus.free)
+        allocated = {device: 0.0 for device in self.gpus.free}
         for lease in self.leases.values():
-            for index, share in lease.gpu_allocation:
-                allocated[index] += share
-        for index, share in enumerate(self.gpus.free):
-            assert abs(share + allocated[index] - 1.0) <= 1e-6, (index, share, allocated[index])
+            if lease.bundle is None:
+                for device, share in lease.gpu_allocation:
+                    allocated[device] += share
+        for bundle in self.bundles.values():
+            for device, share in bundle.node_gpu_allocation:
+                allocated[device] += share
+        for device, share in self.gpus.free.items():
+            assert abs(share + allocated[device] - self.gpus.capacity[device]) <= 1e-6, \
+                (device, share, allocated[device])
         leased_workers = {lease.worker_id for lease in self.leases.values() if lease.worker_id}
         for worker_id, worker in self._pool.workers.items():
             if worker.state in ("leased", "actor"):
@@ -167,8 +215,14 @@ class LeaseManager:
                 pass
         pinned_elsewhere = strategy.kind == "NODE_AFFINITY" and not strategy.soft and \
             strategy.node_id != self._node_id
-        if hops >= self._config.spillback_hops_max and scheduling.fits(resources, self.total) \
-                and not pinned_elsewhere:
+        if strategy.kind == "PLACEMENT_GROUP":
+            # The owner asked the node holding the group's bundle(s).
+            refusal = self._bundle_refusal(resources, strategy)
+            if refusal:
+                return Infeasible(refusal)
+            target = self._node_id
+        elif hops >= self._config.spillback_hops_max and \
+                scheduling.fits(resources, self.total) and not pinned_elsewhere:
             # Enough spillbacks: run here. Not when the request is pinned to
             # another node — it may have come here because a restarted node
             # took over the address of the node it was meant for.
@@ -187,6 +241,8 @@ class LeaseManager:
         self.waiting.append(waiter)
         self._dispatch()
         await waiter.event.wait()
+        if waiter.withdrawn:
+            return Infeasible(waiter.withdrawn)
         try:
             worker = await self._pool.take_worker()
         except BaseException:
@@ -226,25 +282,67 @@ class LeaseManager:
         return (f"no node in the cluster has {scheduling.missing(resources, best) or resources} "
                 f"(requested {resources})")
 
+    def _bundles_for(self, strategy) -> list:
+        """The keys of this node's bundles a placement-group request may use."""
+        pg_id, index = strategy.placement_group_id, strategy.bundle_index
+        return [key for key in sorted(self.bundles)
+                if key[0] == pg_id and (index < 0 or key[1] == index)]
+
+    def _bundle_refusal(self, resources: dict, strategy) -> str:
+        """Why a placement-group request cannot wait here ('' if it can)."""
+        keys = self._bundles_for(strategy)
+        which = "any bundle" if strategy.bundle_index < 0 else \
+            f"bundle {strategy.bundle_index}"
+        if not keys:
+            return (f"placement group {strategy.placement_group_id} has no {which} on node "
+                    f"{self._node_id}")
+        if not any(scheduling.fits(resources, self.bundles[key].resources) for key in keys):
+            return (f"{which} of placement group {strategy.placement_group_id} cannot hold "
+                    f"{resources} (it reserved "
+                    f"{[self.bundles[key].resources for key in keys]})")
+        return ""
+
+    def _pool_for(self, request: LeaseRequest):
+        """(bundle key or None, available dict, GPU allocator) a request can
+        be granted from now, or None."""
+        resources = request.resources
+        gpus = resources.get("GPU", 0.0)
+        if request.strategy.kind == "PLACEMENT_GROUP":
+            for key in self._bundles_for(request.strategy):
+                bundle = self.bundles[key]
+                if bundle.committed and scheduling.fits(resources, bundle.available) and \
+                        bundle.gpus.can_allocate(gpus):
+                    return key, bundle.available, bundle.gpus
+            return None
+        if scheduling.fits(resources, self.available) and self.gpus.can_allocate(gpus):
+            return None, self.available, self.gpus
+        return None
+
     def _dispatch(self) -> None:
         for waiter in list(self.waiting):
             resources = waiter.request.resources
-            if not scheduling.fits(resources, self.available):
+            found = self._pool_for(waiter.request)
+            if found is None:
                 continue
-            gpus = resources.get("GPU", 0.0)
-            if not self.gpus.can_allocate(gpus):
-                continue
+            key, available, gpus = found
             self.waiting.remove(waiter)
             for name, amount in resources.items():
-                self.available[name] = self.available.get(name, 0.0) - amount
-            allocation = self.gpus.allocate(gpus)
+                available[name] = available.get(name, 0.0) - amount
+            allocation = gpus.allocate(resources.get("GPU", 0.0))
             lease_id = self._next_lease_id
             self._next_lease_id += 1
             self.leases[lease_id] = Lease(lease_id, "", waiter.request.owner, resources,
-                                          allocation, waiter.request.for_actor)
+                                          allocation, waiter.request.for_actor, bundle=key)
             waiter.lease_id = lease_id
             waiter.gpu_ids = [i for i, _ in allocation]
             waiter.event.set()
+
+    def _pool_of(self, lease: Lease):
+        """(available dict, total dict, GPU allocator) a lease draws from."""
+        if lease.bundle is None:
+            return self.available, self.total, self.gpus
+        bundle = self.bundles[lease.bundle]
+        return bundle.available, bundle.resources, bundle.gpus
 
     # ------------------------------------------------------ blocked workers
 
@@ -259,7 +357,8 @@ class LeaseManager:
         if lease is None or lease.blocked:
             return
         lease.blocked = True
-        self.available["CPU"] = self.available.get("CPU", 0.0) + lease.resources.get("CPU", 0.0)
+        available, _, _ = self._pool_of(lease)
+        available["CPU"] = available.get("CPU", 0.0) + lease.resources.get("CPU", 0.0)
         self._dispatch()
 
     def handle_worker_unblocked(self, conn, worker_id: str) -> None:
@@ -268,7 +367,8 @@ class LeaseManager:
             return
         lease.blocked = False
         # May oversubscribe the node for a while, as in Ray: the task runs on.
-        self.available["CPU"] = self.available.get("CPU", 0.0) - lease.resources.get("CPU", 0.0)
+        available, _, _ = self._pool_of(lease)
+        available["CPU"] = available.get("CPU", 0.0) - lease.resources.get("CPU", 0.0)
 
     # -------------------------------------------------------------- release
 
@@ -279,12 +379,13 @@ class LeaseManager:
         lease = self.leases.pop(lease_id, None)
         if lease is None:
             return
+        available, total, gpus = self._pool_of(lease)
         for name, amount in lease.resources.items():
             if name == "CPU" and lease.blocked:
                 continue  # lent back already
-            self.available[name] = self.available.get(name, 0.0) + amount
-            assert self.available[name] <= self.total.get(name, 0.0) + scheduling.EPSILON
-        self.gpus.release(lease.gpu_allocation)
+            available[name] = available.get(name, 0.0) + amount
+            assert available[name] <= total.get(name, 0.0) + scheduling.EPSILON
+        gpus.release(lease.gpu_allocation)
         self._pool.lease_ended(lease.worker_id, worker_ok, lease.for_actor is not None)
         self._tracer.record(self._trace_name, "lease_returned", lease=lease_id)
         logger.debug("lease %d returned (worker %s ok=%s)", lease_id, lease.worker_id[:8],
@@ -303,11 +404,108 @@ class LeaseManager:
             if lease.owner == owner and lease.for_actor is None:
                 self.release_lease(lease.lease_id, worker_ok=True)
 
+    # --------------------------------------------------------------- bundles
+
+    def handle_prepare_bundles(self, conn, pg_id: str, node_id: str, bundles: list) -> bool:
+        """Reserve these (index, resources) bundles of a placement group if
+        they all fit now; nothing is reserved otherwise. Idempotent."""
+        if node_id != self._node_id:
+            return False  # meant for the node that had this address before
+        new = [(index, resources) for index, resources in bundles
+               if (pg_id, index) not in self.bundles]
+        need: dict = {}
+        for _, resources in new:
+            for name, amount in resources.items():
+                need[name] = need.get(name, 0.0) + amount
+        if not scheduling.fits(need, self.available):
+            return False
+        probe = scheduling.GpuAllocator(0, devices=list(self.gpus.free.items()))
+        for _, resources in new:
+            if not probe.can_allocate(resources.get("GPU", 0.0)):
+                return False
+            probe.allocate(resources.get("GPU", 0.0))
+        for index, resources in new:
+            resources = scheduling.normalize_resources(resources)
+            for name, amount in resources.items():
+                self.available[name] = self.available.get(name, 0.0) - amount
+            allocation = self.gpus.allocate(resources.get("GPU", 0.0))
+            self.bundles[(pg_id, index)] = Bundle(
+                pg_id, index, dict(resources), dict(resources),
+                scheduling.GpuAllocator(0, devices=allocation), allocation)
+        self._tracer.record(self._trace_name, "bundles_prepared", pg=pg_id,
+                            bundles=[index for index, _ in new])
+        return True
+
+    def handle_commit_bundles(self, conn, pg_id: str, indexes: list) -> None:
+        for index in indexes:
+            bundle = self.bundles.get((pg_id, index))
+            if bundle is None:
+                raise ValueError(f"bundle {index} of placement group {pg_id} was not "
+                                 f"prepared on node {self._node_id}")
+            bundle.committed = True
+        self._tracer.record(self._trace_name, "bundles_committed", pg=pg_id, bundles=indexes)
+        self._dispatch()
+
+    def handle_cancel_bundles(self, conn, pg_id: str, indexes: list | None) -> None:
+        """Give back bundles of a group (all of its bundles here with None):
+        the workers leased in them are killed."""
+        keys = [key for key in sorted(self.bundles)
+                if key[0] == pg_id and (indexes is None or key[1] in indexes)]
+        for key in keys:
+            self._release_bundle(key)
+        if keys:
+            self._tracer.record(self._trace_name, "bundles_released", pg=pg_id,
+                                bundles=[index for _, index in keys])
+            self._dispatch()
+
+    def _release_bundle(self, key: tuple) -> None:
+        for lease in sorted(self.leases.values(), key=lambda lease: lease.lease_id):
+            if lease.bundle == key:
+                self.release_lease(lease.lease_id, worker_ok=False)
+        bundle = self.bundles.pop(key)
+        for name, amount in bundle.resources.items():
+            self.available[name] = self.available.get(name, 0.0) + amount
+        self.gpus.release(bundle.node_gpu_allocation)
+        for waiter in list(self.waiting):
+            strategy = waiter.request.strategy
+            if strategy.kind == "PLACEMENT_GROUP" and not self._bundles_for(strategy):
+                # Its bundle went: the owner asks the GCS where the group is now.
+                self.waiting.remove(waiter)
+                waiter.withdrawn = (f"the bundles of placement group {key[0]} on node "
+                                    f"{self._node_id} were released")
+                waiter.event.set()
+
+    def _reconcile_bundles(self) -> None:
+        if self.bundles and not self._reconciling_bundles:
+            self._reconciling_bundles = True
+            self._nursery.start_soon(self._ask_about_bundles, sorted(self.bundles))
+
+    async def _ask_about_bundles(self, keys: list) -> None:
+        try:
+            held = await self._endpoint.call(self._gcs_address, "held_bundles", self._node_id,
+                                             keys)
+        except Exception as error:  # noqa: BLE001 - the GCS is away: ask again later
+            if not isinstance(error, PeerDisconnected):
+                logger.warning("the GCS failed to say which bundles node %s holds: %s",
+                               self._node_id, error)
+            return
+        finally:
+            self._reconciling_bundles = False
+        held = {tuple(key) for key in held}
+        for key in keys:
+            if key not in held and key in self.bundles:
+                self._tracer.record(self._trace_name, "bundle_reclaimed", pg=key[0],
+                                    bundle=key[1])
+                self._release_bundle(key)
+        self._dispatch()
+
     # ------------------------------------------------------------ reconcile
 
     def reconcile(self) -> None:
         """Ask the owners of leases granted over connections that broke since
-        whether they hold them; those not held are reclaimed."""
+        whether they hold them; those not held are reclaimed. Ask the GCS
+        which bundles this node should still hold."""
+        self._reconcile_bundles()
         orphans: dict[str, list] = {}
         for lease_id, lease in sorted(self.leases.items()):
             if lease.conn is not None and lease.conn.closed:

@@ -58,7 +58,7 @@ class NodeManager:
         self.leases = LeaseManager(
             node_id=env.node_id, address=env.address, endpoint=endpoint, nursery=nursery,
             tracer=env.tracer, config=env.config, resources=env.resources, rng=env.rng,
-            pool=self.pool, refresh_view=self._refresh_view)
+            pool=self.pool, refresh_view=self._refresh_view, gcs_address=env.gcs_address)
         self.pool.release_leases_of = self.leases.release_leases_of
         self.objects = ObjectManager(node_id=env.node_id, address=env.address,
                                      endpoint=endpoint, tracer=env.tracer, config=env.config,

@@ -82,6 +82,7 @@ class ActorHost:
         self.actor_id: str | None = None
         self.instance = None
         self.gpu_ids: list = []
+        self.placement_group = None  # the strategy, when it lives in a placement group
         self._slots = None
         self.is_async = False
         self.callers: dict[str, CallerQueue] = {}
@@ -112,8 +113,11 @@ class ActorHost:
         spec: TaskSpec = actor.creation
         self.actor_id = actor.actor_id
         self.gpu_ids = gpu_ids
+        self.placement_group = actor.strategy if actor.strategy.kind == "PLACEMENT_GROUP" \
+            else None
         context = TaskContext(TaskID(spec.task_id), ActorID.from_hex(self.actor_id), gpu_ids,
-                              name=spec.name, job_id=spec.job_id, namespace=spec.namespace)
+                              name=spec.name, job_id=spec.job_id, namespace=spec.namespace,
+                              placement_group=self.placement_group)
         cls = await self._functions.load(spec.function_id)
         self.is_async = any(inspect.iscoroutinefunction(member) for _, member in
                             inspect.getmembers(cls, inspect.isfunction))
@@ -209,7 +213,7 @@ class ActorHost:
                 await event.wait()
         context = TaskContext(TaskID(spec.task_id), ActorID.from_hex(self.actor_id),
                               self.gpu_ids, name=spec.name, job_id=spec.job_id,
-                              namespace=spec.namespace)
+                              namespace=spec.namespace, placement_group=self.placement_group)
         async with self._slots:
             if spec.seq >= queue.next_seq:
                 queue.next_seq = spec.seq + 1

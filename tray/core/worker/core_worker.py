@@ -37,8 +37,8 @@ from dataclasses import dataclass
 
 from ... import exceptions
 from ..context import TaskContext, current_task
-from ..ids import ActorID, JobID, ObjectID, TaskID
-from ..messages import ActorInfo, ActorSpec
+from ..ids import ActorID, JobID, ObjectID, PlacementGroupID, TaskID
+from ..messages import ActorInfo, ActorSpec, PlacementGroupSpec
 from ..object_ref import ObjectRef
 from ..rpc import Endpoint, PeerDisconnected
 from ..scheduling import Strategy
@@ -72,6 +72,16 @@ class CoreWorkerStatistics:
     actor_host: ActorHostStatistics
     actors_known: int  # actors this process called or created
     outbox_queued: int
+
+
+def _captured(context: TaskContext, strategy: Strategy) -> Strategy:
+    """A task or actor created without a strategy inside a placement group
+    that captures its children goes into that group (any bundle), as in Ray."""
+    group = context.placement_group
+    if strategy.kind == "DEFAULT" and group is not None and group.capture_child_tasks:
+        return Strategy("PLACEMENT_GROUP", placement_group_id=group.placement_group_id,
+                        bundle_index=-1, capture_child_tasks=True)
+    return strategy
 
 
 def _short(value) -> str:
@@ -119,7 +129,7 @@ class CoreWorker:
         self.normal_submitter = submitter = NormalTaskSubmitter(
             address=address, name=name, endpoint=endpoint, nursery=nursery, outbox=outbox,
             tracer=tracer, config=config, node_manager_address=env.node_manager_address,
-            task_manager=task_manager, resolver=resolver, functions=functions)
+            task_manager=task_manager, resolver=resolver, functions=functions, gcs=gcs)
         self.actor_submitter = ActorTaskSubmitter(
             address=address, name=name, endpoint=endpoint, gcs=gcs, bridge=bridge,
             outbox=outbox, tracer=tracer,
@@ -300,6 +310,8 @@ class CoreWorker:
         context = self.current_context()
         if actor is not None:
             self.actor_submitter.check_pending_calls(actor, max_pending_calls)
+        else:
+            strategy = _captured(context, strategy)
         task_id = context.next_child_id()
         packed_args, packed_kwargs, holds = self._serialize_args(args, kwargs, name)
         return_ids = [ObjectID.for_return(task_id, i + 1) for i in range(num_returns)]
@@ -334,6 +346,7 @@ class CoreWorker:
                       method_meta: dict, is_async: bool) -> tuple[ActorSpec, list]:
         """The actor's spec, and the argument refs its creation holds."""
         context = self.current_context()
+        strategy = _captured(context, strategy)
         task_id = context.next_child_id()
         actor_id = ActorID.of_creation_task(task_id)
         packed_args, packed_kwargs, holds = self._serialize_args(args, kwargs,
@@ -362,6 +375,17 @@ class CoreWorker:
 
     async def kill_actor(self, actor_id: str, no_restart: bool) -> None:
         await self.actor_submitter.kill_actor(actor_id, no_restart)
+
+    # ------------------------------------------------------ placement groups
+
+    def prepare_placement_group(self, *, bundles: list, strategy: str, name: str,
+                                namespace: str, detached: bool) -> PlacementGroupSpec:
+        """A new group's spec, its id derived from where it was created."""
+        task_id = self.current_context().next_child_id()
+        return PlacementGroupSpec(
+            pg_id=PlacementGroupID.of_creation(task_id).hex(), name=name, namespace=namespace,
+            bundles=[dict(bundle) for bundle in bundles], strategy=strategy,
+            detached=detached, owner_address=self.address)
 
     # ------------------------------------------------------------ get/wait
 

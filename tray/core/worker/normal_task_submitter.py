@@ -7,7 +7,9 @@ submitter keeps lease requests outstanding (at most
 node; each granted lease is a worker that runs one task at a time, pushed
 to it directly. A lease is kept while its class has queued tasks and given
 back when the queue runs dry (SPREAD tasks take a fresh lease each, so the
-policy spreads them).
+policy spreads them). A task in a placement group asks the node that holds
+its bundle: where that is comes from the GCS (``wait_placement_group_ready``),
+and a task whose group is gone fails with ``TaskPlacementGroupRemoved``.
 
 A push that fails because the worker died (or the connection to it broke)
 gives the lease back as broken and retries the task within its budget;
@@ -25,11 +27,20 @@ from dataclasses import dataclass, field
 import trio
 
 from ... import exceptions
-from ..messages import Infeasible, LeaseGranted, LeaseRequest, Spillback
+from .. import scheduling
+from ..messages import (
+    PG_REMOVED,
+    Infeasible,
+    LeaseGranted,
+    LeaseRequest,
+    LeaseWithdrawn,
+    Spillback,
+)
 from ..rpc import Endpoint, PeerDisconnected
 from ..task_spec import TaskSpec
 from .dependency_resolver import DependencyResolver
 from .function_table import FunctionTable
+from .gcs_client import GcsClient
 from .outbox import Outbox
 from .task_manager import (
     PENDING_NODE_ASSIGNMENT,
@@ -58,6 +69,7 @@ class ClassQueue:
     leases: list = field(default_factory=list)
     pending_requests: int = 0
     warned: bool = False
+    bundle_cursor: int = 0  # placement groups: which bundle the next request tries
 
 
 @dataclass(frozen=True)
@@ -82,7 +94,8 @@ class NormalTaskSubmitter:
     def __init__(self, *, address: str, name: str, endpoint: Endpoint, nursery: trio.Nursery,
                  outbox: Outbox, tracer, config, node_manager_address: str,
                  task_manager: TaskManager, resolver: DependencyResolver,
-                 functions: FunctionTable) -> None:
+                 functions: FunctionTable, gcs: GcsClient) -> None:
+        self._gcs = gcs
         self._address = address
         self._name = name
         self._endpoint = endpoint
@@ -170,49 +183,101 @@ class NormalTaskSubmitter:
         self._outbox.send_later(lease.node_manager, "return_lease", lease.lease_id, worker_ok)
 
     async def _request_lease(self, key: tuple, queue: ClassQueue) -> None:
-        manager, hops = self._node_manager_address, 0
         try:
-            while queue.tasks:
-                spec = queue.tasks[0].spec
-                request = LeaseRequest(resources=spec.resources, strategy=spec.strategy,
-                                       owner=self._address, hops=hops)
-                try:
-                    reply = await self._endpoint.call(manager, "request_lease", request)
-                except PeerDisconnected:
-                    manager, hops = self._node_manager_address, 0
-                    await trio.sleep(self._config.heartbeat_period_s)
-                    continue
-                except Exception as error:  # noqa: BLE001 - the node cannot run workers
-                    self._fail_queue(queue, exceptions.TaskError(
-                        spec.name, f"the task cannot be scheduled: {error}", None))
-                    break
-                if isinstance(reply, Spillback):
-                    manager, hops = reply.address, hops + 1
-                    continue
-                if isinstance(reply, Infeasible):
-                    if not queue.warned:
-                        queue.warned = True
-                        logger.warning("task %s is infeasible and stays pending: %s",
-                                       spec.name, reply.reason)
-                        self._tracer.record(self._name, "infeasible", task=spec.task_id)
-                    if spec.strategy.kind == "NODE_AFFINITY" and not spec.strategy.soft and \
-                            "not alive" in reply.reason:
-                        self._fail_queue(queue, exceptions.TaskError(
-                            spec.name, f"the task cannot be scheduled: {reply.reason}", None))
-                        break
-                    manager, hops = self._node_manager_address, 0
-                    await trio.sleep(self._config.infeasible_retry_period_s)
-                    continue
-                assert isinstance(reply, LeaseGranted), reply
-                lease = LeaseState(reply.lease_id, reply.worker_address, manager,
-                                   reply.node_id, reply.gpu_ids)
-                queue.leases.append(lease)
-                break
+            await self._lease_for(queue)
+        except Exception as error:  # noqa: BLE001 - a bug here fails the class, not the process
+            logger.exception("a lease request for %s failed", key)
+            self._fail_queue(queue, error)
         except BaseException:
             queue.pending_requests -= 1  # cancelled: the process is going away
             raise
         queue.pending_requests -= 1
         self._pump(key, queue)
+
+    async def _lease_for(self, queue: ClassQueue) -> None:
+        """Ask for a lease until one is granted for the class's tasks, or
+        they are failed, or none is left."""
+        manager, hops = self._node_manager_address, 0
+        while queue.tasks:
+            spec = queue.tasks[0].spec
+            if spec.strategy.kind == "PLACEMENT_GROUP" and manager == \
+                    self._node_manager_address:
+                manager = await self._bundle_manager(queue, spec)
+                if manager is None:
+                    break  # the group is gone: the queue failed
+                hops = self._config.spillback_hops_max
+            request = LeaseRequest(resources=spec.resources, strategy=spec.strategy,
+                                   owner=self._address, hops=hops)
+            try:
+                reply = await self._endpoint.call(manager, "request_lease", request)
+            except PeerDisconnected:
+                manager, hops = self._node_manager_address, 0
+                await trio.sleep(self._config.heartbeat_period_s)
+                continue
+            except Exception as error:  # noqa: BLE001 - the node cannot run workers
+                self._fail_queue(queue, exceptions.TaskError(
+                    spec.name, f"the task cannot be scheduled: {error}", None))
+                break
+            if isinstance(reply, Spillback):
+                manager, hops = reply.address, hops + 1
+                continue
+            if isinstance(reply, LeaseWithdrawn):
+                # Granted and released at once (its bundle went): ask again.
+                manager, hops = self._node_manager_address, 0
+                await trio.sleep(0)
+                continue
+            if isinstance(reply, Infeasible) and spec.strategy.kind == "PLACEMENT_GROUP":
+                # Its bundle moved (a node died) or the group is going:
+                # ask the GCS again.
+                manager, hops = self._node_manager_address, 0
+                await trio.sleep(self._config.heartbeat_period_s)
+                continue
+            if isinstance(reply, Infeasible):
+                if not queue.warned:
+                    queue.warned = True
+                    logger.warning("task %s is infeasible and stays pending: %s",
+                                   spec.name, reply.reason)
+                    self._tracer.record(self._name, "infeasible", task=spec.task_id)
+                if spec.strategy.kind == "NODE_AFFINITY" and not spec.strategy.soft and \
+                        "not alive" in reply.reason:
+                    self._fail_queue(queue, exceptions.TaskError(
+                        spec.name, f"the task cannot be scheduled: {reply.reason}", None))
+                    break
+                manager, hops = self._node_manager_address, 0
+                await trio.sleep(self._config.infeasible_retry_period_s)
+                continue
+            assert isinstance(reply, LeaseGranted), reply
+            lease = LeaseState(reply.lease_id, reply.worker_address, manager,
+                               reply.node_id, reply.gpu_ids)
+            queue.leases.append(lease)
+            return
+
+    async def _bundle_manager(self, queue: ClassQueue, spec: TaskSpec) -> str | None:
+        """The node manager holding a bundle of the task's placement group
+        that could run it (waits for the group); None when the queue failed."""
+        strategy = spec.strategy
+        pg_id = strategy.placement_group_id
+        info = await self._gcs.call("wait_placement_group_ready", pg_id, None)
+        if info is None or info.state == PG_REMOVED:
+            self._fail_queue(queue, exceptions.TaskPlacementGroupRemoved(
+                f"the placement group {pg_id} of task {spec.name} was removed"
+                if info is not None else f"there is no placement group {pg_id} (of task "
+                f"{spec.name})"))
+            return None
+        indexes = [strategy.bundle_index] if strategy.bundle_index >= 0 else \
+            sorted(info.bundle_nodes)
+        fitting = [index for index in indexes
+                   if scheduling.fits(spec.resources, info.bundles[index])]
+        if not fitting:
+            which = "any bundle" if strategy.bundle_index < 0 else \
+                f"bundle {strategy.bundle_index}"
+            self._fail_queue(queue, ValueError(
+                f"task {spec.name} needs {spec.resources}, more than {which} of placement "
+                f"group {pg_id} holds ({[info.bundles[index] for index in indexes]})"))
+            return None
+        index = fitting[queue.bundle_cursor % len(fitting)]
+        queue.bundle_cursor += 1
+        return info.bundle_addresses[index]
 
     def _fail_queue(self, queue: ClassQueue, error: Exception) -> None:
         while queue.tasks:
