@@ -126,7 +126,7 @@ def test_actors_run_in_their_bundle_and_die_with_the_group(cluster):
     assert tray.get(actor.node.remote()) == placement_group_table(pg)["bundles_to_node_id"][0]
     assert tray.get(actor.group.remote()) == pg.id.hex()
     remove_placement_group(pg)
-    with pytest.raises(tex.ActorDiedError, match="placement group"):
+    with pytest.raises(tex.ActorPlacementGroupRemoved, match="placement group"):
         for _ in range(100):  # dies soon after the removal
             tray.get(actor.node.remote())
             time.sleep(0.1)

@@ -179,6 +179,7 @@ class ActorSpec:
 class ActorDeathCause:
     reason: str
     error: SerializedObject | None = None  # the constructor's exception, if that was it
+    placement_group_removed: bool = False  # it died because its group was removed
 
 
 @dataclass

@@ -204,7 +204,8 @@ class ActorManager:
         the group's bundles)."""
         for actor in sorted(self.actors.values(), key=lambda a: a.actor_id):
             if actor.spec.strategy.placement_group_id == pg_id and actor.state != DEAD:
-                self._set_dead(actor, f"its placement group {pg_id} was removed")
+                self._set_dead(actor, f"its placement group {pg_id} was removed",
+                               group_removed=True)
                 if actor.worker_id and actor.node_id in self._nodes.nodes:
                     self._nursery.start_soon(self._kill_worker, actor.node_id, actor.worker_id)
 
@@ -245,9 +246,10 @@ class ActorManager:
             self._set_dead(actor, f"the actor died because {reason}, and its restart budget "
                                   f"(max_restarts={budget}) is used up")
 
-    def _set_dead(self, actor: ActorRecord, reason: str, cause=None) -> None:
+    def _set_dead(self, actor: ActorRecord, reason: str, cause=None,
+                  group_removed: bool = False) -> None:
         actor.state = DEAD
-        actor.death_cause = ActorDeathCause(reason, cause)
+        actor.death_cause = ActorDeathCause(reason, cause, group_removed)
         actor.address = None
         self._save(actor)
         self._tracer.record("gcs", "actor_dead", actor=actor.actor_id, reason=reason)
@@ -363,7 +365,8 @@ class ActorManager:
         pg_id = spec.strategy.placement_group_id
         info = await self._placement_groups.wait_ready(pg_id)
         if info is None or info.state == PG_REMOVED:
-            self._set_dead(actor, f"its placement group {pg_id} does not exist or was removed")
+            self._set_dead(actor, f"its placement group {pg_id} does not exist or was removed",
+                           group_removed=True)
             return None
         index = spec.strategy.bundle_index
         candidates = [index] if index >= 0 else sorted(info.bundle_nodes)

@@ -71,7 +71,9 @@ def actor_died_error(info: ActorInfo, call_name: str) -> Exception:
     cause_error = deserialize(cause.error) if cause is not None and cause.error is not None \
         else None
     detail = f"\n{cause_error}" if cause_error is not None else ""
-    return exceptions.ActorDiedError(
+    error_class = exceptions.ActorPlacementGroupRemoved \
+        if cause is not None and cause.placement_group_removed else exceptions.ActorDiedError
+    return error_class(
         f"the actor {info.class_name} ({info.actor_id}) is dead, so {call_name} "
         f"cannot run: {reason}{detail}", info.actor_id, cause_error)
 
