@@ -15,6 +15,7 @@ import numbers
 
 import cloudpickle
 import greenback
+import trio
 
 from . import options as opts
 from .context import _global_state, current_task, get_worker
@@ -34,13 +35,18 @@ def register_backend(name: str, target: str) -> None:
 
 def _in_loop(worker, fn, *args):
     """Run the synchronous ``fn`` where the worker's loop runs (the local
-    backend's driver loop has a thread of its own)."""
+    backend's driver loop has a thread of its own, and a threaded actor's
+    methods run in threads)."""
+    if worker.bridge.in_worker_thread():
+        return trio.from_thread.run_sync(fn, *args)
     if worker.in_user_thread():
         return _global_state["runtime"].run_sync(fn, *args)
     return fn(*args)
 
 
 def _block(worker, async_fn, *args):
+    if worker.bridge.in_worker_thread():
+        return trio.from_thread.run(async_fn, *args)
     if worker.in_user_thread():
         return _global_state["runtime"].run(async_fn, *args)
     return greenback.await_(async_fn(*args))
@@ -203,6 +209,7 @@ def _method_meta(cls) -> dict:
     for name, member in inspect.getmembers(cls, inspect.isfunction):
         options = getattr(member, "__tray_method_options__", {})
         meta[name] = {"num_returns": options.get("num_returns", 1),
+                      "concurrency_group": options.get("concurrency_group", ""),
                       "signature": _signature_of(member)}
     return meta
 
@@ -240,8 +247,15 @@ class ActorClass:
         function_id, blob = self._export.get()
         options = self._options
         namespace = options.get("namespace") or _namespace()
-        meta = {name: {"num_returns": m["num_returns"]} for name, m in
-                _method_meta(self._cls).items()}
+        meta = {name: {"num_returns": m["num_returns"],
+                       "concurrency_group": m["concurrency_group"]}
+                for name, m in _method_meta(self._cls).items()}
+        groups = options.get("concurrency_groups") or {}
+        for name, m in meta.items():
+            if m["concurrency_group"] and m["concurrency_group"] not in groups:
+                raise ValueError(f"method {self._cls.__name__}.{name} names the concurrency "
+                                 f"group {m['concurrency_group']!r}, which the actor does not "
+                                 f"declare (concurrency_groups={groups})")
         is_async = any(inspect.iscoroutinefunction(member) for _, member in
                        inspect.getmembers(self._cls, inspect.isfunction))
         def prepare():
@@ -268,12 +282,14 @@ def _signatures(cls) -> dict:
 
 class ActorMethod:
     def __init__(self, handle: ActorHandle, name: str, num_returns: int,
-                 max_task_retries: int | None = None, display_name: str | None = None) -> None:
+                 max_task_retries: int | None = None, display_name: str | None = None,
+                 concurrency_group: str = "") -> None:
         self._handle = handle
         self._name = name
         self._num_returns = num_returns
         self._max_task_retries = max_task_retries
         self._display_name = display_name  # the call's name in errors and traces
+        self._concurrency_group = concurrency_group
 
     def __call__(self, *args, **kwargs):
         raise TypeError(f"Actor methods cannot be called directly. Instead of running "
@@ -284,7 +300,8 @@ class ActorMethod:
         return ActorMethod(self._handle, self._name,
                            options.get("num_returns", self._num_returns),
                            options.get("max_task_retries", self._max_task_retries),
-                           options.get("name", self._display_name))
+                           options.get("name", self._display_name),
+                           options.get("concurrency_group", self._concurrency_group))
 
     def remote(self, *args, **kwargs):
         worker = get_worker()
@@ -305,7 +322,8 @@ class ActorMethod:
                 strategy=opts.to_strategy(None), max_retries=0, retry_exceptions=False,
                 actor=worker.actor_state(handle._actor_id), method=self._name,
                 max_task_retries=handle._max_task_retries if retries is None else retries,
-                max_pending_calls=handle._max_pending_calls)
+                max_pending_calls=handle._max_pending_calls,
+                concurrency_group=self._concurrency_group)
         return _returns(_in_loop(worker, submit), self._num_returns)
 
 
@@ -326,7 +344,9 @@ class ActorHandle:
         if name.startswith("__") or name not in self.__dict__.get("_method_meta", {}):
             raise AttributeError(f"actor {self.__dict__.get('_class_name', '?')} has no "
                                  f"method {name!r}")
-        return ActorMethod(self, name, self._method_meta[name]["num_returns"])
+        meta = self._method_meta[name]
+        return ActorMethod(self, name, meta["num_returns"],
+                           concurrency_group=meta.get("concurrency_group", ""))
 
     def __reduce__(self):
         return (ActorHandle, (self._actor_id, self._class_name, self._method_meta,

@@ -143,6 +143,9 @@ class ProcessEnv:
     # Called with a task's GPU ids before user code runs (a real worker sets
     # CUDA_VISIBLE_DEVICES).
     on_gpu_ids: Callable[[list], None] | None = None
+    # Workers: await run_sync_in_thread(fn, concurrency_group) runs a threaded
+    # actor's synchronous method in a thread (None: inline, as the simulator).
+    run_sync_in_thread: Callable | None = None
     # Node managers: where the node keeps things, how long to wait for a GCS
     # started beside it, and how many workers to start at once.
     node_location: NodeLocation = field(default_factory=NodeLocation)

@@ -173,6 +173,7 @@ class ActorSpec:
     creation: TaskSpec  # the constructor call
     max_concurrency: int | None = None
     max_pending_calls: int = -1  # per caller process; -1: no limit
+    concurrency_groups: dict = field(default_factory=dict)  # name -> max concurrency
 
 
 @dataclass(frozen=True, slots=True)

@@ -65,10 +65,25 @@ class ObjectRef:
 
     def __await__(self):
         worker = self._worker or get_worker()
+        loop = _trio_asyncio_loop()
+        if loop is not None:  # asyncio code of an async actor (on trio-asyncio)
+            return loop.trio_as_future(worker.get_async, [self], None, True).__await__()
         return worker.get_async([self], None, single=True).__await__()
 
     def future(self):
         raise NotImplementedError("ObjectRef.future() is not supported; use `await ref`")
+
+
+def _trio_asyncio_loop():
+    """The running asyncio loop when it is trio-asyncio's (async actors'),
+    else None."""
+    try:
+        import asyncio
+
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+    return loop if hasattr(loop, "trio_as_future") else None
 
 
 def _rebuild_ref(object_id: bytes, owner: str) -> ObjectRef:

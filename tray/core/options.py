@@ -17,8 +17,9 @@ TASK_OPTIONS = {"num_cpus", "num_gpus", "resources", "memory", "num_returns", "m
 ACTOR_OPTIONS = {"num_cpus", "num_gpus", "resources", "memory", "max_restarts",
                  "max_task_retries", "max_concurrency", "name", "namespace", "lifetime",
                  "get_if_exists", "scheduling_strategy", "runtime_env", "accelerator_type",
-                 "_metadata", "max_pending_calls"}
-METHOD_OPTIONS = {"num_returns", "name", "max_task_retries", "retry_exceptions"}
+                 "_metadata", "max_pending_calls", "concurrency_groups"}
+METHOD_OPTIONS = {"num_returns", "name", "max_task_retries", "retry_exceptions",
+                  "concurrency_group"}
 
 ACCELERATOR_REQUEST = 0.001
 
@@ -83,6 +84,16 @@ def validate(options: dict, allowed: set[str], what: str) -> dict:
         _int_at_least("max_pending_calls", options["max_pending_calls"], -1)
         if options["max_pending_calls"] == 0:
             raise ValueError("option max_pending_calls must be -1 (no limit) or positive, got 0")
+    groups = options.get("concurrency_groups")
+    if groups is not None:
+        if not isinstance(groups, dict) or not all(
+                isinstance(name, str) and name and not isinstance(limit, bool) and
+                isinstance(limit, int) and limit >= 1 for name, limit in groups.items()):
+            raise ValueError(f"option concurrency_groups must map group names to positive "
+                             f"integers, got {groups!r}")
+    group = options.get("concurrency_group")
+    if group is not None and (not isinstance(group, str) or not group):
+        raise ValueError(f"option concurrency_group must be a non-empty string, got {group!r}")
     if options.get("max_concurrency") is not None:
         _int_at_least("max_concurrency", options["max_concurrency"], 1)
     retry = options.get("retry_exceptions")

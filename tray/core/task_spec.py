@@ -61,6 +61,7 @@ class TaskSpec:
     method: str | None = None
     seq: int = 0
     floor: int = 0
+    concurrency_group: str = ""  # "" : the actor's default group
 
     def ref_args(self) -> list[ArgByRef]:
         """The by-reference arguments, positional then keyword."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import random
 import sys
@@ -36,6 +37,15 @@ def _sleep(seconds: float) -> None:
         _real_sleep(seconds)
 
 
+# Threads for threaded actors' synchronous methods: the actor's
+# max_concurrency (and concurrency groups) limit them, not trio's default pool.
+_threads = trio.CapacityLimiter(math.inf)
+
+
+async def _run_sync_in_thread(fn, concurrency_group: str):
+    return await trio.to_thread.run_sync(fn, limiter=_threads)
+
+
 def _set_gpu_ids(gpu_ids: list) -> None:
     os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in gpu_ids)
 
@@ -54,7 +64,8 @@ async def run_worker(args) -> None:
         tracer=NullTracer(), config=DEFAULT_CONFIG, node_id=args.node_id,
         object_store=store,
         gcs_address=args.gcs, node_manager_address=args.node_manager,
-        exit_process=lambda: os._exit(1), on_gpu_ids=_set_gpu_ids)
+        exit_process=lambda: os._exit(1), on_gpu_ids=_set_gpu_ids,
+        run_sync_in_thread=_run_sync_in_thread)
     async with trio.open_nursery() as nursery:
         worker = CoreWorker(env, WORKER, nursery, worker_id=args.worker_id)
         current_worker.set(worker)

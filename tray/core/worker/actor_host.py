@@ -2,12 +2,27 @@
 
 The GCS sends ``create_actor`` to a worker it leased for the actor; the
 constructor runs like a task. Calls then arrive straight from their callers.
-Calls from one caller run in the caller's sequence order: a call that
-arrives ahead of its turn waits on an event of its own, so each step wakes
-exactly the next call (``CallerQueue``). Calls from different callers are
-not ordered against each other (Ray's contract). At most
-``max_concurrency`` calls run at once (1 for a plain actor, so its methods
-never interleave).
+For a plain actor (``max_concurrency=1``) calls from one caller run in the
+caller's sequence order: a call that arrives ahead of its turn waits on an
+event of its own, so each step wakes exactly the next call
+(``CallerQueue``); calls from different callers are not ordered against
+each other (Ray's contract), and its methods never interleave.
+
+A *concurrent* actor (``max_concurrency > 1``, or an async actor) runs up to
+``max_concurrency`` calls at once, and, as Ray's async and threaded actors,
+does not keep the callers' order: a call runs as soon as a slot is free.
+``concurrency_groups`` split the slots: each group has its own limit, and a
+method runs in the group ``@tray.method(concurrency_group=...)`` (or the
+call's ``.options(concurrency_group=...)``) names, else in the default group.
+
+An async actor (one with ``async def`` methods) runs them on an **asyncio**
+event loop, as Ray's do, so asyncio code (``asyncio.sleep``, asyncio
+primitives and libraries) works inside. The loop is trio-asyncio's: asyncio
+on top of this worker's trio loop, so in the simulator asyncio time is the
+virtual clock and scheduling stays deterministic. Synchronous methods of a
+concurrent actor run in a thread pool where the backend gives one
+(``ProcessEnv.run_sync_in_thread``: real processes), else inline, one step
+at a time (the simulator: they interleave only where they block in tray).
 
 Each caller sends its *floor* with every call (and alone, in
 ``actor_floor``, when a call ends without running): every call below it is
@@ -28,6 +43,7 @@ import inspect
 from dataclasses import dataclass, field
 
 import trio
+import trio_asyncio
 
 from ... import exceptions
 from ..context import TaskContext
@@ -72,7 +88,15 @@ class ActorHostStatistics:
 
 class ActorHost:
     def __init__(self, *, name: str, worker_id: str, tracer, config,
-                 functions: FunctionTable, receiver: TaskReceiver) -> None:
+                 functions: FunctionTable, receiver: TaskReceiver, nursery: trio.Nursery,
+                 run_sync_in_thread=None) -> None:
+        self._nursery = nursery
+        # run_sync_in_thread(fn, group) -> awaitable result: a backend's thread
+        # pool for synchronous methods of concurrent actors (None: inline).
+        self._run_sync_in_thread = run_sync_in_thread
+        self._asyncio_loop = None
+        self._groups: dict[str, trio.Semaphore] = {}
+        self.concurrent = False
         self._name = name
         self._worker_id = worker_id
         self._tracer = tracer
@@ -123,7 +147,12 @@ class ActorHost:
                             inspect.getmembers(cls, inspect.isfunction))
         concurrency = actor.max_concurrency or (
             self._config.default_max_concurrency_async if self.is_async else 1)
+        self.concurrent = concurrency > 1 or bool(actor.concurrency_groups)
         self._slots = trio.Semaphore(concurrency) if concurrency > 1 else trio.Lock()
+        self._groups = {name: trio.Semaphore(limit)
+                        for name, limit in sorted(actor.concurrency_groups.items())}
+        if self.is_async and self._asyncio_loop is None:
+            self._asyncio_loop = await self._nursery.start(_run_asyncio_loop)
         instance_box = []
 
         async def construct():
@@ -199,6 +228,8 @@ class ActorHost:
             queue.next_seq += 1
 
     async def _run_call(self, queue: CallerQueue, spec: TaskSpec) -> TaskReply:
+        if self.concurrent:
+            return await self._run_concurrent(queue, spec)
         if spec.seq > queue.next_seq:
             limit = self._config.actor_pending_calls_max
             if len(queue.waiters) >= limit:
@@ -225,6 +256,45 @@ class ActorHost:
                 return getattr(instance, spec.method)
             return await self._receiver.execute(spec, context, bound_method)
 
+    async def _run_concurrent(self, queue: CallerQueue, spec: TaskSpec) -> TaskReply:
+        """A call of a concurrent actor: no wait for its turn, a slot of its
+        group, then the method (async ones on the asyncio loop, synchronous
+        ones in the backend's threads when there are any)."""
+        queue.next_seq = max(queue.next_seq, spec.seq + 1)
+        context = TaskContext(TaskID(spec.task_id), ActorID.from_hex(self.actor_id),
+                              self.gpu_ids, name=spec.name, job_id=spec.job_id,
+                              namespace=spec.namespace, placement_group=self.placement_group)
+        group = spec.concurrency_group
+        if group and group not in self._groups:
+            raise exceptions.ActorError(
+                f"the actor {self.actor_id} has no concurrency group {group!r} (it has "
+                f"{sorted(self._groups) or 'none'})", self.actor_id)
+        slots = self._groups[group] if group else self._slots
+        async with slots:
+            method = getattr(self.instance, spec.method)
+
+            async def load():
+                return self._runnable(method, group)
+            return await self._receiver.execute(spec, context, load)
+
+    def _runnable(self, method, group: str):
+        """``method`` as the task receiver runs it: a coroutine function."""
+        if inspect.iscoroutinefunction(method):
+            if self._asyncio_loop is None:
+                return method
+            loop = self._asyncio_loop
+
+            async def on_asyncio(*args, **kwargs):
+                return await loop.run_aio_coroutine(method(*args, **kwargs))
+            return on_asyncio
+        if self._run_sync_in_thread is None:
+            return method
+        run_in_thread = self._run_sync_in_thread
+
+        async def in_thread(*args, **kwargs):
+            return await run_in_thread(lambda: method(*args, **kwargs), group)
+        return in_thread
+
     @staticmethod
     def _wake(queue: CallerQueue, all_due: bool) -> None:
         if all_due:  # the floor jumped: every call at or below it may go
@@ -235,3 +305,10 @@ class ActorHost:
         event = queue.waiters.pop(queue.next_seq, None)
         if event is not None:
             event.set()
+
+
+async def _run_asyncio_loop(task_status=trio.TASK_STATUS_IGNORED) -> None:
+    """An asyncio event loop on this trio loop, for as long as the process."""
+    async with trio_asyncio.open_loop() as loop:
+        task_status.started(loop)
+        await trio.sleep_forever()

@@ -147,7 +147,9 @@ class CoreWorker:
             functions=functions, references=references, getter=getter,
             on_gpu_ids=env.on_gpu_ids, exit_process=env.exit_process,
             cancel_children=self._cancel_children)
-        self.actor_host = ActorHost(name=name, worker_id=worker_id, tracer=tracer,
+        self.actor_host = ActorHost(nursery=nursery,
+                                    run_sync_in_thread=env.run_sync_in_thread,
+                                    name=name, worker_id=worker_id, tracer=tracer,
                                     config=config, functions=functions, receiver=receiver)
         for component in (self, references, submitter, getter, recovery, receiver,
                           self.actor_host):
@@ -305,7 +307,8 @@ class CoreWorker:
     def submit_task(self, *, name: str, function_id: str, args: tuple, kwargs: dict,
                     num_returns: int, resources: dict, strategy: Strategy, max_retries: int,
                     retry_exceptions, actor: ActorState | None = None, method: str | None = None,
-                    max_task_retries: int = 0, max_pending_calls: int = -1) -> list[ObjectRef]:
+                    max_task_retries: int = 0, max_pending_calls: int = -1,
+                    concurrency_group: str = "") -> list[ObjectRef]:
         """Build a task and start submitting it; returns its refs at once."""
         context = self.current_context()
         if actor is not None:
@@ -326,6 +329,7 @@ class CoreWorker:
             spec.actor_id = actor.actor_id
             spec.method = method
             spec.seq = self.actor_submitter.next_call(actor)
+            spec.concurrency_group = concurrency_group
         task = PendingTask(spec, max_task_retries if actor is not None else max_retries, holds)
         self.task_manager.add(task)
         refs = [ObjectRef(oid, self.address, self) for oid in return_ids]
@@ -367,7 +371,8 @@ class CoreWorker:
             method_meta=method_meta, creation=creation,
             max_concurrency=options.get("max_concurrency"),
             max_pending_calls=-1 if options.get("max_pending_calls") is None
-            else options["max_pending_calls"])
+            else options["max_pending_calls"],
+            concurrency_groups=dict(options.get("concurrency_groups") or {}))
         return actor, holds
 
     async def register_actor(self, actor: ActorSpec, holds: list) -> ActorInfo | None:

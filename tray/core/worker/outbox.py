@@ -34,17 +34,29 @@ class Outbox:
 
     def send_later(self, address: str, method: str, *args) -> None:
         """Queue a one-way message; safe from ``__del__`` and from outside trio."""
+        if self._bridge.off_loop_thread():
+            # Another thread than the loop's: the queue is the loop's alone.
+            try:
+                self._bridge.call_soon_from_outside(
+                    lambda: self._queue_and_flush(address, method, args, on_loop=True))
+            except Exception:  # the run has ended
+                pass
+            return
+        self._queue_and_flush(address, method, args,
+                              on_loop=not self._bridge.in_user_thread())
+
+    def _queue_and_flush(self, address: str, method: str, args: tuple, on_loop: bool) -> None:
         self._queue.append((address, method, args))
         if self._flush_scheduled or self.shutting_down:
             return
         self._flush_scheduled = True
-        if self._bridge.in_user_thread():
-            try:
-                self._bridge.call_soon_from_outside(self._schedule_flush)
-            except Exception:  # the run has ended
-                self._flush_scheduled = False
-        else:
+        if on_loop:
             self._schedule_flush()
+            return
+        try:
+            self._bridge.call_soon_from_outside(self._schedule_flush)
+        except Exception:  # the run has ended
+            self._flush_scheduled = False
 
     def _schedule_flush(self) -> None:
         try:

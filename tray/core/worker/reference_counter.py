@@ -140,9 +140,9 @@ class ReferenceCounter:
         self._entry_for(object_id, owner).local += 1
 
     def remove_local_ref(self, object_id: ObjectID) -> None:
-        if self._bridge.loop_in_other_thread and self._bridge.in_user_thread():
-            # A ref dropped in the user's thread while the loop runs in its
-            # own: count it down there.
+        if self._bridge.off_loop_thread():
+            # A ref dropped in a thread other than the loop's: count it down
+            # on the loop.
             try:
                 self._bridge.call_soon_from_outside(lambda: self._release_local_ref(object_id))
             except Exception:  # the loop has ended
