@@ -716,3 +716,13 @@ def test_wait_fetch_local_false(cluster):
     ready, not_ready = tray.wait(refs, num_returns=3, fetch_local=False, timeout=100)
     assert ready == refs
     assert not_ready == []
+
+
+def test_is_initialized_inside_tasks_and_actors(one_node):
+    # Regression: on real processes it said False inside a task.
+    @tray.remote
+    def inside():
+        return tray.is_initialized()
+
+    assert tray.is_initialized() is True
+    assert tray.get(inside.remote()) is True

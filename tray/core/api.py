@@ -18,7 +18,7 @@ import greenback
 import trio
 
 from . import options as opts
-from .context import _global_state, current_task, get_worker
+from .context import _global_state, current_task, current_worker, get_worker
 from .ids import JobID
 from .object_ref import ObjectRef
 from .worker.function_table import function_id_of
@@ -100,7 +100,8 @@ def shutdown() -> None:
 
 
 def is_initialized() -> bool:
-    return _global_state["runtime"] is not None
+    """True in a driver after ``init``, and inside tasks and actors (as Ray)."""
+    return _global_state["runtime"] is not None or current_worker.get(None) is not None
 
 
 def _namespace() -> str:
