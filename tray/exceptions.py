@@ -57,7 +57,9 @@ class TaskError(TrayError):
                  "__str__": TaskError.__str__, "__reduce__": TaskError.__reduce__},
             )
             _dual_classes[cause_cls] = cls
-        error = cls.__new__(cls)
+        # A group's constructor needs its message and exceptions.
+        error = cls.__new__(cls, *self.cause.args) \
+            if isinstance(self.cause, BaseExceptionGroup) else cls.__new__(cls)
         TaskError.__init__(error, self.function_name, self.traceback_str, self.cause)
         error.__cause__ = self.cause
         return error
@@ -66,8 +68,16 @@ class TaskError(TrayError):
 _dual_classes: dict[type, type] = {}
 
 
+# Raised by user code, these mean "stop" rather than "failed": tasks turn
+# them into a cancellation or a worker exit, never a TaskError of their class.
+_NOT_WRAPPED = (KeyboardInterrupt, SystemExit, GeneratorExit)
+
+
 def _can_subclass(cls: type) -> bool:
-    if not issubclass(cls, Exception):
+    """Can ``get`` raise the error as an instance of ``cls`` too? Any
+    exception class, a user's ``BaseException`` subclass included (as Ray
+    does), unless it means "stop" or its layout forbids a subclass."""
+    if issubclass(cls, _NOT_WRAPPED):
         return False
     try:
         type("_probe", (TaskError, cls), {})

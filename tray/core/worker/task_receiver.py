@@ -68,7 +68,16 @@ def _split_returns(value, num_returns: int, name: str) -> list:
     return values
 
 
-def _task_error(name: str, error: Exception) -> SerializedObject:
+def _is_cancellation(error: BaseException) -> bool:
+    """trio's own cancellation (alone or inside a group): never the task's error."""
+    if isinstance(error, trio.Cancelled):
+        return True
+    if isinstance(error, BaseExceptionGroup):
+        return any(_is_cancellation(inner) for inner in error.exceptions)
+    return False
+
+
+def _task_error(name: str, error: BaseException) -> SerializedObject:
     if isinstance(error, exceptions.TaskError):
         return serialize_error(error)  # an upstream failure: keep its story
     text = "".join(traceback.format_exception(type(error), error, error.__traceback__))
@@ -171,6 +180,8 @@ class TaskReceiver:
                 return TaskReply(self._error_results(spec, serialize_error(failure.error)))
             except Exception as error:
                 return TaskReply(self._error_results(spec, _task_error(spec.name, error)), True)
+            except BaseException as error:
+                return await self._base_exception_reply(spec, error)
             finally:
                 del self.running[spec.task_id]
         if scope.cancelled_caught:
@@ -184,6 +195,30 @@ class TaskReceiver:
             return TaskReply(self._error_results(spec, _task_error(spec.name, error)), True)
         self._tracer.record(self._name, "task_done", task=spec.task_id)
         return TaskReply(results)
+
+    async def _base_exception_reply(self, spec: TaskSpec, error: BaseException) -> TaskReply:
+        """User code raised a BaseException that is not an Exception. Ray's
+        rules: ``KeyboardInterrupt`` cancels the task (``TaskCancelledError``,
+        no retry); ``SystemExit`` in a task ends the worker process, so the
+        owner sees a worker death and retries the task within ``max_retries``
+        (``WorkerCrashedError`` after that); any other (a user's
+        ``BaseException`` subclass) is an application error, like an
+        ``Exception``. trio's cancellation passes through, and so does an
+        actor method's ``SystemExit``: an actor's exit is its lifecycle's
+        business (``exit_actor``), not a call's result."""
+        if _is_cancellation(error) or (isinstance(error, SystemExit)
+                                       and spec.actor_id is not None):
+            raise error
+        if isinstance(error, KeyboardInterrupt):
+            cancelled = exceptions.TaskCancelledError(
+                f"task {spec.name} ({spec.task_id.hex()}) was cancelled: it raised "
+                "KeyboardInterrupt")
+            return TaskReply(self._error_results(spec, serialize_error(cancelled)))
+        if isinstance(error, SystemExit) and self._exit_process is not None:
+            self._tracer.record(self._name, "system_exit", task=spec.task_id)
+            self._exit_process()
+            await trio.sleep_forever()  # the process is ending under us
+        return TaskReply(self._error_results(spec, _task_error(spec.name, error)), True)
 
     def _error_results(self, spec: TaskSpec, serialized: SerializedObject) -> list:
         self._tracer.record(self._name, "task_failed", task=spec.task_id)
