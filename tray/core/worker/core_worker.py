@@ -35,6 +35,8 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+import trio
+
 from ... import exceptions
 from ..context import TaskContext, current_task
 from ..ids import ActorID, JobID, ObjectID, PlacementGroupID, TaskID
@@ -61,6 +63,9 @@ from .task_receiver import TaskReceiver
 logger = logging.getLogger("tray.worker")
 
 DRIVER, WORKER = "driver", "worker"
+
+# How often a cancelled task that is still running is told again.
+CANCEL_RETRY_PERIOD_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -404,7 +409,25 @@ class CoreWorker:
     # --------------------------------------------------------------- cancel
 
     async def cancel_async(self, ref: ObjectRef, force: bool, recursive: bool) -> None:
-        task = self.task_manager.get(ref.task_id())
+        if ref._owner != self.address:
+            # A borrowed ref: only its owner knows the task, so the owner
+            # cancels it (as Ray's RemoteCancelTask). An owner that is gone
+            # took its tasks with it: nothing is left to cancel.
+            try:
+                await self.endpoint.call(ref._owner, "cancel_remote_task", ref.binary(),
+                                         force, recursive)
+            except PeerDisconnected:
+                pass
+            return
+        await self._cancel_owned(ref.task_id(), force, recursive)
+
+    async def handle_cancel_remote_task(self, conn, object_id: bytes, force: bool,
+                                        recursive: bool) -> None:
+        """A borrower cancels the task that creates an object this process owns."""
+        await self._cancel_owned(ObjectID(object_id).task_id(), force, recursive)
+
+    async def _cancel_owned(self, task_id, force: bool, recursive: bool) -> None:
+        task = self.task_manager.get(task_id)
         if task is None or task.done:
             return
         if task.spec.actor_id is not None and force:
@@ -420,6 +443,19 @@ class CoreWorker:
             return
         await self.endpoint.notify(task.pushed_to, "cancel_task", task.spec.task_id, force,
                                    recursive)
+        if not force:
+            self.bridge.start_soon(self._cancel_again, task, task.pushed_to, recursive)
+
+    async def _cancel_again(self, task: PendingTask, worker: str, recursive: bool) -> None:
+        """A cancel that reaches the worker before the task has started there
+        finds nothing to cancel; send it again until the task ends (Ray's
+        owner retries a cancel likewise). Bounded by the task's life."""
+        while True:
+            await trio.sleep(CANCEL_RETRY_PERIOD_S)
+            if task.done or task.pushed_to != worker:
+                return
+            await self.endpoint.notify(worker, "cancel_task", task.spec.task_id, False,
+                                       recursive)
 
     async def _cancel_children(self, task_id: bytes, force: bool) -> None:
         """Cancel the tasks that the task ``task_id`` (running here) submitted."""

@@ -1,0 +1,87 @@
+"""Cancelling a ref this process borrowed (created by another process)
+cancels the task through its owner, as Ray's (Ray's test_cancel.py); a
+cancel that reaches a worker before the task has started there is sent
+again until the task ends."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+import tray
+import tray.exceptions as tex
+
+
+@tray.remote
+def sleeper(seconds, value="slept"):
+    time.sleep(seconds)
+    return value
+
+
+@tray.remote
+def cancel_it(refs):
+    tray.cancel(refs[0])  # a ref this task borrowed from the driver
+    return "cancel sent"
+
+
+def test_borrower_cancels_a_task_through_its_owner(cluster):
+    slow = sleeper.remote(60 * cluster.tick_s)
+    assert tray.get(cancel_it.remote([slow])) == "cancel sent"
+    with pytest.raises(tex.TaskCancelledError):
+        tray.get(slow, timeout=30 * cluster.tick_s)
+
+
+@tray.remote
+def start_slow(seconds):
+    return [sleeper.remote(seconds)]  # owned by this task's worker
+
+
+def test_driver_cancels_a_ref_owned_by_a_worker(one_node):
+    [inner] = tray.get(start_slow.remote(60 * one_node.tick_s))
+    tray.cancel(inner)
+    with pytest.raises(tex.TaskCancelledError):
+        tray.get(inner, timeout=30 * one_node.tick_s)
+
+
+@tray.remote
+class Starter:
+    def start(self, seconds):
+        return [sleeper.remote(seconds)]
+
+    def start_call(self, other, seconds):
+        return [other.nap.remote(seconds)]
+
+
+@tray.remote
+class Napper:
+    def nap(self, seconds):
+        time.sleep(seconds)
+        return "napped"
+
+
+def test_driver_cancels_a_ref_owned_by_an_actor(one_node):
+    starter = Starter.remote()
+    [inner] = tray.get(starter.start.remote(60 * one_node.tick_s))
+    tray.cancel(inner, force=True)
+    with pytest.raises(tex.TaskCancelledError):
+        tray.get(inner, timeout=30 * one_node.tick_s)
+
+
+def test_force_on_a_borrowed_actor_call_is_refused_by_its_owner():
+    tray.init(backend="sim", num_cpus=4)
+    starter, napper = Starter.remote(), Napper.remote()
+    [call] = tray.get(starter.start_call.remote(napper, 5.0))
+    with pytest.raises(ValueError, match="force=True is not supported for actor tasks"):
+        tray.cancel(call, force=True)
+    assert tray.get(call) == "napped"
+
+
+def test_cancelling_a_finished_borrowed_ref_changes_nothing():
+    tray.init(backend="sim")
+    [inner] = tray.get(start_slow.remote(0.0))
+    assert tray.get(inner) == "slept"
+    tray.cancel(inner)
+    assert tray.get(inner) == "slept"
+
+
