@@ -77,6 +77,8 @@ def init(address: str | None = None, *, backend: str | None = None, num_cpus=Non
         opts._non_negative_number("num_gpus", num_gpus)
     if resources is not None:
         opts.validate({"resources": resources}, {"resources"}, "init()")
+    if namespace is not None:
+        opts._string("namespace", namespace)
     module_name, _, function_name = _backends[backend].partition(":")
     start = getattr(importlib.import_module(module_name), function_name)
     runtime = start(address=address, num_cpus=num_cpus, num_gpus=num_gpus,
@@ -112,27 +114,58 @@ def _namespace() -> str:
 
 # ==================================================================== tasks
 
+# Ray's limits on a pickled function or class (ray_constants'
+# FUNCTION_SIZE_WARN_THRESHOLD / FUNCTION_SIZE_ERROR_THRESHOLD): past the
+# first a warning, past the second (about 95 MiB) the export fails.
+FUNCTION_SIZE_WARN_BYTES = 10**7
+FUNCTION_SIZE_ERROR_BYTES = 10**8
+
+
 class _Export:
     """A function or class pickled once, at its first use, and shared by
     every ``.options()`` variant, so that all of them run the same code
     under one function id (whichever variant is used first)."""
 
-    def __init__(self, target) -> None:
+    def __init__(self, target, kind: str = "remote function") -> None:
         self.target = target
+        self.kind = kind
         self._blob: bytes | None = None
         self._function_id = ""
 
     def get(self) -> tuple[str, bytes]:
         if self._blob is None:
-            self._blob = cloudpickle.dumps(self.target)
-            self._function_id = function_id_of(self._blob)
+            blob = cloudpickle.dumps(self.target)
+            _check_pickled_size(blob, self.kind, getattr(self.target, "__qualname__",
+                                                         repr(self.target)))
+            self._blob = blob
+            self._function_id = function_id_of(blob)
         return self._function_id, self._blob
+
+
+def _check_pickled_size(blob: bytes, kind: str, name: str) -> None:
+    """Ray's check of an exported function's size, with Ray's advice: a
+    definition that captures a large object should ``put`` it instead."""
+    size_mib = len(blob) // (1024 * 1024)
+    advice = ("Check that its definition is not implicitly capturing a large array or other "
+              "object in scope. Tip: use tray.put() to put large objects in the object "
+              "store, and pass the ref")
+    if len(blob) >= FUNCTION_SIZE_ERROR_BYTES:
+        raise ValueError(f"The {kind} {name} is too large ({size_mib} MiB > "
+                         f"FUNCTION_SIZE_ERROR_THRESHOLD="
+                         f"{FUNCTION_SIZE_ERROR_BYTES // (1024 * 1024)} MiB). {advice}.")
+    if len(blob) > FUNCTION_SIZE_WARN_BYTES:
+        logger.warning("The %s %s is very large (%d MiB). %s.", kind, name, size_mib, advice)
 
 
 class RemoteFunction:
     """What ``@tray.remote`` makes of a function."""
 
     def __init__(self, function, options: dict) -> None:
+        if inspect.iscoroutinefunction(function):
+            raise ValueError(
+                f"'async def' should not be used for remote tasks ({function.__qualname__}): "
+                "wrap the async function with `asyncio.run(f())`, or make it a method of an "
+                "async actor")
         self._function = function
         self._options = opts.validate(dict(options), opts.TASK_OPTIONS, "a remote function")
         self._signature = _signature_of(function)
@@ -151,12 +184,12 @@ class RemoteFunction:
         return clone
 
     def remote(self, *args, **kwargs):
-        worker = get_worker()
         if self._signature is not None:
             try:
                 self._signature.bind(*args, **kwargs)
             except TypeError as error:
                 raise TypeError(f"{self._function.__name__}.remote(): {error}") from None
+        worker = get_worker()
         function_id, blob = self._export.get()
         options = self._options
         num_returns = options.get("num_returns", 1)
@@ -209,10 +242,34 @@ def _method_meta(cls) -> dict:
     meta = {}
     for name, member in inspect.getmembers(cls, inspect.isfunction):
         options = getattr(member, "__tray_method_options__", {})
+        signature = _signature_of(member)
+        if signature is not None and signature.parameters and \
+                not isinstance(inspect.getattr_static(cls, name, None), staticmethod):
+            # What a call passes: the parameters after self.
+            signature = signature.replace(parameters=list(signature.parameters.values())[1:])
         meta[name] = {"num_returns": options.get("num_returns", 1),
                       "concurrency_group": options.get("concurrency_group", ""),
-                      "signature": _signature_of(member)}
+                      "signature": signature}
     return meta
+
+
+def _portable_params(signature) -> tuple | None:
+    """A method's signature as plain data — (name, kind, has a default) per
+    parameter — that travels with the actor's metadata, so that a handle
+    anywhere (passed into a task, or from get_actor) checks the arguments
+    of a call at ``.remote()`` as the creator's handle does."""
+    if signature is None:
+        return None
+    return tuple((p.name, int(p.kind), p.default is not inspect.Parameter.empty)
+                 for p in signature.parameters.values())
+
+
+@functools.lru_cache(maxsize=1024)
+def _signature_from(params: tuple) -> inspect.Signature:
+    return inspect.Signature([
+        inspect.Parameter(name, inspect._ParameterKind(kind),
+                          default=None if has_default else inspect.Parameter.empty)
+        for name, kind, has_default in params])
 
 
 class ActorClass:
@@ -221,7 +278,7 @@ class ActorClass:
     def __init__(self, cls, options: dict) -> None:
         self._cls = cls
         self._options = opts.validate(dict(options), opts.ACTOR_OPTIONS, "an actor class")
-        self._export = _Export(cls)
+        self._export = _Export(cls, "actor")
         self.__name__ = cls.__name__
         self.__qualname__ = cls.__qualname__
         self.__doc__ = cls.__doc__
@@ -238,18 +295,19 @@ class ActorClass:
         return clone
 
     def remote(self, *args, **kwargs) -> ActorHandle:
-        worker = get_worker()
         init_signature = _signature_of(self._cls)
         if init_signature is not None:
             try:
                 init_signature.bind(*args, **kwargs)
             except TypeError as error:
                 raise TypeError(f"{self._cls.__name__}.remote(): {error}") from None
+        worker = get_worker()
         function_id, blob = self._export.get()
         options = self._options
         namespace = options.get("namespace") or _namespace()
         meta = {name: {"num_returns": m["num_returns"],
-                       "concurrency_group": m["concurrency_group"]}
+                       "concurrency_group": m["concurrency_group"],
+                       "params": _portable_params(m["signature"])}
                 for name, m in _method_meta(self._cls).items()}
         groups = options.get("concurrency_groups") or {}
         for name, m in meta.items():
@@ -307,10 +365,10 @@ class ActorMethod:
     def remote(self, *args, **kwargs):
         worker = get_worker()
         handle = self._handle
-        signature = (handle._signatures or {}).get(self._name)
+        signature = handle._signature_of(self._name)
         if signature is not None:
             try:
-                signature.bind(None, *args, **kwargs)
+                signature.bind(*args, **kwargs)
             except TypeError as error:
                 raise TypeError(f"{self._name}.remote(): {error}") from None
         retries = self._max_task_retries
@@ -349,6 +407,15 @@ class ActorHandle:
         return ActorMethod(self, name, meta["num_returns"],
                            concurrency_group=meta.get("concurrency_group", ""))
 
+    def _signature_of(self, method: str):
+        """The method's signature: the class's own where this handle was made
+        from it, else rebuilt from the actor's metadata (a handle passed into
+        a task, or from get_actor); None when unknown."""
+        if self._signatures is not None and method in self._signatures:
+            return self._signatures[method]
+        params = self._method_meta.get(method, {}).get("params")
+        return _signature_from(params) if params is not None else None
+
     def __reduce__(self):
         return (ActorHandle, (self._actor_id, self._class_name, self._method_meta,
                               self._max_task_retries, None, self._max_pending_calls))
@@ -363,6 +430,19 @@ class ActorHandle:
         return hash(self._actor_id)
 
 
+class RemoteDecoratorError(TypeError, AssertionError):
+    """``@tray.remote`` used with positional arguments or empty parentheses.
+    Ray raises AssertionError with this advice; tray's error is also a
+    TypeError (what a misused decorator raises in Python) so both catch it."""
+
+
+_REMOTE_ADVICE = (
+    "The @tray.remote decorator must be applied either with no arguments and no parentheses, "
+    "for example '@tray.remote', or it must be applied using some of the arguments in the "
+    "list {options}, for example '@tray.remote(num_returns=2, "
+    "resources={{\"CustomResource\": 1}})'.")
+
+
 def remote(*args, **options):
     """``@tray.remote`` or ``@tray.remote(num_cpus=..., ...)`` on a function
     or class."""
@@ -375,8 +455,9 @@ def remote(*args, **options):
 
     if len(args) == 1 and not options and callable(args[0]):
         return decorate(args[0])
-    if args:
-        raise TypeError("@tray.remote takes keyword options only, e.g. @tray.remote(num_cpus=2)")
+    if args or not options:
+        raise RemoteDecoratorError(_REMOTE_ADVICE.format(
+            options=sorted(opts.TASK_OPTIONS | opts.ACTOR_OPTIONS)))
     return decorate
 
 

@@ -1,9 +1,14 @@
 """Validation of ``@tray.remote(...)`` / ``.options(...)`` arguments.
 
-Every unknown option or invalid value raises ValueError naming it, at the
-call site, as Ray does. Every option accepted here does something; Ray's
-options tray does not support yet are rejected with the reason
-(``NOT_YET``), never accepted and ignored."""
+Errors follow Ray's rules (``ray/_private/ray_option_utils.py``), at the
+call site: an unknown option raises ValueError naming it; a value of the
+wrong type raises TypeError; a value of the right type that is out of range
+raises ValueError. tray is stricter than Ray in a few places, always with
+the same split: a bool is not a number here (TypeError), and an empty name,
+``max_concurrency=0`` or an unknown scheduling strategy string are refused
+at once (ValueError) rather than when the task runs. Every option accepted
+here does something; Ray's options tray does not support yet are rejected
+with the reason (``NOT_YET``), never accepted and ignored."""
 
 from __future__ import annotations
 
@@ -35,29 +40,47 @@ METHOD_NOT_YET = {
 }
 
 
+def _wrong_type(name: str, value, expected: str) -> TypeError:
+    return TypeError(f"option {name} must be {expected}, but got a {type(value).__name__}: "
+                     f"{value!r}")
+
+
 def _non_negative_number(name: str, value) -> None:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or value < 0:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise _wrong_type(name, value, "a number")
+    if value < 0:
         raise ValueError(f"option {name} must be a non-negative number, got {value!r}")
 
 
 def _int_at_least(name: str, value, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _wrong_type(name, value, "an integer")
+    if value < minimum:
         raise ValueError(f"option {name} must be an integer >= {minimum}, got {value!r}")
 
 
+def _string(name: str, value, *, empty_ok: bool = True) -> None:
+    if not isinstance(value, str):
+        raise _wrong_type(name, value, "a string")
+    if not value and not empty_ok:
+        raise ValueError(f"option {name} must be a non-empty string, got {value!r}")
+
+
 def validate(options: dict, allowed: set[str], what: str) -> dict:
+    """Check ``options`` for ``what``."""
     for name in options:
         if name not in allowed:
             raise ValueError(f"invalid option {name!r} for {what}; valid options are "
                              f"{', '.join(sorted(allowed))}")
+    for name in ("runtime_env", "_metadata"):
+        if options.get(name) is not None and not isinstance(options[name], dict):
+            raise _wrong_type(name, options[name], "a dict")
     not_yet = dict(NOT_YET, **(METHOD_NOT_YET if allowed is METHOD_OPTIONS else {}))
     for name, reason in not_yet.items():
         if options.get(name) not in (None, False, {}):
             raise NotImplementedError(f"option {name} of {what}: {reason}")
-    accelerator = options.get("accelerator_type")
-    if accelerator is not None and (not isinstance(accelerator, str) or not accelerator):
-        raise ValueError(f"option accelerator_type must be a non-empty string, got "
-                         f"{accelerator!r}")
+    if options.get("accelerator_type") is not None:
+        _string("accelerator_type", options["accelerator_type"], empty_ok=False)
     for name in ("num_cpus", "num_gpus", "memory"):
         if options.get(name) is not None:
             _non_negative_number(name, options[name])
@@ -67,50 +90,66 @@ def validate(options: dict, allowed: set[str], what: str) -> dict:
     resources = options.get("resources")
     if resources is not None:
         if not isinstance(resources, dict):
-            raise ValueError(f"option resources must be a dict, got {resources!r}")
+            raise _wrong_type("resources", resources, "a dict of resource name -> amount")
         for key, amount in resources.items():
+            if not isinstance(key, str):
+                raise _wrong_type("resources' keys", key, "a string")
             if key in ("CPU", "GPU", "memory"):
                 raise ValueError(f"use num_cpus/num_gpus/memory rather than resources[{key!r}]")
             _non_negative_number(f"resources[{key!r}]", amount)
     if "num_returns" in options:
+        if options["num_returns"] in ("dynamic", "streaming"):
+            raise NotImplementedError(f"option num_returns={options['num_returns']!r} of "
+                                      f"{what}: generator tasks are not supported yet")
         _int_at_least("num_returns", options["num_returns"], 0)
-    if options.get("max_retries") is not None:
-        _int_at_least("max_retries", options["max_retries"], -1)
-    if options.get("max_restarts") is not None:
-        _int_at_least("max_restarts", options["max_restarts"], -1)
-    if options.get("max_task_retries") is not None:
-        _int_at_least("max_task_retries", options["max_task_retries"], -1)
-    if options.get("max_pending_calls") is not None:
-        _int_at_least("max_pending_calls", options["max_pending_calls"], -1)
-        if options["max_pending_calls"] == 0:
-            raise ValueError("option max_pending_calls must be -1 (no limit) or positive, got 0")
+    for name in ("max_retries", "max_restarts", "max_task_retries", "max_pending_calls"):
+        if options.get(name) is not None:
+            _int_at_least(name, options[name], -1)  # -1: no limit
+    if options.get("max_pending_calls") == 0:
+        raise ValueError("option max_pending_calls must be -1 (no limit) or positive, got 0")
     groups = options.get("concurrency_groups")
     if groups is not None:
-        if not isinstance(groups, dict) or not all(
-                isinstance(name, str) and name and not isinstance(limit, bool) and
-                isinstance(limit, int) and limit >= 1 for name, limit in groups.items()):
+        if not isinstance(groups, dict):
+            raise _wrong_type("concurrency_groups", groups, "a dict of group name -> limit")
+        if not all(isinstance(name, str) and name and not isinstance(limit, bool) and
+                   isinstance(limit, int) and limit >= 1 for name, limit in groups.items()):
             raise ValueError(f"option concurrency_groups must map group names to positive "
                              f"integers, got {groups!r}")
-    group = options.get("concurrency_group")
-    if group is not None and (not isinstance(group, str) or not group):
-        raise ValueError(f"option concurrency_group must be a non-empty string, got {group!r}")
+    if options.get("concurrency_group") is not None:
+        _string("concurrency_group", options["concurrency_group"], empty_ok=False)
     if options.get("max_concurrency") is not None:
         _int_at_least("max_concurrency", options["max_concurrency"], 1)
     retry = options.get("retry_exceptions")
     if retry is not None and not isinstance(retry, bool):
-        if not isinstance(retry, (list, tuple)) or not all(
-                isinstance(c, type) and issubclass(c, BaseException) for c in retry):
+        if not isinstance(retry, (list, tuple)):
+            raise _wrong_type("retry_exceptions", retry, "a bool or a list of exception classes")
+        if not all(isinstance(c, type) and issubclass(c, Exception) for c in retry):
             raise ValueError("option retry_exceptions must be a bool or a list of exception "
                              f"classes, got {retry!r}")
     lifetime = options.get("lifetime")
-    if lifetime is not None and lifetime not in ("detached", "non_detached"):
-        raise ValueError(f"option lifetime must be 'detached' or 'non_detached', got {lifetime!r}")
-    for name in ("name", "namespace"):
-        value = options.get(name)
-        if value is not None and (not isinstance(value, str) or (name == "name" and not value)):
-            raise ValueError(f"option {name} must be a non-empty string, got {value!r}")
-    if "scheduling_strategy" in options:
-        to_strategy(options["scheduling_strategy"])
+    if lifetime is not None:
+        _string("lifetime", lifetime)
+        if lifetime not in ("detached", "non_detached"):
+            raise ValueError(f"option lifetime must be 'detached' or 'non_detached', got "
+                             f"{lifetime!r}")
+    if options.get("name") is not None:
+        _string("name", options["name"], empty_ok=False)
+    if options.get("namespace") is not None:
+        _string("namespace", options["namespace"])
+    if options.get("get_if_exists") is not None:
+        if not isinstance(options["get_if_exists"], bool):
+            raise _wrong_type("get_if_exists", options["get_if_exists"], "a bool")
+        if options["get_if_exists"] and not options.get("name"):
+            raise ValueError("The actor name must be specified to use get_if_exists: "
+                             ".options(name=..., get_if_exists=True)")
+    if options.get("scheduling_strategy") is not None:
+        strategy = options["scheduling_strategy"]
+        if not isinstance(strategy, str) and \
+                not type(strategy).__name__.endswith("SchedulingStrategy"):
+            raise _wrong_type("scheduling_strategy", strategy,
+                              "'DEFAULT', 'SPREAD' or a tray.util.scheduling_strategies "
+                              "strategy")
+        to_strategy(strategy)
     return options
 
 
