@@ -287,6 +287,19 @@ class ActorClass:
         raise TypeError(f"Actors cannot be instantiated directly. Instead of "
                         f"'{self._cls.__name__}()', use '{self._cls.__name__}.remote()'.")
 
+    def __getattr__(self, name: str):
+        """The user's class's attributes (class attributes, static and class
+        methods) through the actor class, as Ray's ActorClass (which derives
+        from the user's class) has them: inside an actor's method the class's
+        name is this object, and ``MyActor.LIMIT`` must work there."""
+        cls = self.__dict__.get("_cls")
+        if cls is None or name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(cls, name)
+
+    def __dir__(self):
+        return sorted(set(super().__dir__()) | set(dir(self._cls)))
+
     def options(self, **options) -> ActorClass:
         merged = dict(self._options)
         merged.update(opts.validate(options, opts.ACTOR_OPTIONS, "an actor class"))
@@ -415,6 +428,9 @@ class ActorHandle:
             return self._signatures[method]
         params = self._method_meta.get(method, {}).get("params")
         return _signature_from(params) if params is not None else None
+
+    def __dir__(self):
+        return sorted(name for name in self._method_meta if not name.startswith("__"))
 
     def __reduce__(self):
         return (ActorHandle, (self._actor_id, self._class_name, self._method_meta,
