@@ -5,10 +5,12 @@ also run as a deterministic simulation (``tray.init(backend="sim", seed=N)``).""
 
 from . import backends as _backends  # registers the backends
 from . import exceptions as exceptions
+from . import job_config as job_config
 from . import util as util
 from .core.api import ActorClass as ActorClass
 from .core.api import ActorHandle as ActorHandle
 from .core.api import RemoteFunction as RemoteFunction
+from .core.api import TrayContext as TrayContext
 from .core.api import available_resources as available_resources
 from .core.api import cancel as cancel
 from .core.api import cluster_resources as cluster_resources
@@ -27,14 +29,16 @@ from .core.api import shutdown as shutdown
 from .core.api import wait as wait
 from .core.object_ref import ObjectRef as ObjectRef
 
+ObjectID = ObjectRef  # Ray's old name for it, still exported by ray
+
 __version__ = "0.1.0"
 
 # Show public names in tracebacks and reprs (as trio does).
-for _name in ("ObjectRef", "ActorHandle", "ActorClass", "RemoteFunction"):
+for _name in ("ObjectRef", "ActorHandle", "ActorClass", "RemoteFunction", "TrayContext"):
     globals()[_name].__module__ = "tray"
 del _name, _backends
 
 __all__ = ["init", "shutdown", "is_initialized", "remote", "method", "get", "put", "wait",
            "cancel", "kill", "get_actor", "nodes", "cluster_resources", "available_resources",
-           "get_gpu_ids", "get_runtime_context", "ObjectRef", "ActorHandle", "exceptions",
-           "util", "__version__"]
+           "get_gpu_ids", "get_runtime_context", "ObjectRef", "ObjectID", "ActorHandle",
+           "TrayContext", "exceptions", "job_config", "util", "__version__"]

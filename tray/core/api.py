@@ -12,6 +12,8 @@ import importlib
 import inspect
 import logging
 import numbers
+import sys
+from collections.abc import Mapping
 
 import cloudpickle
 import greenback
@@ -54,17 +56,71 @@ def _block(worker, async_fn, *args):
 
 # ============================================================ init/shutdown
 
+class TrayContext(Mapping):
+    """What ``tray.init()`` returns, as Ray's ``RayContext``: the cluster's
+    ``address_info`` (``ctx["address"]`` reads it too), its
+    ``dashboard_url`` (``None``: tray has no dashboard yet), and a context
+    manager that shuts the cluster down on exit::
+
+        with tray.init(backend="sim") as ctx:
+            ...
+
+    The keys of ``address_info`` are Ray's where tray has the thing
+    (``address``, ``gcs_address``, ``node_id``, ``session_dir``,
+    ``webui_url``) plus tray's own (``backend``; ``seed`` and ``num_nodes``
+    in the simulator)."""
+
+    def __init__(self, address_info: dict) -> None:
+        self.address_info = address_info
+        self.dashboard_url = None
+        self.python_version = "{}.{}.{}".format(*sys.version_info[:3])
+        from .. import __version__
+        self.tray_version = __version__
+
+    def __getitem__(self, key):
+        return self.address_info[key]
+
+    def __iter__(self):
+        return iter(self.address_info)
+
+    def __len__(self) -> int:
+        return len(self.address_info)
+
+    def __enter__(self) -> TrayContext:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        shutdown()
+
+    def disconnect(self) -> None:
+        shutdown()
+
+    def __repr__(self) -> str:
+        return f"TrayContext({self.address_info!r})"
+
+
+def _context_of(runtime) -> TrayContext:
+    gcs_address = runtime.driver.env.gcs_address
+    info = {"address": gcs_address, "gcs_address": gcs_address,
+            "node_id": runtime.driver.node_id, "session_dir": None, "webui_url": None,
+            **runtime.info}
+    return TrayContext(info)
+
+
 def init(address: str | None = None, *, backend: str | None = None, num_cpus=None,
          num_gpus=None, resources: dict | None = None, namespace: str | None = None,
-         ignore_reinit_error: bool = False, **backend_options):
-    """Start (or connect to) a cluster and make this process its driver.
+         ignore_reinit_error: bool = False, job_config=None, **backend_options):
+    """Start (or connect to) a cluster and make this process its driver;
+    returns a ``TrayContext``.
 
     ``backend="local"`` (the default) runs real processes on this machine;
     ``backend="sim"`` runs a simulated cluster in this process on virtual
-    time (options: ``seed``, ``num_nodes``, fault settings)."""
+    time (options: ``seed``, ``num_nodes``, fault settings). ``job_config``
+    is a ``tray.job_config.JobConfig``; ``namespace`` overrides its
+    ``ray_namespace``, as in Ray."""
     if _global_state["runtime"] is not None:
         if ignore_reinit_error:
-            return _global_state["runtime"].info
+            return _context_of(_global_state["runtime"])
         raise RuntimeError("tray.init() was already called; call tray.shutdown() first "
                            "or pass ignore_reinit_error=True")
     backend = backend or "local"
@@ -79,6 +135,15 @@ def init(address: str | None = None, *, backend: str | None = None, num_cpus=Non
         opts.validate({"resources": resources}, {"resources"}, "init()")
     if namespace is not None:
         opts._string("namespace", namespace)
+    if job_config is not None:
+        from ..job_config import JobConfig
+
+        if not isinstance(job_config, JobConfig):
+            raise TypeError(f"job_config must be a tray.job_config.JobConfig, got "
+                            f"{type(job_config).__name__}")
+        job_config.check_supported()
+        if namespace is None:
+            namespace = job_config.ray_namespace
     module_name, _, function_name = _backends[backend].partition(":")
     start = getattr(importlib.import_module(module_name), function_name)
     runtime = start(address=address, num_cpus=num_cpus, num_gpus=num_gpus,
@@ -87,7 +152,7 @@ def init(address: str | None = None, *, backend: str | None = None, num_cpus=Non
     runtime.driver.driver_context.namespace = runtime.namespace
     _global_state["runtime"] = runtime
     _global_state["driver"] = runtime.driver
-    return runtime.info
+    return _context_of(runtime)
 
 
 def shutdown() -> None:
@@ -157,6 +222,19 @@ def _check_pickled_size(blob: bytes, kind: str, name: str) -> None:
         logger.warning("The %s %s is very large (%d MiB). %s.", kind, name, size_mib, advice)
 
 
+class _LimitedCalls:
+    """What a ``max_calls`` function is exported as: the function, with the
+    limit the executing worker reads (``__tray_max_calls__``) to exit after
+    that many calls of it."""
+
+    def __init__(self, function, max_calls: int) -> None:
+        self.function = function
+        self.__tray_max_calls__ = max_calls
+
+    def __call__(self, *args, **kwargs):
+        return self.function(*args, **kwargs)
+
+
 class RemoteFunction:
     """What ``@tray.remote`` makes of a function."""
 
@@ -169,7 +247,8 @@ class RemoteFunction:
         self._function = function
         self._options = opts.validate(dict(options), opts.TASK_OPTIONS, "a remote function")
         self._signature = _signature_of(function)
-        self._export = _Export(function)
+        max_calls = self._options.get("max_calls") or 0
+        self._export = _Export(_LimitedCalls(function, max_calls) if max_calls else function)
         functools.update_wrapper(self, function)
 
     def __call__(self, *args, **kwargs):
@@ -178,7 +257,8 @@ class RemoteFunction:
 
     def options(self, **options) -> RemoteFunction:
         merged = dict(self._options)
-        merged.update(opts.validate(options, opts.TASK_OPTIONS, "a remote function"))
+        merged.update(opts.validate(options, opts.TASK_OPTIONS, "a remote function",
+                                    in_options=True))
         clone = RemoteFunction(self._function, merged)
         clone._export = self._export
         return clone
@@ -205,6 +285,12 @@ class RemoteFunction:
                 max_retries=3 if max_retries is None else max_retries,
                 retry_exceptions=options.get("retry_exceptions") or False)
         return _returns(_in_loop(worker, submit), num_returns)
+
+    def _remote(self, args=None, kwargs=None, **options):
+        """Ray's lower-level submission: ``f._remote(args=[...], kwargs={...},
+        **options)`` is ``f.options(**options).remote(*args, **kwargs)``."""
+        target = self.options(**options) if options else self
+        return target.remote(*(args or ()), **(kwargs or {}))
 
     def __reduce__(self):
         return (RemoteFunction, (self._function, self._options))
@@ -344,6 +430,12 @@ class ActorClass:
                            info.max_task_retries, _signatures(self._cls),
                            info.max_pending_calls)
 
+    def _remote(self, args=None, kwargs=None, **options) -> ActorHandle:
+        """Ray's lower-level creation: ``A._remote(args=[...], kwargs={...},
+        **options)`` is ``A.options(**options).remote(*args, **kwargs)``."""
+        target = self.options(**options) if options else self
+        return target.remote(*(args or ()), **(kwargs or {}))
+
     def __reduce__(self):
         return (ActorClass, (self._cls, self._options))
 
@@ -374,6 +466,11 @@ class ActorMethod:
                            options.get("max_task_retries", self._max_task_retries),
                            options.get("name", self._display_name),
                            options.get("concurrency_group", self._concurrency_group))
+
+    def _remote(self, args=None, kwargs=None, **options):
+        """``m._remote(args=[...], kwargs={...}, **options)``, as Ray's."""
+        target = self.options(**options) if options else self
+        return target.remote(*(args or ()), **(kwargs or {}))
 
     def remote(self, *args, **kwargs):
         worker = get_worker()

@@ -18,7 +18,7 @@ from .scheduling import Strategy
 
 TASK_OPTIONS = {"num_cpus", "num_gpus", "resources", "memory", "num_returns", "max_retries",
                 "retry_exceptions", "scheduling_strategy", "name", "runtime_env",
-                "accelerator_type", "_metadata"}
+                "accelerator_type", "_metadata", "max_calls"}
 ACTOR_OPTIONS = {"num_cpus", "num_gpus", "resources", "memory", "max_restarts",
                  "max_task_retries", "max_concurrency", "name", "namespace", "lifetime",
                  "get_if_exists", "scheduling_strategy", "runtime_env", "accelerator_type",
@@ -66,12 +66,16 @@ def _string(name: str, value, *, empty_ok: bool = True) -> None:
         raise ValueError(f"option {name} must be a non-empty string, got {value!r}")
 
 
-def validate(options: dict, allowed: set[str], what: str) -> dict:
-    """Check ``options`` for ``what``."""
+def validate(options: dict, allowed: set[str], what: str, *, in_options: bool = False) -> dict:
+    """Check ``options`` for ``what``; ``in_options``: they come from
+    ``.options()`` (which cannot set ``max_calls``, as in Ray)."""
     for name in options:
         if name not in allowed:
             raise ValueError(f"invalid option {name!r} for {what}; valid options are "
                              f"{', '.join(sorted(allowed))}")
+    if in_options and "max_calls" in options:
+        raise ValueError("Setting 'max_calls' is not supported in '.options()': set it in "
+                         "@tray.remote(max_calls=...)")
     for name in ("runtime_env", "_metadata"):
         if options.get(name) is not None and not isinstance(options[name], dict):
             raise _wrong_type(name, options[name], "a dict")
@@ -119,6 +123,8 @@ def validate(options: dict, allowed: set[str], what: str) -> dict:
         _string("concurrency_group", options["concurrency_group"], empty_ok=False)
     if options.get("max_concurrency") is not None:
         _int_at_least("max_concurrency", options["max_concurrency"], 1)
+    if options.get("max_calls") is not None:
+        _int_at_least("max_calls", options["max_calls"], 0)  # 0: no limit
     retry = options.get("retry_exceptions")
     if retry is not None and not isinstance(retry, bool):
         if not isinstance(retry, (list, tuple)):

@@ -38,6 +38,10 @@ from .function_table import FunctionTable
 from .object_getter import ObjectGetter
 from .reference_counter import ReferenceCounter
 
+# How long a worker that reached a function's max_calls lives on after its
+# last reply, so that the reply is out before the process ends.
+RETIRE_GRACE_S = 0.05
+
 
 class _ArgumentError(Exception):
     """An argument of the task was an error; it propagates unchanged."""
@@ -113,13 +117,50 @@ class TaskReceiver:
         # task id -> scope of the task running it: at most one per trio task
         # running user code (one, or max_concurrency for an actor).
         self.running: dict[bytes, trio.CancelScope] = {}
+        # max_calls: calls run per function id (one entry per distinct
+        # function with max_calls: bounded by the program's code), and
+        # whether this worker is exiting for having reached one.
+        self._calls: dict[str, int] = {}
+        self._retiring = False
 
     async def handle_push_task(self, conn, spec: TaskSpec, gpu_ids: list) -> TaskReply:
+        if self._retiring:
+            # This worker ran its last call under max_calls and is about to
+            # exit; it runs nothing more (the owner retries the task elsewhere).
+            self._exit_process()
+            await trio.sleep_forever()
         context = TaskContext(TaskID(spec.task_id), gpu_ids=gpu_ids, name=spec.name,
                               job_id=spec.job_id, namespace=spec.namespace,
                               placement_group=_group_of(spec.strategy))
-        return await self.execute(spec, context,
-                                  lambda: self._functions.load(spec.function_id))
+        loaded: list = []
+
+        async def load():
+            loaded.append(await self._functions.load(spec.function_id))
+            return loaded[0]
+
+        reply = await self.execute(spec, context, load)
+        max_calls = getattr(loaded[0], "__tray_max_calls__", 0) if loaded else 0
+        if max_calls:
+            self._count_call(spec, max_calls)
+        return reply
+
+    def _count_call(self, spec: TaskSpec, max_calls: int) -> None:
+        """``@tray.remote(max_calls=N)``: after its N-th call of that
+        function, this worker exits (releasing its resources), as Ray's does.
+        It exits a short grace period after replying, so that the reply gets
+        out first."""
+        calls = self._calls.get(spec.function_id, 0) + 1
+        self._calls[spec.function_id] = calls
+        if calls >= max_calls and not self._retiring and self._exit_process is not None:
+            self._retiring = True
+            self._tracer.record(self._name, "max_calls_reached", task=spec.task_id,
+                                calls=calls)
+
+            async def retire() -> None:
+                await trio.sleep(RETIRE_GRACE_S)
+                self._exit_process()
+
+            self._endpoint.nursery.start_soon(retire)
 
     async def handle_cancel_task(self, conn, task_id: bytes, force: bool, recursive: bool) -> None:
         if recursive:
