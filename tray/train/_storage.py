@@ -6,7 +6,7 @@ and the collector's rename of a staging directory into ``checkpoint_NNNNNN``
 
 * ``checkpoint_NNNNNN/``: the checkpoints, numbered in report order across
   attempts; with ``CheckpointConfig.num_to_keep`` the others are deleted
-  as new ones arrive (the latest always stays: restarts resume from it);
+  as new ones arrive (the latest always stays too: restarts resume from it);
 * ``result.json``: a JSON line per report (rank 0's metrics, plus
   ``training_iteration``, ``time_this_iter_s``, ``time_total_s``,
   ``attempt``, ``checkpoint_dir_name``), readable with pandas;
@@ -125,14 +125,17 @@ class RunStorage:
         return (True, signed, record.index)
 
     def _prune(self) -> None:
+        """Keep the ``num_to_keep`` best; the latest stays too, even when it is
+        not among them (then one more is on storage), as in Ray."""
         keep = self.config.num_to_keep
-        if keep is None:
+        if keep is None or len(self.kept) <= keep:
             return
-        while len(self.kept) > keep:
-            candidates = [r for r in self.kept if r is not self.latest]
-            worst = min(candidates, key=self._score)
-            self.kept.remove(worst)
-            shutil.rmtree(worst.path, ignore_errors=True)
+        ranked = sorted(self.kept, key=self._score)  # worst first
+        for record in ranked[:len(ranked) - keep]:
+            if record is self.latest:
+                continue
+            self.kept.remove(record)
+            shutil.rmtree(record.path, ignore_errors=True)
 
     def best_checkpoints(self) -> list[tuple[Checkpoint, dict]]:
         """The kept checkpoints with their metrics, worst to best (oldest to
