@@ -426,3 +426,105 @@ def test_a_run_with_a_crash_replays_exactly(tmp_path):
     first = run_with_a_crash(5, str(tmp_path / "a"))
     second = run_with_a_crash(5, str(tmp_path / "b"))
     assert first == second  # the same virtual times, the same trace
+
+
+# ================================================================ Tune
+
+
+def test_a_trainer_is_a_tune_trainable(tmp_path):
+    from tray import tune
+
+    tray.init(backend="sim", num_nodes=2, num_cpus=4, seed=8)
+    base = trainer(counting_loop, tmp_path / "unused", max_failures=1,
+                   config={"steps": 3, "kill_rank": 1, "kill_at": 2, "step_s": 0.05})
+    tuner = tune.Tuner(
+        base, param_space={"train_loop_config": {"steps": tune.grid_search([3, 5])}},
+        tune_config=tune.TuneConfig(metric="step", mode="max"),
+        run_config=tune.RunConfig(name="tune", storage_path=str(tmp_path), verbose=0,
+                                  stop={"training_iteration": 4}))
+    grid = tuner.fit()
+    assert len(grid) == 2
+    assert not grid.errors
+    by_steps = {r.config["train_loop_config"]["steps"]: r for r in grid}
+    # Each trial ran the trainer, killed worker and restart included; its reports
+    # are the trial's results and its checkpoints Tune's.
+    assert by_steps[3].metrics["step"] == 3
+    assert read_state(by_steps[3].checkpoint) == 3
+    # The stopper ended the 5-step trial after 4 results: the trainer's workers
+    # went with it.
+    assert by_steps[5].metrics["step"] == 4
+    assert grid.get_best_result().config == {"train_loop_config": {"steps": 5}}
+    states = [row["state"] for row in tray.util.placement_group_table().values()]
+    assert states and set(states) == {"REMOVED"}
+    # The trainer wrote its own run under the trial's directory: two attempts.
+    with open(os.path.join(by_steps[3].path, "train", "result.json"), encoding="utf-8") as f:
+        rows = [json.loads(line) for line in f]
+    assert [(r["step"], r["attempt"]) for r in rows] == [(1, 0), (2, 1), (3, 1)]
+    with pytest.raises(ValueError, match="takes 'train_loop_config' and 'scaling_config'"):
+        base._for_trial({"lr": 0.1})
+
+
+# ================================================================ torch on the simulator
+
+
+def torch_regression_loop(config):
+    import torch
+
+    from tray.train import torch as train_torch
+
+    torch.manual_seed(0)
+    x = torch.linspace(-1, 1, 64).unsqueeze(1)
+    dataset = torch.utils.data.TensorDataset(x, 3 * x + 1)
+    loader = train_torch.prepare_data_loader(
+        torch.utils.data.DataLoader(dataset, batch_size=16, shuffle=True))
+    model = train_torch.prepare_model(torch.nn.Linear(1, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.2)
+    for epoch in range(config["epochs"]):
+        total = 0.0
+        for inputs, targets in loader:
+            loss = torch.nn.functional.mse_loss(model(inputs), targets)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            total += loss.item()
+        train.report({"epoch": epoch, "loss": total / len(loader),
+                      "model": type(model).__name__,
+                      "device": str(train_torch.get_device())})
+
+
+def test_torch_trainer_on_the_simulator(sim, tmp_path):
+    from tray.train.torch import TorchTrainer
+
+    run_config = train.RunConfig(storage_path=str(tmp_path), verbose=0)
+    two = TorchTrainer(torch_regression_loop, train_loop_config={"epochs": 2},
+                       scaling_config=train.ScalingConfig(num_workers=2), run_config=run_config)
+    with pytest.raises(RuntimeError, match="cannot run on the simulated backend"):
+        two.fit()
+    # One worker needs no process group: it trains, unwrapped, on the CPU.
+    one = TorchTrainer(torch_regression_loop, train_loop_config={"epochs": 15},
+                       scaling_config=train.ScalingConfig(num_workers=1), run_config=run_config)
+    result = one.fit()
+    losses = list(result.metrics_dataframe["loss"])
+    assert losses[-1] < losses[0] / 20
+    assert result.metrics["model"] == "Linear"
+    assert result.metrics["device"] == "cpu"
+
+
+def test_torch_utilities_reject_what_they_cannot_prepare():
+    import torch
+
+    from tray.train import torch as train_torch
+
+    with pytest.raises(TypeError, match="torch.nn.Module"):
+        train_torch.prepare_model("model")
+    with pytest.raises(ValueError, match="no FSDP support"):
+        train_torch.prepare_model(torch.nn.Linear(1, 1), parallel_strategy="fsdp")
+    with pytest.raises(TypeError, match="DataLoader"):
+        train_torch.prepare_data_loader([1, 2])
+    with pytest.raises(ValueError, match="TorchConfig.backend"):
+        train_torch.TorchConfig(backend="mpi")
+    # Outside a worker: one worker's view, the loader keeps its sampler.
+    loader = train_torch.prepare_data_loader(torch.utils.data.DataLoader(list(range(8)),
+                                                                         batch_size=4))
+    assert [batch.tolist() for batch in loader] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert len(loader) == 2
