@@ -1,0 +1,178 @@
+"""The tray.train workload: a DataParallelTrainer run under the seed's faults.
+
+The training function keeps a running total, ``total += quality`` per step,
+resumed from its checkpoint, and reports ``total`` (rank 0's) with every
+step; every rank writes its own file into each checkpoint (a sharded
+checkpoint). So a group restarted from the wrong checkpoint, a checkpoint
+missing a rank's files, or a report lost or duplicated shows up as a wrong
+number. Reference model, checked against the ``Result`` and the run
+directory:
+
+* the run finishes (the failure budget is far above what the faults can
+  cause) with rank 0's last report at ``steps`` and ``total = quality * steps``;
+* every reported row has ``total == quality * step``; within an attempt the
+  steps are consecutive, and an attempt that reported starts right after
+  the step of the latest checkpoint reported before it (nothing lost,
+  nothing repeated beyond what the dead attempt did past its checkpoint);
+* ``num_restarts`` is at least the last attempt that reported;
+* on storage: only ``checkpoint_NNNNNN`` directories and ``result.json``
+  (no staging directories left), at most ``num_to_keep`` + 1 (the latest)
+  checkpoints, each holding the state of the row that named it and one file
+  per rank with that step; the ``Result``'s checkpoint is the latest one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import time
+
+import tray
+from tray import train
+
+
+def train_counter(config: dict) -> None:
+    context = train.get_context()
+    rank = context.get_world_rank()
+    step, total = 0, 0.0
+    checkpoint = train.get_checkpoint()
+    if checkpoint is not None:
+        with open(os.path.join(checkpoint.path, "state.json"), encoding="utf-8") as file:
+            state = json.load(file)
+        step, total = state["step"], state["total"]
+    while step < config["steps"]:
+        time.sleep(config["step_s"])
+        step += 1
+        total = round(total + config["quality"], 9)
+        with tempfile.TemporaryDirectory() as directory:
+            save = step % config["checkpoint_every"] == 0
+            if save:
+                if rank == 0:
+                    with open(os.path.join(directory, "state.json"), "w",
+                              encoding="utf-8") as file:
+                        json.dump({"step": step, "total": total}, file)
+                with open(os.path.join(directory, f"rank-{rank}.json"), "w",
+                          encoding="utf-8") as file:
+                    json.dump({"step": step}, file)
+            train.report({"step": step, "total": total,
+                          "world_size": context.get_world_size()},
+                         checkpoint=train.Checkpoint.from_directory(directory) if save else None)
+
+
+def _violation(invariant: str, message: str):
+    from .runner import InvariantViolation
+
+    return InvariantViolation(invariant, message)
+
+
+def train_data_parallel(program) -> None:
+    rng = program.rng
+    cpus = int(tray.cluster_resources().get("CPU", 1))
+    num_nodes = len(tray.nodes())
+    num_workers = rng.randint(1, max(1, min(3, cpus)))
+    strategies = ["PACK", "SPREAD"] + (["STRICT_SPREAD"] if num_workers <= num_nodes else [])
+    config = {"steps": rng.randint(4, 8), "step_s": rng.choice([0.03, 0.05, 0.08]),
+              "quality": round(rng.uniform(0.1, 1.0), 6),
+              "checkpoint_every": rng.choice([1, 1, 2])}
+    num_to_keep = rng.choice([None, 1, 2])
+    storage = tempfile.mkdtemp(prefix="tray-simtest-train-")
+    try:
+        trainer = train.DataParallelTrainer(
+            train_counter, train_loop_config=config,
+            scaling_config=train.ScalingConfig(num_workers=num_workers,
+                                               placement_strategy=rng.choice(strategies)),
+            run_config=train.RunConfig(
+                name="run", storage_path=storage, verbose=0,
+                failure_config=train.FailureConfig(max_failures=50),
+                checkpoint_config=train.CheckpointConfig(num_to_keep=num_to_keep)))
+        try:
+            result = trainer.fit()
+        except train.TrainingFailedError as error:
+            raise _violation("train-finishes", f"the run failed after {error.num_restarts} "
+                             f"restarts:\n{error}") from None
+        _check(result, config, num_workers, num_to_keep)
+    finally:
+        shutil.rmtree(storage, ignore_errors=True)
+
+
+def _check(result, config: dict, num_workers: int, num_to_keep) -> None:
+    steps, quality = config["steps"], config["quality"]
+    expected_total = round(quality * steps, 6)
+    if result.metrics is None or result.metrics["step"] != steps or \
+            round(result.metrics["total"], 6) != expected_total:
+        raise _violation("train-final-report", f"the run ended with {result.metrics}; the "
+                         f"model says step {steps}, total {expected_total}")
+    rows = result.metrics_dataframe.to_dict("records")
+    latest_step = 0  # the step of the latest checkpoint reported so far
+    previous = None
+    for row in rows:
+        where = f"report {row['training_iteration']} (attempt {row['attempt']}, step {row['step']})"
+        if round(row["total"], 6) != round(quality * row["step"], 6):
+            raise _violation("train-reports-match-model",
+                             f"{where} has total {row['total']}, the model says "
+                             f"{quality * row['step']} (restored from the wrong checkpoint?)")
+        if row["world_size"] != num_workers:
+            raise _violation("train-reports-match-model",
+                             f"{where}: world size {row['world_size']}, not {num_workers}")
+        if previous is None or row["attempt"] != previous["attempt"]:
+            if row["step"] != latest_step + 1:
+                raise _violation("train-resumes-from-latest-checkpoint",
+                                 f"{where} is the first of its attempt; the latest checkpoint "
+                                 f"before it was at step {latest_step}")
+            if previous is not None and row["attempt"] < previous["attempt"]:
+                raise _violation("train-attempts-in-order", f"{where} after attempt "
+                                 f"{previous['attempt']}")
+        elif row["step"] != previous["step"] + 1:
+            raise _violation("train-steps-consecutive",
+                             f"{where} follows step {previous['step']} in the same attempt")
+        if isinstance(row.get("checkpoint_dir_name"), str):
+            latest_step = row["step"]
+        previous = row
+    if result.num_restarts < rows[-1]["attempt"]:
+        raise _violation("train-restarts-counted", f"num_restarts={result.num_restarts} but "
+                         f"attempt {rows[-1]['attempt']} reported")
+    _check_storage(result, rows, num_workers, num_to_keep)
+
+
+def _check_storage(result, rows: list, num_workers: int, num_to_keep) -> None:
+    names = sorted(os.listdir(result.path))
+    stray = [n for n in names if not n.startswith("checkpoint_") and n != "result.json"]
+    if stray:
+        raise _violation("train-storage-clean", f"the run directory holds {stray}")
+    kept = [n for n in names if n.startswith("checkpoint_")]
+    if num_to_keep is not None and len(kept) > num_to_keep + 1:
+        raise _violation("train-num-to-keep", f"{len(kept)} checkpoints on storage with "
+                         f"num_to_keep={num_to_keep}: {kept}")
+    named = {row["checkpoint_dir_name"]: row for row in rows
+             if isinstance(row.get("checkpoint_dir_name"), str)}
+    for name in kept:
+        row = named.get(name)
+        if row is None:
+            raise _violation("train-checkpoints-reported", f"{name} is on storage but no "
+                             f"report names it")
+        path = os.path.join(result.path, name)
+        with open(os.path.join(path, "state.json"), encoding="utf-8") as file:
+            state = json.load(file)
+        if state["step"] != row["step"]:
+            raise _violation("train-checkpoints-match-reports",
+                             f"{name} holds step {state['step']}, reported at step {row['step']}")
+        for rank in range(num_workers):
+            try:
+                with open(os.path.join(path, f"rank-{rank}.json"), encoding="utf-8") as file:
+                    shard = json.load(file)
+            except FileNotFoundError:
+                raise _violation("train-checkpoints-hold-every-rank",
+                                 f"{name} has no file from rank {rank}") from None
+            if shard["step"] != row["step"]:
+                raise _violation("train-checkpoints-hold-every-rank",
+                                 f"{name}: rank {rank}'s file is from step {shard['step']}")
+    latest = max(named) if named else None
+    actual = os.path.basename(result.checkpoint.path) if result.checkpoint else None
+    if actual != latest or (latest is not None and latest not in kept):
+        raise _violation("train-latest-checkpoint", f"the result's checkpoint is {actual}; "
+                         f"the latest reported is {latest} (on storage: {kept})")
+
+
+WORKLOADS = {"train": train_data_parallel}
