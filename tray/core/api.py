@@ -7,6 +7,8 @@ greenback, never a thread."""
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextlib
 import functools
 import importlib
 import inspect
@@ -18,6 +20,7 @@ from collections.abc import Mapping
 import cloudpickle
 import greenback
 import trio
+import trio._core._run as _trio_run
 
 from . import options as opts
 from .context import _global_state, current_task, current_worker, get_worker
@@ -42,7 +45,8 @@ def _in_loop(worker, fn, *args):
     if worker.bridge.in_worker_thread():
         return trio.from_thread.run_sync(fn, *args)
     if worker.in_user_thread():
-        return _global_state["runtime"].run_sync(fn, *args)
+        with _outside_users_trio_run(worker):
+            return _global_state["runtime"].run_sync(fn, *args)
     return fn(*args)
 
 
@@ -50,8 +54,44 @@ def _block(worker, async_fn, *args):
     if worker.bridge.in_worker_thread():
         return trio.from_thread.run(async_fn, *args)
     if worker.in_user_thread():
-        return _global_state["runtime"].run(async_fn, *args)
+        with _outside_users_trio_run(worker):
+            return _global_state["runtime"].run(async_fn, *args)
     return greenback.await_(async_fn(*args))
+
+
+@contextlib.contextmanager
+def _outside_users_trio_run(worker):
+    """The driver's code may run inside a trio run of its own: ``asyncio.run``
+    does once trio-asyncio is imported (it makes its SyncTrioEventLoop
+    asyncio's default, and async actors import it), and so does a user's
+    ``trio.run``. A blocking call from there must not look like code on a
+    trio loop: the local backend's ``trio.from_thread`` would refuse it, and
+    the simulator's steps, which run in this thread, would clobber that
+    run's state. So the thread's trio run state (``GLOBAL_RUN_CONTEXT``, a
+    private name of trio's, as the simulator uses others) is set aside for
+    the call and put back after."""
+    if not trio.lowlevel.in_trio_run() or \
+            trio.lowlevel.current_root_task() is _root_task(worker.bridge.nursery):
+        yield  # no run, or the simulator's own (its loop runs in this thread)
+        return
+    state = _trio_run.GLOBAL_RUN_CONTEXT
+    saved = dict(vars(state))
+    for name in saved:
+        delattr(state, name)
+    try:
+        yield
+    finally:
+        for name in list(vars(state)):
+            delattr(state, name)
+        for name, value in saved.items():
+            setattr(state, name, value)
+
+
+def _root_task(nursery):
+    task = nursery.parent_task
+    while task.parent_nursery is not None:
+        task = task.parent_nursery.parent_task
+    return task
 
 
 # ============================================================ init/shutdown
@@ -642,6 +682,124 @@ def cancel(object_ref: ObjectRef, *, force: bool = False, recursive: bool = True
     if not isinstance(object_ref, ObjectRef):
         raise TypeError(f"cancel() expects an ObjectRef, got {type(object_ref).__name__}")
     _block(worker, worker.cancel_async, object_ref, force, recursive)
+
+
+# ================================================================= futures
+# ``ref.future()`` (a concurrent.futures.Future), ``ref.as_future()`` and
+# ``await ref`` from asyncio code in the driver, as Ray's. A task on the
+# worker's own loop waits for the object (as ``get`` would) and resolves
+# the future there: on the local backend the loop has a thread of its own,
+# so the future completes by itself; in the simulator the loop runs in the
+# user's thread only while something runs the simulation — any blocking
+# tray call, the driver's ``time.sleep``, the future's own ``result()`` /
+# ``exception()``, or an ``await`` of the ref (which runs it in slices of
+# virtual time, letting the driver's other asyncio tasks run between them).
+
+# Virtual seconds the simulator runs per slice while asyncio code awaits a ref.
+AWAIT_SLICE_S = 1.0
+
+
+class ObjectRefFuture(concurrent.futures.Future):
+    """The future of one ObjectRef. Cancelling it does not cancel the task,
+    and ``running()`` is always False, as in Ray. Its callbacks run on
+    tray's event loop: they must not block (no ``tray.get`` in them)."""
+
+    def __init__(self, ref: ObjectRef, worker) -> None:
+        super().__init__()
+        self.object_ref = ref  # holds the object while the future lives, as Ray's
+        self._worker = worker
+        self._resolved = trio.Event()  # set on the worker's loop
+
+    def result(self, timeout=None):
+        if self._run_until_done(timeout):
+            timeout = 0  # it ran here: nothing else will complete it meanwhile
+        return super().result(timeout)
+
+    def exception(self, timeout=None):
+        if self._run_until_done(timeout):
+            timeout = 0
+        return super().exception(timeout)
+
+    def _run_until_done(self, timeout) -> bool:
+        """Where no other thread runs the worker's loop (the simulator's
+        driver, or a task on the worker's loop), run it here until the
+        future is done or ``timeout`` seconds (virtual ones in the
+        simulator) have passed. True if it did."""
+        worker = self._worker
+        if self.done() or worker.bridge.off_loop_thread():
+            return False  # the loop's own thread completes it meanwhile
+        if not worker.in_user_thread() and not greenback.has_portal():
+            return False
+        _block(worker, self._wait_async, timeout)
+        return True
+
+    async def _wait_async(self, timeout) -> None:
+        with trio.move_on_after(float("inf") if timeout is None else timeout):
+            await self._resolved.wait()
+
+
+async def _resolve(future: ObjectRefFuture) -> None:
+    current_task.set(None)  # not a task's own wait: it lends no CPU back
+    try:
+        value = await future._worker.get_async([future.object_ref], None, True)
+    except trio.Cancelled:
+        _settle(future, exception=_shut_down())
+        raise
+    except BaseException as error:  # the task's error is the future's
+        _settle(future, exception=error)
+    else:
+        _settle(future, result=value)
+    finally:
+        future._resolved.set()
+
+
+def _settle(future, *, result=None, exception=None) -> None:
+    if future.done():  # cancelled by its user: nothing to tell
+        return
+    if exception is not None:
+        future.set_exception(exception)
+    else:
+        future.set_result(result)
+
+
+def _shut_down():
+    from ..exceptions import TrayError
+
+    return TrayError("tray shut down before the object was ready")
+
+
+def ref_future(ref: ObjectRef) -> ObjectRefFuture:
+    worker = ref._worker or get_worker()
+    future = ObjectRefFuture(ref, worker)
+    worker.spawn(_resolve, future)
+    return future
+
+
+async def await_from_asyncio(ref: ObjectRef):
+    """``await ref`` in asyncio code (outside tray's own loop)."""
+    future = ref_future(ref)
+    worker = future._worker
+    if not worker.bridge.off_loop_thread():
+        # The simulator: run it a slice at a time, yielding to the driver's
+        # other asyncio tasks in between.
+        import asyncio
+
+        while not future.done():
+            _block(worker, future._wait_async, AWAIT_SLICE_S)
+            await asyncio.sleep(0)
+        return future.result()
+    import asyncio
+
+    return await asyncio.wrap_future(future)
+
+
+def as_asyncio_future(ref: ObjectRef):
+    import asyncio
+
+    worker = ref._worker or get_worker()
+    if not worker.bridge.off_loop_thread():  # the simulator's driver
+        return asyncio.ensure_future(await_from_asyncio(ref))
+    return asyncio.wrap_future(ref_future(ref))
 
 
 # ================================================================== actors

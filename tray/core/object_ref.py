@@ -8,9 +8,10 @@ owner keeps it alive; unpickling it in another process makes that process a
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 
-from .context import get_worker
+from .context import current_worker, get_worker
 from .ids import ObjectID
 from .serialization import report_contained_ref
 
@@ -64,14 +65,43 @@ class ObjectRef:
         return f"ObjectRef({self._id.hex()})"
 
     def __await__(self):
-        worker = self._worker or get_worker()
+        """``await ref``: in an async actor's asyncio code (on trio-asyncio)
+        through that loop; in other asyncio code (a driver under
+        ``asyncio.run``) through ``future()``; on trio (tasks, the
+        simulator's own code) through the core worker directly."""
         loop = _trio_asyncio_loop()
-        if loop is not None:  # asyncio code of an async actor (on trio-asyncio)
+        if loop is not None and current_worker.get(None) is not None:
+            # asyncio code of an async actor (on trio-asyncio, on the worker's loop)
+            worker = self._worker or get_worker()
             return loop.trio_as_future(worker.get_async, [self], None, True).__await__()
+        if _asyncio_running():
+            from . import api
+
+            return api.await_from_asyncio(self).__await__()
+        worker = self._worker or get_worker()
         return worker.get_async([self], None, single=True).__await__()
 
     def future(self):
-        raise NotImplementedError("ObjectRef.future() is not supported; use `await ref`")
+        """A ``concurrent.futures.Future`` of the object's value (or its
+        error), as Ray's. Cancelling it does not cancel the task."""
+        from . import api
+
+        return api.ref_future(self)
+
+    def as_future(self):
+        """An ``asyncio.Future`` of the object's value, as Ray's
+        (``asyncio.wrap_future(ref.future())``)."""
+        from . import api
+
+        return api.as_asyncio_future(self)
+
+
+def _asyncio_running() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
 
 
 def _trio_asyncio_loop():
