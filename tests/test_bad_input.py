@@ -559,7 +559,11 @@ def test_kill_non_actor(one_node):
 
 
 @pytest.fixture
-def not_initialized():
+def not_initialized(monkeypatch):
+    """No cluster, and no auto-init (TRAY_AUTO_INIT=0): the explicit mode,
+    where a call that needs a cluster raises (tests/test_conformance_auto_init.py
+    covers the default, Ray's auto-init)."""
+    monkeypatch.setenv("TRAY_AUTO_INIT", "0")
     if tray.is_initialized():
         tray.shutdown()
     assert not tray.is_initialized()
@@ -590,7 +594,7 @@ def test_api_before_init(not_initialized, call):
     with pytest.raises(tex.TrayError) as info:
         call()
     _assert_names_init(info.value)
-    # No auto-init: the failed call must not have started a cluster.
+    # TRAY_AUTO_INIT=0: the failed call must not have started a cluster.
     assert not tray.is_initialized()
 
 

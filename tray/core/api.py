@@ -14,7 +14,9 @@ import importlib
 import inspect
 import logging
 import numbers
+import os
 import sys
+import threading
 from collections.abc import Mapping
 
 import cloudpickle
@@ -195,6 +197,45 @@ def init(address: str | None = None, *, backend: str | None = None, num_cpus=Non
     return _context_of(runtime)
 
 
+# Ray starts a local cluster on the first call that needs one; so does tray,
+# unless TRAY_AUTO_INIT=0 (then such a call raises NotInitializedError).
+_auto_init_lock = threading.Lock()
+
+
+def _auto_init_enabled() -> bool:
+    return os.environ.get("TRAY_AUTO_INIT", "1") != "0"
+
+
+def _in_cluster_process() -> bool:
+    """Is this process one of a cluster's own (a worker, a node)? Code there
+    outside a task (a thread of its own) must not start a second cluster."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    return spec is not None and spec.name.startswith("tray.backends.")
+
+
+def _worker():
+    """This process's core worker; the first call that needs a cluster
+    starts the default local one (as Ray does) and logs one line saying so."""
+    worker = get_worker(required=False)
+    if worker is not None:
+        return worker
+    if not _auto_init_enabled():
+        from ..exceptions import NotInitializedError
+
+        raise NotInitializedError(
+            "tray is not initialized and TRAY_AUTO_INIT=0: call tray.init() first "
+            "(for example tray.init(backend='sim') for a simulated cluster)")
+    if _in_cluster_process():
+        return get_worker()  # raises NotInitializedError
+    with _auto_init_lock:
+        if _global_state["runtime"] is None:
+            init()
+            logger.warning("tray.init() had not been called: started a local cluster on this "
+                           "machine, as Ray does (set TRAY_AUTO_INIT=0 to make such calls "
+                           "raise NotInitializedError instead)")
+    return get_worker()
+
+
 def shutdown() -> None:
     runtime = _global_state["runtime"]
     if runtime is None:
@@ -309,7 +350,7 @@ class RemoteFunction:
                 self._signature.bind(*args, **kwargs)
             except TypeError as error:
                 raise TypeError(f"{self._function.__name__}.remote(): {error}") from None
-        worker = get_worker()
+        worker = _worker()
         function_id, blob = self._export.get()
         options = self._options
         num_returns = options.get("num_returns", 1)
@@ -440,7 +481,7 @@ class ActorClass:
                 init_signature.bind(*args, **kwargs)
             except TypeError as error:
                 raise TypeError(f"{self._cls.__name__}.remote(): {error}") from None
-        worker = get_worker()
+        worker = _worker()
         function_id, blob = self._export.get()
         options = self._options
         namespace = options.get("namespace") or _namespace()
@@ -625,7 +666,7 @@ def _check_timeout(timeout) -> None:
 
 def get(object_refs, *, timeout: float | None = None):
     """The value(s) of one ref or a list of refs; raises the task's error."""
-    worker = get_worker()
+    worker = _worker()
     _check_timeout(timeout)
     if isinstance(object_refs, ObjectRef):
         return _block(worker, worker.get_async, [object_refs], timeout, True)
@@ -643,7 +684,7 @@ def get(object_refs, *, timeout: float | None = None):
 
 def put(value) -> ObjectRef:
     """Store ``value`` in the object store; returns its ref."""
-    worker = get_worker()
+    worker = _worker()
     return _in_loop(worker, worker.put, value)
 
 
@@ -651,7 +692,7 @@ def wait(object_refs, *, num_returns: int = 1, timeout: float | None = None,
          fetch_local: bool = True):
     """(ready, not_ready): the first ``num_returns`` refs to be ready, in
     the input order, within ``timeout`` seconds."""
-    worker = get_worker()
+    worker = _worker()
     if isinstance(object_refs, ObjectRef):
         raise TypeError("wait() expects a list of ObjectRefs, got a single ObjectRef; "
                         "wrap it in a list")
@@ -678,7 +719,7 @@ def wait(object_refs, *, num_returns: int = 1, timeout: float | None = None,
 def cancel(object_ref: ObjectRef, *, force: bool = False, recursive: bool = True) -> None:
     """Cancel the task that creates ``object_ref``; ``get`` then raises
     TaskCancelledError. ``force=True`` kills the worker running it."""
-    worker = get_worker()
+    worker = _worker()
     if not isinstance(object_ref, ObjectRef):
         raise TypeError(f"cancel() expects an ObjectRef, got {type(object_ref).__name__}")
     _block(worker, worker.cancel_async, object_ref, force, recursive)
@@ -769,7 +810,7 @@ def _shut_down():
 
 
 def ref_future(ref: ObjectRef) -> ObjectRefFuture:
-    worker = ref._worker or get_worker()
+    worker = ref._worker or _worker()
     future = ObjectRefFuture(ref, worker)
     worker.spawn(_resolve, future)
     return future
@@ -796,7 +837,7 @@ async def await_from_asyncio(ref: ObjectRef):
 def as_asyncio_future(ref: ObjectRef):
     import asyncio
 
-    worker = ref._worker or get_worker()
+    worker = ref._worker or _worker()
     if not worker.bridge.off_loop_thread():  # the simulator's driver
         return asyncio.ensure_future(await_from_asyncio(ref))
     return asyncio.wrap_future(ref_future(ref))
@@ -817,7 +858,7 @@ def kill(actor: ActorHandle, *, no_restart: bool = True) -> None:
     ``max_restarts``)."""
     if not isinstance(actor, ActorHandle):
         raise TypeError(f"kill() expects an actor handle, got {type(actor).__name__}")
-    worker = get_worker()
+    worker = _worker()
     _block(worker, worker.kill_actor, actor._actor_id, no_restart)
 
 
@@ -825,6 +866,7 @@ def get_actor(name: str, namespace: str | None = None) -> ActorHandle:
     """The handle of the live actor called ``name``; ValueError if none."""
     if not isinstance(name, str) or not name:
         raise ValueError(f"get_actor() needs a non-empty name, got {name!r}")
+    _worker()  # starts a cluster if none runs, as Ray does
     namespace = namespace if namespace is not None else _namespace()
     info = _gcs_call("get_named_actor", name, namespace)
     if info is None:
@@ -880,7 +922,7 @@ def available_resources() -> dict:
 
 def get_gpu_ids() -> list[int]:
     """The GPU device ids reserved for the running task or actor."""
-    worker = get_worker()
+    worker = _worker()
     context = current_task.get(None)
     if context is None:
         return list(worker.actor_gpu_ids)
