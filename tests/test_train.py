@@ -438,7 +438,8 @@ def test_a_trainer_is_a_tune_trainable(tmp_path):
     base = trainer(counting_loop, tmp_path / "unused", max_failures=1,
                    config={"steps": 3, "kill_rank": 1, "kill_at": 2, "step_s": 0.05})
     tuner = tune.Tuner(
-        base, param_space={"train_loop_config": {"steps": tune.grid_search([3, 5])}},
+        tune.with_resources(base, {"cpu": 0}),  # the trial's runner only drives the trainer
+        param_space={"train_loop_config": {"steps": tune.grid_search([3, 5])}},
         tune_config=tune.TuneConfig(metric="step", mode="max"),
         run_config=tune.RunConfig(name="tune", storage_path=str(tmp_path), verbose=0,
                                   stop={"training_iteration": 4}))

@@ -24,7 +24,7 @@ def _cell(value) -> str:
     if isinstance(value, bool):
         return str(value)
     if isinstance(value, float):
-        return f"{value:.5g}"
+        return f"{value:.4g}"
     return str(value)
 
 

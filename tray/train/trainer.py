@@ -423,8 +423,12 @@ class _Run:
                     failures[pending[ref]] = error
         n = self.trainer.scaling_config.num_workers
         ranks = sorted(failures, key=lambda r: (isinstance(failures[r], TaskError), r))
-        summary = "\n".join(_describe_failure(r, n, failures[r]) for r in ranks)
-        return _Failure(summary, failures, failures[ranks[0]])
+        first = ranks[0]
+        lines = [_describe_failure(first, n, failures[first])]
+        for rank in ranks[1:]:  # usually a consequence (a collective with the dead rank)
+            last_line = _describe_failure(rank, n, failures[rank]).rstrip().splitlines()[-1]
+            lines.append(f"(then worker rank {rank}: {last_line.strip()})")
+        return _Failure("\n".join(lines), failures, failures[first])
 
     def _take(self, results: list) -> None:
         """Record completed reports, in order (each once)."""
