@@ -26,8 +26,9 @@ def simtest(session: nox.Session) -> None:
 
 # Peers for `nox -s bench -- --peers ray,dask`, pinned so that runs compare: the newest
 # releases that install on Python 3.11 from PyPI when this was written.
-# RLlib's learner needs torch: the CPU wheel, pinned (another version pulls a CUDA build).
-BENCH_PEERS = {"ray": ["ray[tune,data,rllib]==2.60.0", "torch==2.13.0"],
+# RLlib's learner and Train's TorchTrainer need torch: the CPU wheel, pinned (another
+# version pulls a CUDA build).
+BENCH_PEERS = {"ray": ["ray[tune,data,rllib,train]==2.60.0", "torch==2.13.0"],
                "dask": ["dask[distributed]==2026.8.0"]}
 
 

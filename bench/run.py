@@ -127,6 +127,11 @@ import suite_rllib  # noqa: E402 - imports neither tray nor ray
 
 METRICS += [Metric(name, unit, higher_is_better=better, rows=rows, dask=NA + "no RLlib")
             for name, unit, better, rows in suite_rllib.DEFINITIONS]
+# tray.train beside Ray Train (bench/suite_train.py: one suite, both runtimes).
+import suite_train  # noqa: E402 - imports neither tray nor ray
+
+METRICS += [Metric(name, unit, higher_is_better=better, dask=NA + "no Train")
+            for name, unit, better in suite_train.DEFINITIONS]
 NOT_IN_RAY = {"simulated tasks per wall-clock second": "no simulator",
               "simtest seeds per minute (mixed workload)": "no simulator"}
 
@@ -144,6 +149,8 @@ def child(runtime: str, name: str, rounds: int, quick: bool) -> None:
             function = suite_tune.metric_for(runtime, name)
         elif name in suite_rllib.NAMES:
             function = suite_rllib.metric_for(runtime, name)
+        elif name in suite_train.NAMES:
+            function = suite_train.metric_for(runtime, name)
         else:
             suite = __import__(f"suite_{runtime}")
             function = suite.METRICS.get(name)
