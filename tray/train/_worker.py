@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from dataclasses import dataclass
 
 import tray
 
@@ -81,6 +82,15 @@ class _Barrier:
         self.committed: str | None = None  # the checkpoint's path, once renamed
 
 
+@dataclass(frozen=True)
+class CollectorStatistics:
+    barriers_open: int  # report indexes some ranks have made and others not yet
+    ranks_waiting: int  # ranks parked in a barrier
+    completed_waiting: int  # completed reports the driver has not taken
+    taken: int  # reports the driver has taken
+    finished_ranks: int
+
+
 class ReportCollector:
     """The report barrier and the driver's queue of completed reports."""
 
@@ -95,6 +105,13 @@ class ReportCollector:
         self.taken = 0  # the driver has every report below this index
         self.finished_reports: dict[int, int] = {}  # rank -> reports made, once its function returned
         self._changed = asyncio.Event()
+
+    async def statistics(self) -> CollectorStatistics:
+        return CollectorStatistics(
+            barriers_open=len(self.barriers),
+            ranks_waiting=sum(len(b.arrived) for b in self.barriers.values()),
+            completed_waiting=len(self.completed), taken=self.taken,
+            finished_ranks=len(self.finished_reports))
 
     async def ping(self) -> float:
         """The collector's clock (virtual in the simulator): when the attempt began."""
