@@ -1,0 +1,400 @@
+"""A replica: the actor that runs one copy of a deployment's code.
+
+Every replica is an async tray actor (its methods run on the worker's
+asyncio loop) named ``SERVE_REPLICA::<app>#<deployment>#<tag>`` in the
+``serve`` namespace, detached, so it outlives the driver that deployed it
+and a restart of the controller that created it. Requests arrive as actor
+calls from routers (``handle_request``, ``handle_request_streaming``,
+``handle_http``); the controller's calls (``initialize``, ``check_health``,
+``get_metrics``, ``reconfigure``, ``prepare_for_shutdown``) run in a
+concurrency group of their own, so a replica full of requests still answers
+its health checks.
+
+**Ongoing requests.** At most ``max_ongoing_requests`` requests run at once
+(``_Limiter``); more wait in the replica, in arrival order. A request counts
+as ongoing from its arrival (waiting or running) to its end — for a stream,
+to the stream's end; that count is what routers balance on and what the
+autoscaler reads.
+
+**Streams.** A streamed response (a generator method called with
+``stream=True``, or an HTTP response) is produced by a task of its own into
+a bounded buffer (``STREAM_BUFFER_ITEMS``; the producer waits when it is
+full); the caller pulls what is ready with ``next_chunks``. A stream nobody
+pulls from for ``STREAM_IDLE_TIMEOUT_S`` is closed, so a caller that went
+away holds no slot for long.
+
+**Draining.** ``prepare_for_shutdown`` waits until no request has been
+ongoing for a whole ``graceful_shutdown_wait_loop_s`` (requests that were
+already on their way when routers dropped this replica still arrive and are
+served), at most ``graceful_shutdown_timeout_s``; then the controller kills
+the actor."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import itertools
+import logging
+from collections import deque
+from dataclasses import dataclass
+
+import cloudpickle
+
+import tray
+
+from . import _context
+from ._common import StreamBatch
+from ._http import HTTPRequestData, bind_ingress_app, plain_asgi_app, run_asgi
+
+logger = logging.getLogger("tray.serve")
+
+CONTROL_CONCURRENCY = 64  # controller calls at once (health, metrics, reconfigure, drain)
+REQUEST_CONCURRENCY = 1_000_000  # tray's slots; the _Limiter enforces max_ongoing_requests
+STREAM_BUFFER_ITEMS = 256  # items a stream produces ahead of its caller
+STREAM_BATCH_ITEMS = 256  # items one next_chunks call returns at most
+STREAM_IDLE_TIMEOUT_S = 60.0
+
+
+class _Limiter:
+    """``max_ongoing_requests``: a semaphore whose size can change (a
+    reconfigured deployment), waking waiters in arrival order."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.running = 0
+        self.waiters: deque = deque()
+
+    @property
+    def ongoing(self) -> int:
+        return self.running + len(self.waiters)
+
+    async def acquire(self) -> None:
+        if self.running < self.limit and not self.waiters:
+            self.running += 1
+            return
+        waiter = asyncio.get_running_loop().create_future()
+        self.waiters.append(waiter)
+        try:
+            await waiter
+        except BaseException:
+            if waiter in self.waiters:
+                self.waiters.remove(waiter)
+            elif waiter.done() and not waiter.cancelled():
+                self.release()  # granted and cancelled at once: pass the slot on
+            raise
+
+    def release(self) -> None:
+        self.running -= 1
+        self._wake()
+
+    def set_limit(self, limit: int) -> None:
+        self.limit = limit
+        self._wake()
+
+    def _wake(self) -> None:
+        while self.waiters and self.running < self.limit:
+            waiter = self.waiters.popleft()
+            if not waiter.done():
+                self.running += 1
+                waiter.set_result(None)
+
+
+class _Stream:
+    """One streamed response being produced (see the module's header)."""
+
+    def __init__(self, stream_id: str, source, on_done, first_batch_policy: str) -> None:
+        self.stream_id = stream_id
+        self.items: deque = deque()
+        self.done = False
+        self.error: BaseException | None = None
+        self.policy = first_batch_policy  # "item": any item; "http": the app finished or streams
+        self.changed = asyncio.Event()
+        self.space = asyncio.Event()
+        self.space.set()
+        self.last_pull_s = asyncio.get_running_loop().time()
+        self._on_done = on_done
+        self.task = asyncio.get_running_loop().create_task(self._produce(source))
+
+    async def put(self, item) -> None:
+        while len(self.items) >= STREAM_BUFFER_ITEMS:
+            self.space.clear()
+            await self.space.wait()
+        self.items.append(item)
+        self.changed.set()
+
+    async def _produce(self, source) -> None:
+        try:
+            await source(self.put)
+        except asyncio.CancelledError:
+            self.error = tray.exceptions.TaskCancelledError("the stream was cancelled")
+        except BaseException as error:  # noqa: BLE001 - the caller gets it
+            self.error = error
+        finally:
+            self.done = True
+            self.changed.set()
+            self._on_done()
+
+    def _ready(self, first: bool) -> bool:
+        if self.done:
+            return True
+        if not self.items:
+            return False
+        if first and self.policy == "http":
+            last = self.items[-1]
+            return last.get("type") == "http.response.body" and last.get("more_body", False)
+        return True
+
+    async def next_batch(self, first: bool = False) -> StreamBatch:
+        self.last_pull_s = asyncio.get_running_loop().time()
+        while not self._ready(first):
+            self.changed.clear()
+            await self.changed.wait()
+        count = min(len(self.items), STREAM_BATCH_ITEMS)
+        items = [self.items.popleft() for _ in range(count)]
+        self.space.set()
+        done = self.done and not self.items
+        self.last_pull_s = asyncio.get_running_loop().time()
+        return StreamBatch(items=items, done=done, stream_id=self.stream_id,
+                           error=self.error if done else None)
+
+
+@dataclass(frozen=True)
+class ReplicaStatistics:
+    replica_id: str
+    ongoing_requests: int
+    running_requests: int
+    max_ongoing_requests: int
+    streams: int
+    draining: bool
+    requests_total: int
+
+
+async def _maybe_await(value):
+    if inspect.isawaitable(value):
+        return await value
+    return value
+
+
+class ServeReplica:
+    """The replica actor (see the module's header)."""
+
+    def __init__(self, replica_id: str, app_name: str, deployment: str, callable_blob: bytes,
+                 is_function: bool, is_asgi: bool, max_ongoing_requests: int,
+                 controller) -> None:
+        self.replica_id = replica_id
+        self.app_name = app_name
+        self.deployment = deployment
+        self._blob = callable_blob
+        self._is_function = is_function
+        self._is_asgi = is_asgi
+        self._limiter = _Limiter(max_ongoing_requests)
+        self._callable = None
+        self._asgi_app = None
+        self._streams: dict[str, _Stream] = {}
+        self._stream_ids = itertools.count()
+        self._draining = False
+        self._requests_total = 0
+        self._user_config_applied = False
+        self._init_lock: asyncio.Lock | None = None
+        self._reaper: asyncio.Task | None = None
+        _context.reset()  # a worker's earlier life (a simulated worker id reused)
+        _context.set_controller(controller)
+
+    # ------------------------------------------------------ control calls
+
+    @tray.method(concurrency_group="control")
+    async def initialize(self, user_config=None, has_user_config: bool = False) -> dict:
+        """Run the user's constructor (once; a repeated call, from a
+        restarted controller, only reports)."""
+        if self._init_lock is None:
+            self._init_lock = asyncio.Lock()
+        async with self._init_lock:
+            if self._callable is None:
+                target, args, kwargs = cloudpickle.loads(self._blob)
+                _context.set_replica_context(_context.ReplicaContext(
+                    self.app_name, self.deployment, self.replica_id))
+                if self._is_function:
+                    self._callable = target
+                else:
+                    instance = target(*args, **kwargs)
+                    self._callable = instance
+                _context.set_replica_context(_context.ReplicaContext(
+                    self.app_name, self.deployment, self.replica_id, self._callable))
+                if self._is_asgi:
+                    self._asgi_app = bind_ingress_app(target._serve_asgi_app, target,
+                                                      self._callable)
+                else:
+                    self._asgi_app = plain_asgi_app(self._user_method("__call__"))
+            if has_user_config and not self._user_config_applied:
+                await self._reconfigure(user_config)
+        return {"node_id": tray.get_runtime_context().get_node_id()}
+
+    async def _reconfigure(self, user_config) -> None:
+        method = getattr(self._callable, "reconfigure", None)
+        if method is None:
+            raise TypeError(f"deployment {self.deployment!r} has a user_config but no "
+                            f"reconfigure(self, config) method to take it")
+        await _maybe_await(method(user_config))
+        self._user_config_applied = True
+
+    @tray.method(concurrency_group="control")
+    async def reconfigure(self, user_config, has_user_config: bool,
+                          max_ongoing_requests: int) -> None:
+        self._limiter.set_limit(max_ongoing_requests)
+        if has_user_config:
+            await self._reconfigure(user_config)
+
+    @tray.method(concurrency_group="control")
+    async def check_health(self) -> int:
+        """Runs the deployment's ``check_health`` if it has one (raising
+        means unhealthy); returns the ongoing requests."""
+        method = getattr(self._callable, "check_health", None)
+        if method is not None:
+            await _maybe_await(method())
+        return self._limiter.ongoing
+
+    @tray.method(concurrency_group="control")
+    async def get_metrics(self) -> int:
+        return self._limiter.ongoing
+
+    @tray.method(concurrency_group="control")
+    async def statistics(self) -> ReplicaStatistics:
+        return ReplicaStatistics(
+            replica_id=self.replica_id, ongoing_requests=self._limiter.ongoing,
+            running_requests=self._limiter.running,
+            max_ongoing_requests=self._limiter.limit, streams=len(self._streams),
+            draining=self._draining, requests_total=self._requests_total)
+
+    @tray.method(concurrency_group="control")
+    async def prepare_for_shutdown(self, wait_loop_s: float, timeout_s: float) -> int:
+        """Drain (see the module's header); returns the requests still
+        ongoing when it gave up (0 when it drained)."""
+        self._draining = True
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while True:
+            await asyncio.sleep(min(wait_loop_s, max(0.0, deadline - loop.time())))
+            if self._limiter.ongoing == 0 or loop.time() >= deadline:
+                break
+        left = self._limiter.ongoing
+        destructor = getattr(type(self._callable), "__del__", None) \
+            if self._callable is not None and not self._is_function else None
+        if destructor is not None:
+            try:
+                await _maybe_await(destructor(self._callable))
+            except Exception as error:  # noqa: BLE001 - logged; the replica goes anyway
+                logger.warning("replica %s: __del__ raised %s: %s", self.replica_id,
+                               type(error).__name__, error)
+        return left
+
+    # ----------------------------------------------------------- requests
+
+    def _user_method(self, name: str):
+        if self._callable is None:
+            raise RuntimeError(f"replica {self.replica_id} is not initialized")
+        if self._is_function:
+            if name != "__call__":
+                raise AttributeError(f"deployment {self.deployment!r} is a function: it has "
+                                     f"no method {name!r}")
+            return self._callable
+        method = getattr(self._callable, name, None)
+        if method is None or name.startswith("_") and name != "__call__":
+            raise AttributeError(f"deployment {self.deployment!r} has no method {name!r}")
+        return method
+
+    async def handle_request(self, meta, /, *args, **kwargs):
+        await self._limiter.acquire()
+        self._requests_total += 1
+        try:
+            result = self._user_method(meta.method_name)(*args, **kwargs)
+            if inspect.isgenerator(result) or inspect.isasyncgen(result):
+                raise TypeError(f"method {meta.method_name!r} of deployment "
+                                f"{self.deployment!r} returned a generator: call it with "
+                                f"handle.options(stream=True)")
+            result = await _maybe_await(result)
+            from ._handle import DeploymentResponse
+
+            if isinstance(result, DeploymentResponse):
+                result = await result  # a composed call's result, passed through
+            return result
+        finally:
+            self._limiter.release()
+
+    async def handle_request_streaming(self, meta, /, *args, **kwargs) -> StreamBatch:
+        await self._limiter.acquire()
+        self._requests_total += 1
+        try:
+            result = self._user_method(meta.method_name)(*args, **kwargs)
+            if inspect.isawaitable(result):
+                result = await result
+            if not (inspect.isgenerator(result) or inspect.isasyncgen(result)):
+                raise TypeError(f"method {meta.method_name!r} of deployment "
+                                f"{self.deployment!r} is called with stream=True but returned "
+                                f"a {type(result).__name__}, not a generator")
+        except BaseException:
+            self._limiter.release()
+            raise
+
+        async def source(put):
+            if inspect.isasyncgen(result):
+                async for item in result:
+                    await put(item)
+            else:
+                for item in result:
+                    await put(item)
+                    await asyncio.sleep(0)
+        return await self._start_stream(source, "item")
+
+    async def handle_http(self, meta, request: HTTPRequestData, /) -> StreamBatch:
+        await self._limiter.acquire()
+        self._requests_total += 1
+
+        async def source(put):
+            await run_asgi(self._asgi_app, request, put)
+        return await self._start_stream(source, "http")
+
+    async def _start_stream(self, source, policy: str) -> StreamBatch:
+        stream_id = f"{self.replica_id}:{next(self._stream_ids)}"
+
+        def on_done():
+            self._limiter.release()
+        stream = _Stream(stream_id, source, on_done, policy)
+        self._streams[stream_id] = stream
+        self._ensure_reaper()
+        batch = await stream.next_batch(first=True)
+        if batch.done:
+            self._streams.pop(stream_id, None)
+        return batch
+
+    async def next_chunks(self, stream_id: str) -> StreamBatch:
+        stream = self._streams.get(stream_id)
+        if stream is None:
+            raise tray.exceptions.TrayError(
+                f"replica {self.replica_id} has no stream {stream_id!r}: it ended, or was "
+                f"closed after {STREAM_IDLE_TIMEOUT_S:.0f} s without a pull")
+        batch = await stream.next_batch()
+        if batch.done:
+            self._streams.pop(stream_id, None)
+        return batch
+
+    async def cancel_stream(self, stream_id: str) -> None:
+        stream = self._streams.pop(stream_id, None)
+        if stream is not None and not stream.done:
+            stream.task.cancel()
+
+    def _ensure_reaper(self) -> None:
+        if self._reaper is None or self._reaper.done():
+            self._reaper = asyncio.get_running_loop().create_task(self._reap_idle_streams())
+
+    async def _reap_idle_streams(self) -> None:
+        loop = asyncio.get_running_loop()
+        while self._streams:
+            await asyncio.sleep(STREAM_IDLE_TIMEOUT_S / 4)
+            now = loop.time()
+            for stream_id, stream in list(self._streams.items()):
+                if now - stream.last_pull_s > STREAM_IDLE_TIMEOUT_S:
+                    await self.cancel_stream(stream_id)
+
+
+ReplicaActor = tray.remote(concurrency_groups={"control": CONTROL_CONCURRENCY},
+                           max_concurrency=REQUEST_CONCURRENCY)(ServeReplica)
