@@ -51,6 +51,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import deque
 from dataclasses import dataclass, field
 
 import tray
@@ -89,6 +90,7 @@ NODES_REFRESH_PERIOD_S = 5.0
 STORE_CHECK_PERIOD_S = 5.0
 CONTROLLER_CONCURRENCY = 10_000  # long polls of routers and proxies, and client calls
 SHUTDOWN_TIMEOUT_S = 120.0
+DRAINED_REMEMBERED = 1000  # per deployment
 
 
 async def _await(ref):
@@ -173,6 +175,9 @@ class _Deployment:
     demand: int = 0
     published: tuple = ()
     routing_version: tuple = (0, 0)
+    # Replicas stopped after draining fully (their requests all finished):
+    # a request that found one dead did not run and may be sent again.
+    drained: deque = field(default_factory=lambda: deque(maxlen=DRAINED_REMEMBERED))
 
     @property
     def key(self) -> tuple:
@@ -612,6 +617,13 @@ class ServeController:
             return []
         return [(r.replica_id, r.actor_name, r.state.value, r.version) for r in dep.replicas]
 
+    async def was_drained(self, app_name: str, deployment: str, replica_id: str) -> bool:
+        """Whether the replica was stopped after draining fully: a request
+        that found it dead did not run there."""
+        await self._ensure_started()
+        dep = self._deployments.get((app_name, deployment))
+        return dep is not None and replica_id in dep.drained
+
     async def report_dead_replica(self, replica_id: str) -> None:
         """A router saw this replica die: check it now."""
         await self._ensure_started()
@@ -763,8 +775,10 @@ class ServeController:
             for _ in range(target - len(new)):
                 new.append(self._start_replica(dep))
         if len(new) > target:
-            # Stop the extras: those still starting first, then the newest.
-            order = sorted(range(len(new)), key=lambda i: (new[i].serving(), -i))
+            # Stop the extras: those still starting first, then the least
+            # loaded (a drain is shortest there), then the newest.
+            order = sorted(range(len(new)),
+                           key=lambda i: (new[i].serving(), self._last_load(new[i]), -i))
             for index in order[:len(new) - target]:
                 self._stop_replica(dep, new[index], graceful=True)
         serving_new = sum(1 for r in new if r.serving())
@@ -782,6 +796,12 @@ class ServeController:
                     replica.reconfigure_task is None:
                 replica.state = ReplicaState.UPDATING
                 replica.reconfigure_task = _spawn(self._reconfigure(dep, replica))
+
+    @staticmethod
+    def _last_load(replica: _Replica) -> float:
+        if replica.samples is None or not replica.samples.samples:
+            return 0.0
+        return replica.samples.samples[-1][1]
 
     def _start_replica(self, dep: _Deployment) -> _Replica:
         tag = f"{self._incarnation}-{self._counter}"
@@ -859,12 +879,14 @@ class ServeController:
         config = dep.spec.config
         if handle is not None and graceful:
             try:
-                await asyncio.wait_for(
+                left = await asyncio.wait_for(
                     _await(handle.prepare_for_shutdown.remote(
                         config.graceful_shutdown_wait_loop_s,
                         config.graceful_shutdown_timeout_s)),
                     timeout=config.graceful_shutdown_timeout_s +
                     config.graceful_shutdown_wait_loop_s + 5.0)
+                if left == 0:
+                    dep.drained.append(replica.replica_id)
             except Exception as error:  # noqa: BLE001 - it goes anyway
                 logger.info("serve controller: replica %s did not drain: %s",
                             replica.replica_id, _error_text(error))

@@ -45,7 +45,12 @@ import tray
 
 from . import _context
 from ._common import LONG_POLL_TIMEOUT_S, ReplicaInfo, RequestMetadata, RoutingTarget
-from .exceptions import BackPressureError, DeploymentUnavailableError, RayServeException
+from .exceptions import (
+    BackPressureError,
+    DeploymentUnavailableError,
+    RayServeException,
+    ReplicaDrainedError,
+)
 
 _UNSET = object()
 
@@ -55,6 +60,15 @@ REAP_BATCH_MAX = 16
 # How long a request waits for its deployment to have a replica at all
 # (it is starting, or scaling up from zero) before it fails.
 ASSIGN_TIMEOUT_S = 120.0
+# How often a request is sent again after it found its replica drained
+# (stopped by the controller after all its requests finished: the request
+# did not run there).
+MAX_REQUEST_RETRIES = 3
+# After a long poll answered, how long a synchronous router waits for the
+# answer to the next one (a change that followed at once), and how many
+# times in a row.
+CONFIRM_WAIT_S = 0.02
+CONFIRM_ROUNDS = 3
 
 
 def _trio_asyncio_loop() -> bool:
@@ -184,24 +198,33 @@ class Router:
 
     def _poll_sync(self, block: bool, pending: int = 0) -> None:
         """Take the long poll's answer if it came (wait for it if ``block``),
-        and keep one poll outstanding."""
+        and keep one poll outstanding. An answer says the replicas changed;
+        changes come in runs (a rolling update, a scale-up), so the router
+        asks once more at once, waiting up to ``CONFIRM_WAIT_S``, whether
+        that answer is still the latest."""
         if self._poll_ref is None:
-            self._poll_ref = self.controller.listen_for_change.remote(
-                ("deployment", self.app_name, self.deployment), self._known_version(), pending)
+            self._send_poll(pending)
         if block:
             ready = [self._poll_ref]
         else:
             ready, _ = tray.wait([self._poll_ref], timeout=0, fetch_local=False)
-        if not ready:
-            return
-        ref, self._poll_ref = self._poll_ref, None
-        try:
-            self._apply(tray.get(ref))
-        except tray.exceptions.ActorDiedError as error:
-            raise RayServeException("the Serve controller is gone (serve.shutdown() ran, or it "
-                                    f"died for good): {error}") from error
-        except tray.exceptions.ActorUnavailableError:
-            pass  # it restarts: the next poll goes to the new one
+        for _ in range(CONFIRM_ROUNDS):
+            if not ready:
+                return
+            ref, self._poll_ref = self._poll_ref, None
+            try:
+                self._apply(tray.get(ref))
+            except tray.exceptions.ActorDiedError as error:
+                raise RayServeException("the Serve controller is gone (serve.shutdown() ran, "
+                                        f"or it died for good): {error}") from error
+            except tray.exceptions.ActorUnavailableError:
+                pass  # it restarts: the next poll goes to the new one
+            self._send_poll(0)
+            ready, _ = tray.wait([self._poll_ref], timeout=CONFIRM_WAIT_S, fetch_local=False)
+
+    def _send_poll(self, pending: int) -> None:
+        self._poll_ref = self.controller.listen_for_change.remote(
+            ("deployment", self.app_name, self.deployment), self._known_version(), pending)
 
     def _reap(self, replica: ReplicaInfo) -> None:
         refs = self.in_flight.get(replica.replica_id)
@@ -242,6 +265,42 @@ class Router:
                 refs.remove(ref)
             except ValueError:
                 pass
+
+    def _retry_verdict(self, replica_id: str, error: BaseException):
+        """True/False, or None when only the controller can tell."""
+        if isinstance(error, ReplicaDrainedError):
+            self.forget_replica(replica_id)
+            return True
+        if isinstance(error, tray.exceptions.ActorDiedError):
+            self.forget_replica(replica_id)
+            return None
+        return False
+
+    def retryable_sync(self, replica_id: str, error: BaseException) -> bool:
+        verdict = self._retry_verdict(replica_id, error)
+        if verdict is not None:
+            return verdict
+        try:
+            drained = tray.get(self.controller.was_drained.remote(
+                self.app_name, self.deployment, replica_id))
+        except Exception:  # noqa: BLE001 - cannot tell: the error stands
+            return False
+        if not drained:
+            self.controller.report_dead_replica.remote(replica_id)
+        return drained
+
+    async def retryable_async(self, replica_id: str, error: BaseException) -> bool:
+        verdict = self._retry_verdict(replica_id, error)
+        if verdict is not None:
+            return verdict
+        try:
+            drained = await self.controller.was_drained.remote(
+                self.app_name, self.deployment, replica_id)
+        except Exception:  # noqa: BLE001 - cannot tell: the error stands
+            return False
+        if not drained:
+            self.controller.report_dead_replica.remote(replica_id)
+        return drained
 
     def forget_replica(self, replica_id: str) -> None:
         """A request found the replica dead: stop sending there until the
@@ -358,9 +417,10 @@ class DeploymentResponse:
     synchronous code, ``await`` in asynchronous code; pass it to another
     handle call to hand its result over without fetching it here."""
 
-    def __init__(self, router: Router, *, ref=None, replica: ReplicaInfo | None = None,
-                 assign: asyncio.Task | None = None) -> None:
+    def __init__(self, router: Router, request: tuple, *, ref=None,
+                 replica: ReplicaInfo | None = None, assign: asyncio.Task | None = None) -> None:
         self._router = router
+        self._request = request  # (meta, method, args, kwargs): to send it again
         self._ref = ref
         self._replica = replica
         self._assign = assign  # asyncio callers: the task assigning the request
@@ -374,19 +434,22 @@ class DeploymentResponse:
                                "event loop. Use `await response` instead.")
         if self._assign is not None:
             raise RuntimeError("this response was made in asyncio code: await it there")
-        try:
-            value = tray.get(self._ref, timeout=timeout_s)
-        except tray.exceptions.GetTimeoutError:
-            raise
-        except tray.exceptions.ActorDiedError:
-            self._router.forget_replica(self._replica.replica_id)
-            self._router.finished_sync(self._replica.replica_id, self._ref)
-            raise
-        except BaseException:
-            self._router.finished_sync(self._replica.replica_id, self._ref)
-            raise
-        self._router.finished_sync(self._replica.replica_id, self._ref)
-        return value
+        router = self._router
+        for attempt in range(MAX_REQUEST_RETRIES + 1):
+            try:
+                value = tray.get(self._ref, timeout=timeout_s)
+            except tray.exceptions.GetTimeoutError:
+                raise
+            except BaseException as error:
+                router.finished_sync(self._replica.replica_id, self._ref)
+                if attempt < MAX_REQUEST_RETRIES and isinstance(error, Exception) and \
+                        router.retryable_sync(self._replica.replica_id, error):
+                    self._ref, self._replica = router.assign_sync(*self._request)
+                    continue
+                raise
+            router.finished_sync(self._replica.replica_id, self._ref)
+            return value
+        raise AssertionError("unreachable")
 
     async def _to_object_ref(self):
         """The ObjectRef of the call (Ray's private name, used by libraries)."""
@@ -412,16 +475,30 @@ class DeploymentResponse:
 
     async def _fetch_once(self):
         ref = await self._to_object_ref()
-        try:
-            return await _await_ref(ref)
-        except tray.exceptions.ActorDiedError:
-            self._router.forget_replica(self._replica.replica_id)
-            raise
-        finally:
-            if self._assign is not None:
-                self._router.finished_async(self._replica.replica_id)
-            else:
-                self._router.finished_sync(self._replica.replica_id, ref)
+        router = self._router
+        for attempt in range(MAX_REQUEST_RETRIES + 1):
+            try:
+                value = await _await_ref(ref)
+            except BaseException as error:
+                self._finished(ref)
+                if attempt < MAX_REQUEST_RETRIES and isinstance(error, Exception) and \
+                        await router.retryable_async(self._replica.replica_id, error):
+                    if self._assign is not None:
+                        ref, self._replica = await router.assign_async(*self._request)
+                    else:
+                        ref, self._replica = router.assign_sync(*self._request)
+                    self._ref = ref
+                    continue
+                raise
+            self._finished(ref)
+            return value
+        raise AssertionError("unreachable")
+
+    def _finished(self, ref) -> None:
+        if self._assign is not None:
+            self._router.finished_async(self._replica.replica_id)
+        else:
+            self._router.finished_sync(self._replica.replica_id, ref)
 
     def __await__(self):
         return self._result_async().__await__()
@@ -561,15 +638,17 @@ class DeploymentHandle:
                                method_name=self._method_name, is_streaming=self._stream)
         method = "handle_request_streaming" if self._stream else "handle_request"
         if _trio_asyncio_loop():
-            assign = asyncio.ensure_future(router.assign_async(meta, method, args, kwargs))
+            request = (meta, method, args, kwargs)
+            assign = asyncio.ensure_future(router.assign_async(*request))
             assign.add_done_callback(_retrieve)
-            response = DeploymentResponse(router, assign=assign)
+            response = DeploymentResponse(router, request, assign=assign)
             response._start_fetch()
         else:
             args = tuple(_resolve_sync(a) for a in args)
             kwargs = {k: _resolve_sync(v) for k, v in kwargs.items()}
-            ref, replica = router.assign_sync(meta, method, args, kwargs)
-            response = DeploymentResponse(router, ref=ref, replica=replica)
+            request = (meta, method, args, kwargs)
+            ref, replica = router.assign_sync(*request)
+            response = DeploymentResponse(router, request, ref=ref, replica=replica)
         return DeploymentResponseGenerator(response) if self._stream else response
 
     def __reduce__(self):

@@ -31,6 +31,7 @@ import tray
 
 from . import _context
 from ._common import RequestMetadata, RouteTable
+from ._handle import MAX_REQUEST_RETRIES
 from ._http import HTTPRequestData, portable_scope
 from .exceptions import BackPressureError, RayServeException
 
@@ -225,16 +226,35 @@ class ServeProxy:
         request = HTTPRequestData(portable_scope(scope, prefix), body)
         router = _context.router_for(app_name, ingress)
         meta = RequestMetadata(request_id=router.next_request_id(), is_http=True, route=prefix)
-        try:
-            ref, replica = await router.assign_async(meta, "handle_http", (request,), {})
-        except (BackPressureError, RayServeException) as error:
-            for message in _text_messages(503, str(error)):
-                await send(message)
-            return
-        try:
-            await self._forward(ref, replica, send)
-        finally:
-            router.finished_async(replica.replica_id)
+        for attempt in range(MAX_REQUEST_RETRIES + 1):
+            try:
+                ref, replica = await router.assign_async(meta, "handle_http", (request,), {})
+            except (BackPressureError, RayServeException) as error:
+                for message in _text_messages(503, str(error)):
+                    await send(message)
+                return
+            state = {"started": False, "stream_id": ""}
+            try:
+                await self._forward(ref, replica, send, state)
+                return
+            except OSError:
+                # The client went away: stop the stream at the replica.
+                if state["stream_id"]:
+                    replica.actor.cancel_stream.remote(state["stream_id"])
+                return
+            except Exception as error:  # noqa: BLE001 - sent again, or reported
+                if not state["started"] and attempt < MAX_REQUEST_RETRIES and \
+                        await router.retryable_async(replica.replica_id, error):
+                    continue
+                if not state["started"]:
+                    text = f"{type(error).__name__}: {error}"
+                    if isinstance(error, tray.exceptions.ActorDiedError):
+                        text = f"The replica handling the request died: {error}"
+                    for message in _text_messages(500, text):
+                        await send(message)
+                return
+            finally:
+                router.finished_async(replica.replica_id)
 
     async def _read_body(self, receive) -> bytes:
         chunks, size = [], 0
@@ -252,36 +272,22 @@ class ServeProxy:
                 break
         return b"".join(chunks)
 
-    async def _forward(self, ref, replica, send) -> None:
-        started = False
-        stream_id = ""
-        try:
-            batch = await ref
-            while True:
-                stream_id = batch.stream_id or stream_id
-                for message in batch.items:
-                    if message["type"] == "http.response.start":
-                        started = True
-                    await send(message)
-                if batch.done:
-                    if batch.error is not None:
-                        raise batch.error
-                    return
-                batch = await replica.actor.next_chunks.remote(stream_id)
-        except tray.exceptions.ActorDiedError as error:
-            self.controller.report_dead_replica.remote(replica.replica_id)
-            if not started:
-                for message in _text_messages(500, f"The replica handling the request died: "
-                                                   f"{error}"):
-                    await send(message)
-        except OSError:
-            # The client went away: stop the stream at the replica.
-            if stream_id:
-                replica.actor.cancel_stream.remote(stream_id)
-        except Exception as error:  # noqa: BLE001 - reported to the client
-            if not started:
-                for message in _text_messages(500, f"{type(error).__name__}: {error}"):
-                    await send(message)
+    async def _forward(self, ref, replica, send, state: dict) -> None:
+        """Send the replica's ASGI messages on as they come; raises the
+        request's error (``state["started"]`` says whether the client got a
+        response start already)."""
+        batch = await ref
+        while True:
+            state["stream_id"] = batch.stream_id or state["stream_id"]
+            for message in batch.items:
+                if message["type"] == "http.response.start":
+                    state["started"] = True
+                await send(message)
+            if batch.done:
+                if batch.error is not None:
+                    raise batch.error
+                return
+            batch = await replica.actor.next_chunks.remote(state["stream_id"])
 
 
 ProxyActor = tray.remote(max_concurrency=1_000_000)(ServeProxy)

@@ -45,6 +45,7 @@ import tray
 from . import _context
 from ._common import StreamBatch
 from ._http import HTTPRequestData, bind_ingress_app, plain_asgi_app, run_asgi
+from .exceptions import ReplicaDrainedError
 
 logger = logging.getLogger("tray.serve")
 
@@ -193,6 +194,7 @@ class ServeReplica:
         self._streams: dict[str, _Stream] = {}
         self._stream_ids = itertools.count()
         self._draining = False
+        self._closed = False  # drained: a request arriving now is refused, not run
         self._requests_total = 0
         self._user_config_applied = False
         self._init_lock: asyncio.Lock | None = None
@@ -277,6 +279,12 @@ class ServeReplica:
             if self._limiter.ongoing == 0 or loop.time() >= deadline:
                 break
         left = self._limiter.ongoing
+        if left == 0:
+            # In the same step as the check: nothing can start in between, so
+            # every request this replica accepted has finished, and every
+            # later one is refused (ReplicaDrainedError) or finds it dead —
+            # either way not run, so the router may send it elsewhere.
+            self._closed = True
         destructor = getattr(type(self._callable), "__del__", None) \
             if self._callable is not None and not self._is_function else None
         if destructor is not None:
@@ -302,7 +310,13 @@ class ServeReplica:
             raise AttributeError(f"deployment {self.deployment!r} has no method {name!r}")
         return method
 
+    def _admit(self) -> None:
+        if self._closed:
+            raise ReplicaDrainedError(f"replica {self.replica_id} has drained and is stopping; "
+                                      f"the request did not run")
+
     async def handle_request(self, meta, /, *args, **kwargs):
+        self._admit()
         await self._limiter.acquire()
         self._requests_total += 1
         try:
@@ -321,6 +335,7 @@ class ServeReplica:
             self._limiter.release()
 
     async def handle_request_streaming(self, meta, /, *args, **kwargs) -> StreamBatch:
+        self._admit()
         await self._limiter.acquire()
         self._requests_total += 1
         try:
@@ -346,6 +361,7 @@ class ServeReplica:
         return await self._start_stream(source, "item")
 
     async def handle_http(self, meta, request: HTTPRequestData, /) -> StreamBatch:
+        self._admit()
         await self._limiter.acquire()
         self._requests_total += 1
 

@@ -39,8 +39,16 @@ class DeploymentUnavailableError(RayServeException):
     allowed (it failed to deploy, or it is being deleted)."""
 
 
-for _cls in (RayServeException, BackPressureError, DeploymentUnavailableError):
+class ReplicaDrainedError(RayServeException):
+    """A request reached a replica after it finished draining (it was being
+    stopped): the replica did not run it, and the router sends it to another
+    replica. Callers never see it unless every retry met the same fate."""
+
+
+for _cls in (RayServeException, BackPressureError, DeploymentUnavailableError,
+             ReplicaDrainedError):
     _cls.__module__ = "tray.serve.exceptions"
 del _cls
 
-__all__ = ["RayServeException", "BackPressureError", "DeploymentUnavailableError"]
+__all__ = ["RayServeException", "BackPressureError", "DeploymentUnavailableError",
+           "ReplicaDrainedError"]

@@ -1,0 +1,230 @@
+"""tray.serve under faults: a stream of handle calls while replicas are
+killed and a rolling update runs, with an autoscaling deployment.
+
+The program deploys ``SimWorker`` (``v1``), starts 1-3 caller tasks that
+each send a sequence of requests through a ``DeploymentHandle`` (and fetch
+each result), kills some replicas (the seed picks which and when), sends a
+burst from the driver, redeploys the application with ``v2`` (a rolling
+update) while the callers still run, then holds some long requests to make
+the autoscaler scale up, and lets them end to make it scale down.
+
+Reference model and invariants:
+
+* **every request gets exactly one response**: each caller returns one
+  outcome per request, in order — a value, or an error the faults permit
+  (the replica it went to died: a replica this program killed, or any with
+  the profile's killing faults); never a hang, never a lost request;
+* a value is ``(request id, version)`` with the version ``v1`` or ``v2``;
+  requests sent after ``serve.run`` of ``v2`` returned get ``v2``;
+* **at most once**: every replica records the request ids it ran (the
+  simulator is one process, so a module-level ledger sees all of them); no
+  id runs twice, and every request that got a value ran exactly once;
+* **the replica count converges to the autoscaler's target**: with ``h``
+  long requests held, the target becomes ``ceil(h / target_ongoing_requests)``
+  bounded by ``max_replicas``, and as many ``v2`` replicas run; once they
+  end, it returns to ``min_replicas``, with nothing else left running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+
+import tray
+from tray import serve
+
+APP = "serve-simtest"
+TARGET_ONGOING = 2
+MIN_REPLICAS, MAX_REPLICAS = 1, 4
+CONVERGE_S = 30.0  # virtual seconds allowed to reach a target
+HOLD_S = 8.0  # how long the held requests run: the scale-up must come sooner
+EXECUTIONS: dict = {}  # request id -> times a replica ran it
+
+
+@serve.deployment(
+    ray_actor_options={"num_cpus": 0},
+    max_ongoing_requests=4,
+    autoscaling_config={"min_replicas": MIN_REPLICAS, "max_replicas": MAX_REPLICAS,
+                        "initial_replicas": 2, "target_ongoing_requests": TARGET_ONGOING,
+                        "metrics_interval_s": 0.25, "look_back_period_s": 1.0,
+                        "upscale_delay_s": 0.5, "downscale_delay_s": 1.0},
+    health_check_period_s=1.0, health_check_timeout_s=3.0,
+    graceful_shutdown_wait_loop_s=0.2, graceful_shutdown_timeout_s=20.0)
+class SimWorker:
+    def __init__(self, version: str) -> None:
+        self.version = version
+
+    async def __call__(self, request_id: str, sleep_s: float):
+        # Through the module: this class is pickled by value (its name now
+        # means the Deployment), and a by-value copy would get its own dict.
+        from tray.simtest import workloads_serve
+
+        ledger = workloads_serve.EXECUTIONS
+        ledger[request_id] = ledger.get(request_id, 0) + 1
+        await asyncio.sleep(sleep_s)
+        return request_id, self.version
+
+
+def _outcome(response) -> tuple:
+    replica = response._replica.replica_id if response._replica is not None else ""
+    try:
+        return ("ok", response.result(timeout_s=120.0), replica)
+    except Exception as error:  # noqa: BLE001 - judged by the driver
+        # The replica the request last went to (a retry may have moved it).
+        replica = response._replica.replica_id if response._replica is not None else replica
+        return ("error", error, replica)
+
+
+@tray.remote(max_retries=0, num_cpus=0)
+def _caller(name: str, count: int, sleep_s: float, gap_s: float) -> list:
+    handle = serve.get_app_handle(APP)
+    outcomes = []
+    for i in range(count):
+        outcomes.append((f"{name}-{i}", *_outcome(handle.remote(f"{name}-{i}", sleep_s))))
+        time.sleep(gap_s)
+    from tray.serve import _context
+
+    _context.reset()  # nothing of this worker's routers outlives the program
+    return outcomes
+
+
+def _violation(invariant: str, message: str):
+    from .runner import InvariantViolation
+
+    return InvariantViolation(invariant, message)
+
+
+def _killed_replicas(program, sim, count: int) -> list:
+    """Kill ``count`` running replicas' workers now; their ids."""
+    from tray.serve import _api
+
+    killed = []
+    replicas = [r for r in _api._list_replicas(APP, "SimWorker") if r[2] == "RUNNING"]
+    for replica_id, actor_name, _state, _version in replicas[:count]:
+        try:
+            actor = tray.get_actor(actor_name, namespace="serve")
+            sim.kill_worker(sim.worker_of(actor))
+        except (ValueError, tray.exceptions.TrayError):
+            continue
+        killed.append(replica_id)
+    return killed
+
+
+def _judge(program, outcomes: list, killed: set, after_update: bool) -> None:
+    for request_id, kind, value, replica in outcomes:
+        if kind == "ok":
+            ok = isinstance(value, tuple) and value[0] == request_id and \
+                value[1] in (("v2",) if after_update else ("v1", "v2"))
+            if not ok:
+                raise _violation("serve-response-is-the-model's",
+                                 f"request {request_id} got {value!r}")
+            continue
+        from .runner import _is_fault_error
+
+        permitted = (program.kills and _is_fault_error(value)) or \
+            (replica in killed and isinstance(value, tray.exceptions.ActorError))
+        if not permitted:
+            raise _violation("serve-request-fails-only-by-fault",
+                             f"request {request_id} (replica {replica}) failed with "
+                             f"{type(value).__name__}: {str(value)[:600]} (kills={program.kills},"
+                             f" replicas killed by the program: {sorted(killed)})")
+
+
+def _check_executions(outcomes: list) -> None:
+    for request_id, count in sorted(EXECUTIONS.items()):
+        if count > 1:
+            raise _violation("serve-request-runs-at-most-once",
+                             f"request {request_id} ran {count} times")
+    for request_id, kind, _value, _replica in outcomes:
+        if kind == "ok" and EXECUTIONS.get(request_id, 0) != 1:
+            raise _violation("serve-request-runs-at-most-once",
+                             f"request {request_id} got a value but ran "
+                             f"{EXECUTIONS.get(request_id, 0)} times")
+
+
+def _wait_for_replicas(expected: int, what: str) -> None:
+    """Virtual time passes until the deployment's target is ``expected`` and
+    exactly that many v2 replicas run, and nothing else."""
+    import tray.simtest
+    from tray.serve import _context
+
+    clock = tray.simtest.cluster().clock  # virtual time: the driver's own clock is real
+    controller = _context.controller_handle()
+    deadline = clock.current_time() + CONVERGE_S
+    seen = None
+    while True:
+        status = tray.get(controller.get_serve_status.remote()).applications[APP]
+        deployment = status.deployments["SimWorker"]
+        replicas = tray.get(controller.list_replicas.remote(APP, "SimWorker"))
+        states = sorted((state, version) for _id, _name, state, version in replicas)
+        versions = {version for _state, version in states}
+        seen = (deployment.target_num_replicas, states)
+        if deployment.target_num_replicas == expected and len(states) == expected and \
+                all(state == "RUNNING" for state, _version in states) and len(versions) == 1:
+            return
+        if clock.current_time() > deadline:
+            raise _violation("serve-replicas-converge-to-the-target",
+                             f"{what}: expected the target and the running replicas to be "
+                             f"{expected}; after {CONVERGE_S} s the target is {seen[0]} and the "
+                             f"replicas are {seen[1]}")
+        # Let virtual time pass (a controller call that waits).
+        tray.get(controller.wait_for_applications.remote([APP], [], 0.5))
+
+
+def serve_stream(program) -> None:
+    import tray.simtest
+
+    rng = program.rng
+    sim = tray.simtest.cluster()
+    EXECUTIONS.clear()
+    serve.run(SimWorker.bind("v1"), name=APP, route_prefix=None)
+    callers = [_caller.remote(f"c{c}", rng.randint(5, 25), rng.choice([0.0, 0.05, 0.2]),
+                              rng.choice([0.0, 0.05]))
+               for c in range(rng.randint(1, 3))]
+    killed: set = set()
+    handle = serve.get_app_handle(APP)
+    burst = [(f"d-{i}", handle.remote(f"d-{i}", rng.choice([0.0, 0.1])))
+             for i in range(rng.randint(0, 12))]
+    if rng.random() < 0.7:
+        killed.update(_killed_replicas(program, sim, rng.randint(1, 2)))
+    driver_outcomes = [(rid, *_outcome(response)) for rid, response in burst]
+    del burst
+    # The rolling update, while the callers still send.
+    serve.run(SimWorker.bind("v2"), name=APP, route_prefix=None)
+    after = [(f"u-{i}", handle.remote(f"u-{i}", 0.0)) for i in range(rng.randint(1, 6))]
+    after_outcomes = [(rid, *_outcome(response)) for rid, response in after]
+    del after
+    caller_outcomes = []
+    for ref in callers:
+        try:
+            caller_outcomes.extend(tray.get(ref))
+        except Exception as error:  # noqa: BLE001 - only a fault may lose a caller task
+            from .runner import _is_fault_error
+
+            if not (program.kills and _is_fault_error(error)):
+                raise _violation("serve-callers-finish", f"a caller task failed: "
+                                 f"{type(error).__name__}: {error}") from None
+    del callers
+    _judge(program, driver_outcomes + caller_outcomes, killed, after_update=False)
+    _judge(program, after_outcomes, killed, after_update=True)
+    for outcomes in (driver_outcomes, after_outcomes):
+        ids = [o[0] for o in outcomes]
+        if len(ids) != len(set(ids)):
+            raise _violation("serve-one-response-per-request", f"duplicate responses: {ids}")
+    # Autoscaling: hold long requests, then let them end.
+    held = rng.randint(3, 7)
+    expected = max(MIN_REPLICAS, min(MAX_REPLICAS, math.ceil(held / TARGET_ONGOING)))
+    long_requests = [handle.remote(f"h-{i}", HOLD_S) for i in range(held)]
+    _wait_for_replicas(expected, f"{held} requests held")
+    held_outcomes = [(f"h-{i}", *_outcome(r)) for i, r in enumerate(long_requests)]
+    del long_requests
+    _judge(program, held_outcomes, killed, after_update=True)
+    _wait_for_replicas(MIN_REPLICAS, "no requests")
+    _check_executions(driver_outcomes + caller_outcomes + after_outcomes + held_outcomes)
+    del handle, driver_outcomes, caller_outcomes, after_outcomes, held_outcomes
+    serve.shutdown()
+    program.expect(tray.put(True), True, label="serve: the stream, the update and scaling")
+
+
+WORKLOADS = {"serve": serve_stream}
