@@ -2,7 +2,7 @@
 ``shutdown``, ``get_app_handle``, ``get_deployment_handle``.
 
 These run in a driver (or a task): they find the controller by name, or
-create it — with its checkpoint store, both detached, pinned softly to the
+create it — with its checkpoint store, both detached, pinned to the
 caller's node (the head, for a driver) — and talk to it through actor calls.
 Waiting (for an application to run, for a deletion) happens in the
 controller, in calls that return once the state is reached or a while has
@@ -52,6 +52,18 @@ def _require_sync(what: str) -> None:
                                 f"driver or a task), not from an asyncio event loop")
 
 
+def _get(ref):
+    """A controller call's result; its errors as raised there (a route
+    collision is a RayServeException with its own message, not a TaskError
+    carrying the controller's traceback)."""
+    try:
+        return tray.get(ref)
+    except tray.exceptions.TaskError as error:
+        if isinstance(error.cause, RayServeException):
+            raise error.cause from None
+        raise
+
+
 def _find_controller():
     try:
         return tray.get_actor(CONTROLLER_NAME, namespace=SERVE_NAMESPACE)
@@ -63,8 +75,10 @@ def _start_controller(http_options: HTTPOptions, proxy_location: ProxyLocation):
     from ..util.scheduling_strategies import NodeAffinitySchedulingStrategy
     from ._controller import CheckpointStoreActor, ControllerActor
 
+    # Pinned to this node (a driver's: the head), as Ray pins its controller:
+    # placed softly, both could land on one node whose death loses the state.
     node_id = tray.get_runtime_context().get_node_id()
-    where = NodeAffinitySchedulingStrategy(node_id, soft=True)
+    where = NodeAffinitySchedulingStrategy(node_id, soft=False)
     common = dict(namespace=SERVE_NAMESPACE, lifetime="detached", get_if_exists=True,
                   max_restarts=-1, max_task_retries=-1, num_cpus=0, scheduling_strategy=where)
     CheckpointStoreActor.options(name=CHECKPOINT_NAME, **common).remote()
@@ -176,7 +190,7 @@ def run(target: Application, *, name: str = "default", route_prefix=_DEFAULT,
 def _deploy(name: str, route_prefix, ingress: str, specs: list, *, blocking: bool = False,
             wait: bool = True) -> DeploymentHandle:
     controller = _connect()
-    tray.get(controller.deploy_application.remote(name, route_prefix, ingress, specs))
+    _get(controller.deploy_application.remote(name, route_prefix, ingress, specs))
     handle = DeploymentHandle(ingress, name)
     if wait:
         _wait_for_app(controller, name)

@@ -4,6 +4,7 @@ context (``serve.get_replica_context()``)."""
 
 from __future__ import annotations
 
+import atexit
 from dataclasses import dataclass
 
 import tray
@@ -34,6 +35,13 @@ _states: dict = {}
 STATES_MAX = 100_000  # simulated workers remembered; the oldest go first
 
 
+def _forget_all() -> None:
+    _states.clear()
+
+
+atexit.register(_forget_all)  # refs they hold must not outlive the runtime
+
+
 def _fresh() -> dict:
     return {"controller": None, "routers": {}, "replica": None, "cluster": None}
 
@@ -54,6 +62,10 @@ def _state() -> dict:
     cluster = _current_cluster()
     state = _states.get(key)
     if state is None or (state["cluster"] is not None and state["cluster"]() is not cluster):
+        # Another cluster's states are of no use any more (and hold its refs).
+        for other in [k for k, s in _states.items()
+                      if s["cluster"] is not None and s["cluster"]() is not cluster]:
+            del _states[other]
         state = _states[key] = _fresh()
         state["cluster"] = weakref.ref(cluster) if cluster is not None else None
         while len(_states) > STATES_MAX:

@@ -223,6 +223,18 @@ def deployment(_func_or_class=None, *, name=None, version=None, num_replicas=_UN
 # ================================================================ building
 
 
+def _code_identity(target) -> bytes:
+    """What identifies a deployment's code: its name and source text.
+    (Not its pickle: cloudpickle's bytes for one class vary with which
+    equal strings happen to be the same object.)"""
+    name = f"{getattr(target, '__module__', '')}.{getattr(target, '__qualname__', '')}"
+    try:
+        source = inspect.getsource(target)
+    except (OSError, TypeError):
+        return name.encode() + cloudpickle.dumps(target)
+    return (name + "\n" + source).encode()
+
+
 def _digest(*parts: bytes) -> str:
     hasher = hashlib.sha256()
     for part in parts:
@@ -284,7 +296,12 @@ def build(app: Application, app_name: str, route_prefix: str | None,
             raise TypeError(f"deployment {name!r}: its code or constructor arguments cannot "
                             f"be pickled: {type(error).__name__}: {error}") from error
         options_blob = cloudpickle.dumps(sorted(deployment_._actor_options.items()))
-        version = deployment_.version or _digest(blob, options_blob)
+        try:
+            arguments_blob = cloudpickle.dumps((args, kwargs))
+        except Exception:  # noqa: BLE001 - pickled above with the code, so not reached
+            arguments_blob = blob
+        version = deployment_.version or _digest(_code_identity(target), arguments_blob,
+                                                  options_blob)
         specs.append(DeploymentSpec(
             app_name=app_name, name=name, callable_blob=blob,
             actor_options=dict(deployment_._actor_options), config=deployment_._config,

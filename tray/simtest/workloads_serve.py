@@ -212,7 +212,10 @@ def serve_stream(program) -> None:
         ids = [o[0] for o in outcomes]
         if len(ids) != len(set(ids)):
             raise _violation("serve-one-response-per-request", f"duplicate responses: {ids}")
-    # Autoscaling: hold long requests, then let them end.
+    # Autoscaling: once idle scaled it down to the minimum (so no downscale
+    # decided on the idle past lands on the held requests), hold long
+    # requests, then let them end.
+    _wait_for_replicas(MIN_REPLICAS, "idle after the stream")
     held = rng.randint(3, 7)
     expected = max(MIN_REPLICAS, min(MAX_REPLICAS, math.ceil(held / TARGET_ONGOING)))
     long_requests = [handle.remote(f"h-{i}", HOLD_S) for i in range(held)]

@@ -1,0 +1,492 @@
+"""tray.serve: the API, the controller's logic and the router, mostly on the
+simulated backend (virtual time: health checks, drains and autoscaling
+delays cost nothing); handle calls on both backends. HTTP is in
+test_serve_http.py."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+import tray
+import tray.simtest
+from tray import serve
+from tray.serve import _api, _autoscaling
+from tray.serve.config import AutoscalingConfig
+from tray.serve.exceptions import BackPressureError, RayServeException
+
+
+@pytest.fixture
+def sim():
+    tray.init(backend="sim", num_cpus=8, seed=0)
+    try:
+        yield tray.simtest.cluster()
+    finally:
+        serve.shutdown()
+        tray.shutdown()
+
+
+def _advance(seconds: float) -> None:
+    tray.simtest.cluster().advance(seconds)
+
+
+# ============================================================== deployments
+
+
+@serve.deployment(ray_actor_options={"num_cpus": 0})
+class Adder:
+    def __init__(self, increment: int) -> None:
+        self.increment = increment
+
+    def __call__(self, x: int) -> int:
+        return x + self.increment
+
+    async def slow(self, x: int, sleep_s: float) -> int:
+        await asyncio.sleep(sleep_s)
+        return x + self.increment
+
+    def fail(self, message: str):
+        raise ValueError(message)
+
+    def count_to(self, n: int):
+        yield from range(n)
+
+    async def count_async(self, n: int):
+        for i in range(n):
+            await asyncio.sleep(0.01)
+            yield i * 10
+
+    def whoami(self) -> tuple:
+        context = serve.get_replica_context()
+        return context.app_name, context.deployment, context.replica_id
+
+
+@serve.deployment(ray_actor_options={"num_cpus": 0})
+def doubler(x: int) -> int:
+    return 2 * x
+
+
+@serve.deployment(ray_actor_options={"num_cpus": 0})
+class Pipeline:
+    def __init__(self, first, second) -> None:
+        self.first = first
+        self.second = second
+
+    async def __call__(self, x: int) -> int:
+        # A response passed to another handle call without fetching it here.
+        return await self.second.remote(self.first.remote(x))
+
+    async def both(self, x: int) -> list:
+        return list(await asyncio.gather(self.first.remote(x), self.second.remote(x)))
+
+
+def test_options_are_checked_where_given():
+    with pytest.raises(ValueError, match="max_ongoing_requests"):
+        serve.deployment(max_ongoing_requests=0)(Adder.func_or_class)
+    with pytest.raises(TypeError, match="num_replicas"):
+        Adder.options(num_replicas="two")
+    with pytest.raises(ValueError, match="min_replicas"):
+        Adder.options(autoscaling_config={"min_replicas": 3, "max_replicas": 2})
+    with pytest.raises(ValueError, match="unknown autoscaling_config"):
+        Adder.options(autoscaling_config={"max_replica": 2})
+    with pytest.raises(ValueError, match="not both"):
+        Adder.options(num_replicas=2, autoscaling_config={"max_replicas": 2})
+    with pytest.raises(ValueError, match="invalid ray_actor_options"):
+        Adder.options(ray_actor_options={"num_cpu": 1})
+    with pytest.raises(NotImplementedError, match="runtime_env"):
+        Adder.options(ray_actor_options={"runtime_env": {"pip": ["x"]}})
+    with pytest.raises(TypeError, match="unknown option"):
+        serve.deployment(num_replica=2)
+    with pytest.raises(ValueError, match="max_batch_size"):
+        serve.batch(max_batch_size=0)
+    with pytest.raises(TypeError, match="async"):
+        serve.batch(lambda items: items)
+    scaled = Adder.options(num_replicas="auto")
+    assert scaled.autoscaling_config.max_replicas == 100
+    assert Adder.options(num_replicas=3).num_replicas == 3
+    assert Adder.options(name="Renamed").name == "Renamed"
+
+
+def test_applications_are_built_with_handles_and_unique_names():
+    from tray.serve._deployment import build
+
+    app = Pipeline.bind(Adder.bind(1), Adder.bind(2))
+    ingress, specs = build(app, "app", "/")
+    assert ingress == "Pipeline"
+    assert [s.name for s in specs] == ["Adder", "Adder_1", "Pipeline"]  # Ray's renaming
+    assert specs[-1].route_prefix == "/" and specs[0].route_prefix is None
+    assert specs[0].version != specs[1].version  # other constructor arguments
+    assert build(Adder.bind(1), "app", "/")[1][0].version == specs[0].version
+    with pytest.raises(TypeError, match=r"call Adder.bind\(\)"):
+        build(Adder, "app", "/")
+    with pytest.raises(TypeError, match="unbound"):
+        build(Pipeline.bind(Adder, Adder.bind(1)), "app", "/")
+    with pytest.raises(TypeError, match="bind"):
+        Adder.bind()  # the constructor needs an argument
+    with pytest.raises(TypeError, match="cannot be pickled"):
+        __import__("pickle").dumps(app)
+    with pytest.raises(RuntimeError, match="called directly"):
+        Adder(1)
+
+
+# ============================================================ handle calls
+
+
+def test_handle_calls_composition_streaming_and_errors(one_node):
+    serve.start(proxy_location="Disabled")  # handles only (HTTP: test_serve_http.py)
+    handle = serve.run(Adder.bind(10), name="adder", route_prefix="/adder")
+    assert handle.remote(1).result() == 11
+    assert [r.result() for r in [handle.slow.remote(i, 0.01) for i in range(6)]] == \
+        [10 + i for i in range(6)]
+    assert handle.options(method_name="slow").remote(5, 0.0).result() == 15
+    with pytest.raises(ValueError, match="bad input"):
+        handle.fail.remote("bad input").result()
+    assert list(handle.options(stream=True).count_to.remote(4)) == [0, 1, 2, 3]
+    assert list(handle.options(stream=True).count_async.remote(3)) == [0, 10, 20]
+    with pytest.raises(TypeError, match="stream=True"):
+        handle.count_to.remote(2).result()
+    app_name, deployment, replica_id = handle.whoami.remote().result()
+    assert (app_name, deployment) == ("adder", "Adder") and replica_id.startswith("adder#Adder#")
+    # A response passed on to another call: its value reaches the replica.
+    assert handle.remote(handle.remote(1)).result() == 21
+    pipeline = serve.run(Pipeline.bind(Adder.bind(1), doubler.bind()), name="pipe",
+                         route_prefix="/pipe")
+    assert pipeline.remote(3).result() == 8
+    assert pipeline.both.remote(3).result() == [4, 6]
+    assert serve.get_app_handle("pipe").remote(4).result() == 10
+    assert serve.get_deployment_handle("doubler", "pipe").remote(7).result() == 14
+    with pytest.raises(RayServeException, match="does not exist"):
+        serve.get_app_handle("nope")
+    with pytest.raises(RayServeException, match="does not exist"):
+        serve.get_deployment_handle("Nope", "pipe")
+    status = serve.status()
+    assert status.applications["pipe"].status == serve.ApplicationStatus.RUNNING
+    assert set(status.applications["pipe"].deployments) == {"Adder", "doubler", "Pipeline"}
+    serve.delete("pipe")
+    assert "pipe" not in serve.status().applications
+    with pytest.raises(RayServeException, match="does not exist"):
+        serve.get_app_handle("pipe")
+    serve.shutdown()
+    assert serve.status().applications == {}
+    with pytest.raises(ValueError):
+        tray.get_actor("SERVE_CONTROLLER_ACTOR", namespace="serve")
+
+
+@tray.remote(num_cpus=0)
+def call_from_a_task(handle, values):
+    return [handle.remote(v).result() for v in values]
+
+
+def test_handles_travel_to_tasks(sim):
+    handle = serve.run(Adder.bind(100), name="a")
+    assert tray.get(call_from_a_task.remote(handle, [1, 2, 3])) == [101, 102, 103]
+
+
+# ========================================================== bad deployments
+
+
+def test_a_route_prefix_can_serve_one_application(sim):
+    serve.run(Adder.bind(1), name="first", route_prefix="/api")
+    with pytest.raises(RayServeException, match='being used by application "first"'):
+        serve.run(Adder.bind(2), name="second", route_prefix="/api")
+    with pytest.raises(ValueError, match="start with '/'"):
+        serve.run(Adder.bind(2), name="second", route_prefix="api")
+    serve.run(Adder.bind(3), name="first", route_prefix="/api")  # the same app may update
+    assert serve.get_app_handle("first").remote(0).result() == 3
+
+
+@serve.deployment(ray_actor_options={"num_cpus": 0})
+class Broken:
+    def __init__(self) -> None:
+        raise RuntimeError("no model file")
+
+
+def test_a_failing_constructor_makes_the_application_deploy_failed(sim):
+    with pytest.raises(RayServeException, match="no model file"):
+        serve.run(Broken.bind(), name="broken")
+    app = serve.status().applications["broken"]
+    assert app.status == serve.ApplicationStatus.DEPLOY_FAILED
+    assert "no model file" in app.message
+    assert app.deployments["Broken"].status == serve.DeploymentStatus.DEPLOY_FAILED
+    assert "RuntimeError" in app.deployments["Broken"].message
+    # Calls fail at once with the reason instead of waiting for a replica.
+    with pytest.raises(RayServeException, match="failed to deploy"):
+        serve.get_app_handle("broken").remote().result()
+    # Fixing the code and deploying again recovers.
+    serve.run(Adder.bind(5), name="broken")
+    assert serve.get_app_handle("broken").remote(1).result() == 6
+
+
+@serve.deployment(ray_actor_options={"num_cpus": 0}, user_config={"factor": 2})
+class Configured:
+    def __init__(self) -> None:
+        self.factor = None
+
+    def reconfigure(self, config: dict) -> None:
+        self.factor = config["factor"]
+
+    def __call__(self, x: int) -> tuple:
+        return x * self.factor, serve.get_replica_context().replica_id
+
+
+@serve.deployment(ray_actor_options={"num_cpus": 0}, user_config={"a": 1})
+class NoReconfigure:
+    def __call__(self) -> int:
+        return 1
+
+
+def test_user_config_is_applied_in_place(sim):
+    handle = serve.run(Configured.bind(), name="cfg")
+    value, first_replica = handle.remote(3).result()
+    assert value == 6
+    serve.run(Configured.options(user_config={"factor": 5}).bind(), name="cfg")
+    value, replica = handle.remote(3).result()
+    assert value == 15
+    assert replica == first_replica  # reconfigured, not replaced
+    with pytest.raises(RayServeException, match="reconfigure"):
+        serve.run(NoReconfigure.bind(), name="noreconf", route_prefix=None)
+
+
+# =================================================== rolling update, health
+
+
+@serve.deployment(ray_actor_options={"num_cpus": 0}, num_replicas=2,
+                  graceful_shutdown_wait_loop_s=0.5)
+class Versioned:
+    def __init__(self, version: str) -> None:
+        self.version = version
+
+    async def __call__(self, sleep_s: float) -> str:
+        await asyncio.sleep(sleep_s)
+        return self.version
+
+
+@tray.remote(num_cpus=0)
+def stream_calls(count: int, sleep_s: float) -> list:
+    handle = serve.get_app_handle("versioned")
+    results = []
+    for _ in range(count):
+        results.append(handle.remote(sleep_s).result())
+    return results
+
+
+def test_rolling_update_drops_no_request(sim):
+    serve.run(Versioned.bind("v1"), name="versioned")
+    before = {r[0] for r in _api._list_replicas("versioned", "Versioned")}
+    streams = [stream_calls.remote(40, 0.05) for _ in range(3)]
+    _advance(0.3)
+    serve.run(Versioned.bind("v2"), name="versioned")  # new arguments: new replicas
+    results = tray.get(streams)  # any error would raise here
+    flat = [r for stream in results for r in stream]
+    assert len(flat) == 120 and set(flat) <= {"v1", "v2"} and "v2" in flat
+    for stream in results:  # each caller switches once, never back
+        assert stream == sorted(stream)
+    after = _api._list_replicas("versioned", "Versioned")
+    assert len(after) == 2 and not before & {r[0] for r in after}
+    assert serve.get_app_handle("versioned").remote(0.0).result() == "v2"
+
+
+def test_in_flight_requests_finish_when_their_replica_is_stopped(sim):
+    handle = serve.run(Versioned.bind("v1"), name="versioned")
+    slow = [handle.remote(5.0) for _ in range(4)]  # longer than the drain loop
+    serve.run(Versioned.options(num_replicas=1).bind("v1"), name="versioned")
+    assert [r.result() for r in slow] == ["v1"] * 4
+    assert len(_api._list_replicas("versioned", "Versioned")) == 1
+    serve.delete("versioned")  # drains too
+    assert "versioned" not in serve.status().applications
+
+
+@serve.deployment(ray_actor_options={"num_cpus": 0}, health_check_period_s=0.5,
+                  health_check_timeout_s=1.0)
+class Fragile:
+    def __init__(self) -> None:
+        self.healthy = True
+
+    def break_it(self) -> None:
+        self.healthy = False
+
+    def check_health(self) -> None:
+        if not self.healthy:
+            raise RuntimeError("lost the GPU")
+
+    def __call__(self) -> str:
+        return serve.get_replica_context().replica_id
+
+
+def test_unhealthy_and_dead_replicas_are_replaced(sim):
+    handle = serve.run(Fragile.bind(), name="fragile")
+    first = handle.remote().result()
+    handle.break_it.remote().result()
+    _advance(5.0)  # three failed checks
+    second = handle.remote().result()
+    assert second != first
+    actor = tray.get_actor(_api._list_replicas("fragile", "Fragile")[0][1], namespace="serve")
+    sim.kill_worker(sim.worker_of(actor))
+    try:
+        handle.remote().result()
+    except tray.exceptions.ActorDiedError:
+        pass  # the request that found it dead; the router reports it
+    _advance(3.0)
+    third = handle.remote().result()
+    assert third not in (first, second)
+    assert serve.status().applications["fragile"].status == serve.ApplicationStatus.RUNNING
+
+
+def test_the_controller_recovers_its_state_after_a_crash(sim):
+    handle = serve.run(Adder.bind(7), name="kept", route_prefix="/kept")
+    replicas = _api._list_replicas("kept", "Adder")
+    controller = tray.get_actor("SERVE_CONTROLLER_ACTOR", namespace="serve")
+    sim.kill_worker(sim.worker_of(controller))  # it restarts (max_restarts=-1)
+    _advance(2.0)
+    assert handle.remote(1).result() == 8  # the replicas never stopped
+    assert _api._list_replicas("kept", "Adder") == replicas
+    status = serve.status().applications["kept"]
+    assert status.status == serve.ApplicationStatus.RUNNING and status.route_prefix == "/kept"
+    serve.run(Adder.bind(8), name="kept", route_prefix="/kept")  # and it still deploys
+    assert handle.remote(1).result() == 9
+    store = tray.get_actor("SERVE_CHECKPOINT_ACTOR", namespace="serve")
+    sim.kill_worker(sim.worker_of(store))  # the store restarts empty and is refilled
+    _advance(8.0)
+    sim.kill_worker(sim.worker_of(tray.get_actor("SERVE_CONTROLLER_ACTOR", namespace="serve")))
+    _advance(2.0)
+    assert serve.status().applications["kept"].status == serve.ApplicationStatus.RUNNING
+    assert handle.remote(2).result() == 10
+
+
+# ============================================================ limits, scale
+
+
+@serve.deployment(ray_actor_options={"num_cpus": 0}, max_ongoing_requests=1,
+                  max_queued_requests=2)
+class Narrow:
+    async def __call__(self, sleep_s: float) -> str:
+        await asyncio.sleep(sleep_s)
+        return "done"
+
+
+def test_backpressure_past_max_queued_requests(sim):
+    handle = serve.run(Narrow.bind(), name="narrow")
+    accepted = [handle.remote(1.0) for _ in range(3)]  # one running, two queued
+    with pytest.raises(BackPressureError, match="max_queued_requests=2") as caught:
+        handle.remote(1.0)
+    assert caught.value.num_queued_requests == 2
+    assert [r.result() for r in accepted] == ["done"] * 3
+    assert handle.remote(0.0).result() == "done"  # room again
+
+
+@serve.deployment(ray_actor_options={"num_cpus": 0}, max_ongoing_requests=10,
+                  autoscaling_config={"min_replicas": 1, "max_replicas": 3,
+                                      "target_ongoing_requests": 2, "metrics_interval_s": 0.2,
+                                      "look_back_period_s": 1.0, "upscale_delay_s": 0.5,
+                                      "downscale_delay_s": 2.0},
+                  graceful_shutdown_wait_loop_s=0.2)
+class Elastic:
+    async def __call__(self, sleep_s: float) -> int:
+        await asyncio.sleep(sleep_s)
+        return 1
+
+
+def _target_and_running(app: str, deployment: str) -> tuple:
+    status = serve.status().applications[app].deployments[deployment]
+    return status.target_num_replicas, status.replica_states.get("RUNNING", 0)
+
+
+def test_autoscaling_follows_ongoing_requests(sim):
+    handle = serve.run(Elastic.bind(), name="elastic")
+    assert _target_and_running("elastic", "Elastic") == (1, 1)
+    held = [handle.remote(10.0) for _ in range(5)]  # 5 ongoing / 2 per replica -> 3
+    _advance(4.0)
+    assert _target_and_running("elastic", "Elastic") == (3, 3)
+    assert sum(r.result() for r in held) == 5
+    _advance(6.0)
+    assert _target_and_running("elastic", "Elastic") == (1, 1)
+    status = serve.status().applications["elastic"]
+    assert status.status == serve.ApplicationStatus.RUNNING
+
+
+def test_autoscaling_policy_is_rays():
+    config = AutoscalingConfig(min_replicas=1, max_replicas=10, target_ongoing_requests=2,
+                               upscale_delay_s=0.5, downscale_delay_s=1.0)
+    state = _autoscaling.PolicyState()
+    assert _autoscaling.desired_replicas(config, 2, 8) == 4
+    assert _autoscaling.desired_replicas(config, 2, 100) == 10  # bounded
+    assert _autoscaling.desired_replicas(config, 4, 0) == 1
+    # Up only once the decision held for upscale_delay_s (5 periods of 0.1 s).
+    assert [_autoscaling.decide(config, state, 2, 2, 8) for _ in range(6)] == [2] * 5 + [4]
+    # A short dip does not scale down; a long one does.
+    assert [_autoscaling.decide(config, state, 4, 4, 0) for _ in range(3)] == [4, 4, 4]
+    assert _autoscaling.decide(config, state, 4, 4, 8) == 4  # the counter resets
+    assert [_autoscaling.decide(config, state, 4, 4, 0) for _ in range(11)] == [4] * 10 + [1]
+    halved = AutoscalingConfig(min_replicas=1, max_replicas=10, target_ongoing_requests=1,
+                               upscale_delay_s=0, upscaling_factor=0.5)
+    assert _autoscaling.decide(halved, _autoscaling.PolicyState(), 2, 2, 10) == 6
+    zero = AutoscalingConfig(min_replicas=0, max_replicas=4, downscale_delay_s=0.0)
+    assert _autoscaling.decide(zero, _autoscaling.PolicyState(), 0, 0, 3) == 1  # from zero
+    assert _autoscaling.decide(zero, _autoscaling.PolicyState(), 1, 1, 0) == 0
+
+
+@serve.deployment(ray_actor_options={"num_cpus": 0}, max_ongoing_requests=100)
+class Batched:
+    def __init__(self) -> None:
+        self.sizes = []
+
+    @serve.batch(max_batch_size=4, batch_wait_timeout_s=0.5)
+    async def handle(self, values: list) -> list:
+        self.sizes.append(len(values))
+        return [v * 10 for v in values]
+
+    async def __call__(self, value: int) -> int:
+        return await self.handle(value)
+
+    def batch_sizes(self) -> list:
+        return self.sizes
+
+
+def test_batch_groups_concurrent_calls(sim):
+    handle = serve.run(Batched.bind(), name="batched")
+    responses = [handle.remote(i) for i in range(10)]
+    assert [r.result() for r in responses] == [i * 10 for i in range(10)]
+    sizes = handle.batch_sizes.remote().result()
+    assert sum(sizes) == 10 and max(sizes) == 4 and sizes[:2] == [4, 4]
+    assert handle.remote(99).result() == 990  # alone: the timeout sends it
+    assert handle.batch_sizes.remote().result()[-1] == 1
+
+
+def test_batch_without_a_cluster():
+    @serve.batch(max_batch_size=3, batch_wait_timeout_s=0.01)
+    async def square_all(values):
+        return [v * v for v in values]
+
+    @serve.batch(max_batch_size=2)
+    async def wrong_length(values):
+        return values[:1]
+
+    async def main():
+        squares = await asyncio.gather(*[square_all(i) for i in range(7)])
+        with pytest.raises(TypeError, match="one result per item"):
+            await asyncio.gather(wrong_length(1), wrong_length(2))
+        return squares, square_all.statistics()
+
+    squares, stats = asyncio.run(main())
+    assert squares == [i * i for i in range(7)]
+    assert stats.batches_run == 3
+
+
+# ============================================================= determinism
+
+
+def _serve_program() -> str:
+    tray.init(backend="sim", num_cpus=8, seed=11)
+    try:
+        handle = serve.run(Pipeline.bind(Adder.bind(1), doubler.bind()), name="p")
+        assert [r.result() for r in [handle.remote(i) for i in range(5)]] == \
+            [2 * (i + 1) for i in range(5)]
+        serve.shutdown()
+        return tray.simtest.trace_digest()
+    finally:
+        tray.shutdown()
+
+
+def test_a_serve_program_replays_from_its_seed():
+    assert _serve_program() == _serve_program()
