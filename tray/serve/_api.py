@@ -283,6 +283,7 @@ def ingress(app):
     functions defined in the class get the replica's instance as ``self``."""
     if not callable(app):
         raise TypeError(f"@serve.ingress takes an ASGI app (FastAPI, Starlette), got {app!r}")
+    _make_state_picklable()
 
     def decorate(cls):
         import inspect
@@ -293,6 +294,25 @@ def ingress(app):
         cls._serve_asgi_app = app
         return cls
     return decorate
+
+
+def _make_state_picklable() -> None:
+    """The app is pickled with its class; Starlette's ``State`` (``app.state``)
+    recurses forever when unpickled (its ``__getattr__`` reads an attribute
+    that unpickling has not set yet), so it is pickled through its contents."""
+    import copyreg
+
+    try:
+        from starlette.datastructures import State
+    except ImportError:
+        return
+    copyreg.pickle(State, _reduce_state)
+
+
+def _reduce_state(state):
+    from starlette.datastructures import State
+
+    return (State, (dict(state._state),))
 
 
 # ----------------------------------------------------------- introspection
