@@ -49,3 +49,28 @@ def test_worker_crash_exhausts_retries():
         assert tray.get(crash_until.remote(counter, 0)) == "survived"
     finally:
         tray.shutdown()
+
+
+def test_a_shutdown_that_cannot_finish_leaves_no_run_behind(monkeypatch):
+    # Regression: a simulated cluster whose shutdown failed left its trio
+    # guest run installed, and every later tray.init(backend="sim") in the
+    # process failed with "Attempted to call run() from inside a run()" (one
+    # failing test became 245 errors in CI).
+    from tray.backends.sim import cluster as sim_cluster
+    from tray.exceptions import TrayError
+
+    tray.init(backend="sim", seed=1)
+    cluster = sim_cluster._active["cluster"]
+
+    def stalled(condition, what):
+        raise TrayError(f"the simulation stalled during {what}")
+
+    monkeypatch.setattr(cluster, "_pump", stalled)
+    with pytest.raises(TrayError, match="stalled during shutdown"):
+        tray.shutdown()
+    monkeypatch.undo()
+    tray.init(backend="sim", seed=2)
+    try:
+        assert tray.get(tray.put(5)) == 5
+    finally:
+        tray.shutdown()

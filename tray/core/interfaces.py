@@ -18,6 +18,12 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 
+class ProcessExit(BaseException):
+    """Ends the (simulated) process the raising code runs in, as ``os._exit``
+    does a real one. A backend raises a subclass; the core never catches it as
+    a task's or a call's error, it unwinds to the process's root."""
+
+
 class ConnectionClosed(Exception):
     """The peer of a stream went away (closed, crashed, or the link broke)."""
 
@@ -84,6 +90,9 @@ class ObjectStore(Protocol):
 
     def objects_owned_by(self, owner: str) -> list[bytes]:
         """The ids of the objects here that ``owner`` owns."""
+
+    def object_owners(self) -> dict[bytes, str]:
+        """Every object here, with its owner's address."""
 
     def get(self, object_id: bytes) -> tuple[bytes, list[memoryview]] | None: ...
 

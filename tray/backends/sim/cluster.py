@@ -20,7 +20,7 @@ from ...core import config as config_module
 from ...core.context import current_worker
 from ...core.gcs.gcs_server import GcsServer
 from ...core.ids import NodeID
-from ...core.interfaces import ProcessEnv
+from ...core.interfaces import ProcessEnv, ProcessExit
 from ...core.node.node_manager import NodeManager
 from ...core.trace import Trace
 from ...core.worker.core_worker import DRIVER, WORKER, CoreWorker
@@ -58,7 +58,7 @@ class SimulationInvariantError(TrayError):
         self.virtual_time_s = virtual_time_s
 
 
-class SimulatedProcessExit(BaseException):
+class SimulatedProcessExit(ProcessExit):
     """Raised by ``os._exit`` in simulated user code: ends that simulated
     process, not the real one."""
 
@@ -258,6 +258,12 @@ class SimCluster:
                 self._token.run_sync_soon(self._nursery.cancel_scope.cancel)
                 self._pump(lambda: self._finished is not None, "shutdown")
         finally:
+            if self._finished is None and self._token is not None:
+                # The run could not end (a hang or a crash during shutdown,
+                # already raising): abandon it as trio does a finished one,
+                # so this process can start another cluster, not fail every
+                # later one with "run() from inside a run()".
+                trio_run.GLOBAL_RUN_CONTEXT.__dict__.clear()
             self.trace.close()
             _active["cluster"] = None
             _remove_patches()
@@ -443,7 +449,8 @@ class SimCluster:
         for index in range(self.num_nodes):
             address = f"n{index}/worker-{worker_id[:12]}"
             if address in self.processes:
-                self._apply("kill_worker", lambda: self._kill_worker_now(address, worker_id))
+                self._apply("kill_worker",
+                            lambda address=address: self._kill_worker_now(address, worker_id))
                 return
         raise ValueError(f"no live worker {worker_id}")
 

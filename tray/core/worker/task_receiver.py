@@ -30,6 +30,7 @@ import trio
 from ... import exceptions
 from ..context import TaskContext, current_task
 from ..ids import ObjectID, TaskID
+from ..interfaces import ProcessExit
 from ..messages import FailedResult, InlineResult, StoredResult, TaskReply
 from ..rpc import Endpoint, PeerDisconnected
 from ..serialization import KIND_ERROR, SerializedObject, serialize, serialize_error
@@ -73,8 +74,9 @@ def _split_returns(value, num_returns: int, name: str) -> list:
 
 
 def _is_cancellation(error: BaseException) -> bool:
-    """trio's own cancellation (alone or inside a group): never the task's error."""
-    if isinstance(error, trio.Cancelled):
+    """trio's own cancellation or a process exit (alone or inside a group):
+    never the task's error."""
+    if isinstance(error, (trio.Cancelled, ProcessExit)):
         return True
     if isinstance(error, BaseExceptionGroup):
         return any(_is_cancellation(inner) for inner in error.exceptions)
