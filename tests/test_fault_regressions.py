@@ -50,10 +50,9 @@ def test_options_variants_share_one_export():
     assert variant._export.get() == f._export.get()
 
 
-@pytest.mark.xfail(strict=True, reason="known: a connection reset can lose a one-way "
-                   "reference-counting message (add/remove borrower), so an object a "
-                   "borrower holds can be freed early; needs re-sent, de-duplicated "
-                   "one-way messages")
 def test_reset_during_borrowing_keeps_the_object():
+    # A connection reset lost a one-way reference-counting message (add or
+    # remove borrower), so an object a borrower held was freed early. One-way
+    # messages that matter are reliable now: re-sent, handled once.
     result = runner.run_seed(413, "mixed", "default")
     assert result.ok, result.report()

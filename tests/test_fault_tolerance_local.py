@@ -240,3 +240,90 @@ def test_a_task_waiting_for_an_argument_lost_with_its_node_lends_its_cpu():
         assert tray.get(tally.count.remote("produce")) == 2  # made again, on the head
     finally:
         tray.shutdown()
+
+
+# ======================================================== real-process chaos
+
+
+@tray.remote(max_retries=-1)
+def chaos_leaf(i):
+    return np.full(20_000, float(i))  # 160 KB: stored in a node's store
+
+
+@tray.remote(max_retries=-1)
+def chaos_link(array, k):
+    return array + k
+
+
+@tray.remote(max_retries=-1)
+def chaos_sum(array):
+    return float(array.sum())
+
+
+@tray.remote(max_restarts=-1, max_task_retries=-1)
+class ChaosSquarer:
+    def square(self, x):
+        return x * x
+
+
+def _tray_workers() -> list[psutil.Process]:
+    found = []
+    for node in psutil.Process().children():
+        try:
+            for child in node.children():
+                if "tray.backends.local.worker" in child.cmdline():
+                    found.append(child)
+        except psutil.NoSuchProcess:
+            continue
+    return found
+
+
+@pytest.mark.slow
+def test_chaos_workers_killed_every_half_second_and_a_node_mid_run():
+    # Issue 11: a 3-node cluster under load, workers SIGKILLed every 0.5 s and
+    # one node SIGKILLed mid-run, must finish with every result exact.
+    import random
+    import threading
+
+    tray.init(num_nodes=3, num_cpus=2)
+    stop = threading.Event()
+    killed = {"workers": 0}
+
+    def chaos() -> None:
+        rng = random.Random(11)
+        started = time.monotonic()
+        node_killed = False
+        while not stop.wait(0.5):
+            workers = _tray_workers()
+            if workers:
+                try:
+                    rng.choice(workers).send_signal(signal.SIGKILL)
+                    killed["workers"] += 1
+                except psutil.NoSuchProcess:
+                    pass
+            if not node_killed and time.monotonic() - started > 4.0:
+                node_killed = True
+                node = _node_process(2)
+                for process in [node, *node.children(recursive=True)]:
+                    process.send_signal(signal.SIGKILL)
+
+    try:
+        squarers = [ChaosSquarer.remote() for _ in range(4)]
+        thread = threading.Thread(target=chaos, daemon=True)
+        thread.start()
+        lanes = 40
+        sums = []
+        for lane in range(lanes):  # chains of stored objects, in waves
+            ref = chaos_leaf.remote(lane)
+            for k in range(5):
+                ref = chaos_link.remote(ref, 1.0)
+            sums.append(chaos_sum.remote(ref))
+        squares = [squarers[i % 4].square.remote(i) for i in range(400)]
+        small = [chaos_sum.remote(chaos_leaf.remote(i)) for i in range(1000)]
+        assert tray.get(sums, timeout=240) == [20_000.0 * (lane + 5) for lane in range(lanes)]
+        assert tray.get(squares, timeout=240) == [i * i for i in range(400)]
+        assert tray.get(small, timeout=240) == [20_000.0 * i for i in range(1000)]
+        assert killed["workers"] >= 4
+    finally:
+        stop.set()
+        tray.shutdown()

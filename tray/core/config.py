@@ -46,6 +46,15 @@ class Config:
     default_max_concurrency_async: int = 1000
     # A request on a connection waiting longer than this is a bug or a hang.
     rpc_pending_calls_max: int = 1_000_000
+    # How often a node asks the owners of the objects in its store whether
+    # they still know those copies (a copy made by a task attempt whose reply
+    # was lost, and re-run elsewhere, is known to nobody and would leak).
+    object_reconcile_period_s: float = 2.0
+    # Reliable one-way messages waiting for one destination's acknowledgment
+    # (it is unreachable): beyond this the oldest are dropped, with an error.
+    reliable_unacked_max: int = 100_000
+    # How long reliable messages wait for a peer that stopped answering.
+    reliable_retention_s: float = 30.0
 
 
 DEFAULT_CONFIG = Config()

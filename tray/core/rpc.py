@@ -8,14 +8,40 @@ task and may wait (for a lease, an object, an actor to come alive); its
 reply is sent when it returns.
 
 Wire messages are tuples:
-``(REQUEST, call_id, method, args)``, ``(REPLY, call_id, ok, value)`` and
-``(ONEWAY, 0, method, args)``.
+``(REQUEST, call_id, method, args)``, ``(REPLY, call_id, ok, value)``,
+``(ONEWAY, 0, method, args)``, ``(RELIABLE, seq, method, args)`` and
+``(ACK, seq, None, None)``; a connection opens with the connecting side's
+``("hello", address, session)`` and the other side's ``(WELCOME, session,
+None, None)``.
+
+**Reliable one-way messages.** A plain one-way message is lost when its
+connection breaks (a reset): fine for a view that the next heartbeat
+repeats, not for reference counting (a lost ``remove_borrower`` leaks an
+object, a lost ``add_borrower`` frees one too early), frees, lease returns or
+death notices. Those go with ``notify_reliable``: each gets a sequence number
+(increasing, from one counter per process) and stays in the sender's
+``unacked`` queue for its destination until the receiver acknowledges it
+(acks are cumulative, and sent once per burst). One task at a time sends a
+connection's reliable messages, strictly in sequence order; when a new
+connection to the destination opens, every unacknowledged message is sent
+again first. The receiver handles each message once: it remembers the last
+sequence number handled per sender and *session* (a restarted sender has a
+new one). Messages are for one incarnation of their receiver: when a new
+connection finds another process (another session) at the address — a
+restarted node manager at its predecessor's address — what was waiting for
+the old one is dropped, never delivered to its successor (a ``return_lease``
+of lease 5 must not return the new node's lease 5). A peer that stops
+answering may only be cut off (a partition), so what waits for it is kept
+for ``reliable_retention_s`` and dropped after that, or at once when its
+machine is declared dead (``drop``). At most ``reliable_unacked_max`` wait per
+destination; beyond that the oldest go, with an error logged.
 """
 
 from __future__ import annotations
 
 import inspect
 import logging
+from collections import OrderedDict, deque
 from collections.abc import Callable
 
 import trio
@@ -24,7 +50,14 @@ from .interfaces import ConnectionClosed, Stream
 
 logger = logging.getLogger("tray.rpc")
 
-REQUEST, REPLY, ONEWAY = 0, 1, 2
+REQUEST, REPLY, ONEWAY, RELIABLE, ACK, WELCOME = 0, 1, 2, 3, 4, 5
+
+# How many senders' last sequence numbers a process remembers (a sender is
+# one process; workers come and go, so the table would grow without end).
+RECEIVED_SENDERS_MAX = 65_536
+# How many times a connection is tried when it breaks before the peer's
+# welcome (a reset in the middle of a handshake is not a dead peer).
+HANDSHAKE_ATTEMPTS = 3
 
 
 class PeerDisconnected(ConnectionClosed):
@@ -51,7 +84,8 @@ class _Pending:
 
 class Connection:
     def __init__(self, stream: Stream, handlers: dict[str, Callable], nursery: trio.Nursery,
-                 peer: str, pending_calls_max: int, on_close: Callable | None = None) -> None:
+                 peer: str, pending_calls_max: int, on_close: Callable | None = None,
+                 endpoint: Endpoint | None = None, peer_session: int = 0) -> None:
         self._stream = stream
         self._handlers = handlers
         self._nursery = nursery
@@ -61,6 +95,12 @@ class Connection:
         self._next_call_id = 1
         self.closed = False
         self._on_close = on_close
+        self._endpoint = endpoint
+        self.peer_session = peer_session  # the sender's session, for inbound connections
+        self.reliable_sent_upto = -1  # the highest reliable seq sent on this connection
+        self._reliable_sending = False
+        self._ack_upto = -1  # the highest reliable seq to acknowledge
+        self._ack_scheduled = False
 
     async def call(self, method: str, *args):
         if self.closed:
@@ -91,6 +131,42 @@ class Connection:
         except ConnectionClosed:
             pass
 
+    async def send_reliable(self, unacked: deque) -> None:
+        """Send, in order, the messages of ``unacked`` (a destination's
+        queue) that this connection has not sent yet. One task sends at a
+        time; it goes on while more arrive, so none overtakes another."""
+        if self._reliable_sending:
+            return
+        self._reliable_sending = True
+        try:
+            while not self.closed:
+                batch = [entry for entry in unacked if entry[0] > self.reliable_sent_upto]
+                if not batch:
+                    return
+                for seq, method, args, _ in batch:
+                    self.reliable_sent_upto = seq
+                    try:
+                        await self._stream.send((RELIABLE, seq, method, args))
+                    except ConnectionClosed:
+                        return  # sent again on the next connection
+        finally:
+            self._reliable_sending = False
+
+    def acknowledge(self, seq: int) -> None:
+        """Acknowledge reliable messages up to ``seq``, once per burst."""
+        self._ack_upto = max(self._ack_upto, seq)
+        if not self._ack_scheduled and not self.closed:
+            self._ack_scheduled = True
+            self._nursery.start_soon(self._send_ack)
+
+    async def _send_ack(self) -> None:
+        await trio.sleep(0)  # let the rest of a burst arrive first
+        self._ack_scheduled = False
+        try:
+            await self._stream.send((ACK, self._ack_upto, None, None))
+        except ConnectionClosed:
+            pass  # the sender sends again what it has no ack for
+
     async def run(self) -> None:
         """Receive and dispatch until the stream ends."""
         try:
@@ -102,6 +178,12 @@ class Connection:
                     if pending is not None:
                         pending.ok, pending.value = a, b
                         pending.event.set()
+                elif kind == RELIABLE:
+                    if self._endpoint.first_delivery(self, call_id):
+                        self._dispatch(ONEWAY, 0, a, b)
+                    self.acknowledge(call_id)
+                elif kind == ACK:
+                    self._endpoint.acknowledged(self.peer, call_id)
                 else:
                     self._dispatch(kind, call_id, a, b)
         except ConnectionClosed:
@@ -185,6 +267,19 @@ class Endpoint:
         # Each is called with the address of a peer process that has gone
         # away, in the order they were added.
         self._peer_closed_listeners: list[Callable[[str], None]] = []
+        # Reliable one-way messages. This process's session: a restarted
+        # process at the same address is a new sender to its peers.
+        self.session = env.rng.getrandbits(62)
+        self._reliable_seq = 0  # the last sequence number given
+        # destination -> deque[(seq, method, args, the destination's session)]
+        self._unacked: dict[str, deque] = {}
+        # sender -> (its session, the last seq handled). Kept when a sender
+        # seems gone (it may only be cut off and send again); the least
+        # recently heard of go beyond RECEIVED_SENDERS_MAX.
+        self._received: OrderedDict[str, tuple[int, int]] = OrderedDict()
+        self._peer_sessions: dict[str, int] = {}  # destination -> its session, last seen
+        self._unreachable_since: dict[str, float] = {}  # destination -> when found gone
+        self.reliable_dropped = 0  # messages dropped: the limit, or a replaced receiver
 
     def add_peer_closed_listener(self, listener: Callable[[str], None]) -> None:
         """Call ``listener(address)`` when a peer process is gone for good
@@ -199,9 +294,16 @@ class Endpoint:
             hello = await stream.receive()
         except ConnectionClosed:
             return  # the peer left (or sent garbage) before introducing itself
-        peer = hello[1] if isinstance(hello, tuple) and hello and hello[0] == "hello" else "?"
+        is_hello = isinstance(hello, tuple) and hello and hello[0] == "hello"
+        peer = hello[1] if is_hello else "?"
+        session = hello[2] if is_hello and len(hello) > 2 else 0
+        try:
+            await stream.send((WELCOME, self.session, None, None))
+        except ConnectionClosed:
+            return
         connection = Connection(stream, self.handlers, self.nursery, peer,
-                                self.env.config.rpc_pending_calls_max, self._closed)
+                                self.env.config.rpc_pending_calls_max, self._closed,
+                                endpoint=self, peer_session=session)
         self._inbound.setdefault(peer, []).append(connection)
         await connection.run()
 
@@ -225,8 +327,25 @@ class Endpoint:
                 return
         except ValueError:
             return  # not a process's address (a one-off client): nothing to clean up
+        self._unreachable_since.setdefault(peer, trio.current_time())
+        self.nursery.start_soon(self._expire_unacked, peer)
         for listener in list(self._peer_closed_listeners):
             listener(peer)
+
+    async def _expire_unacked(self, peer: str) -> None:
+        """Drop what waits for a peer still unreachable after the retention."""
+        await trio.sleep(self.env.config.reliable_retention_s)
+        since = self._unreachable_since.get(peer)
+        if since is not None and \
+                trio.current_time() - since >= self.env.config.reliable_retention_s:
+            self._forget_peer(peer)
+
+    def _forget_peer(self, peer: str) -> None:
+        """A peer is gone for good: what waits to be sent to it never will be."""
+        queue = self._unacked.pop(peer, None)
+        self.reliable_dropped += len(queue or ())
+        self._peer_sessions.pop(peer, None)
+        self._unreachable_since.pop(peer, None)
 
     async def reachable(self, address: str) -> bool:
         """Does a process still listen at ``address``? (Connects if need be.)"""
@@ -247,19 +366,51 @@ class Endpoint:
             await event.wait()
         event = self._connecting[address] = trio.Event()
         try:
-            try:
-                stream = await self.env.transport.connect(address)
-                await stream.send(("hello", self.env.address))
-            except ConnectionClosed:
-                raise PeerDisconnected(address) from None
+            stream, session = await self._open(address)
+            self._unreachable_since.pop(address, None)
+            if self._peer_sessions.get(address) != session:
+                # Another process at the address: what was meant for the one
+                # before it is moot (what was sent knowing no one is not).
+                queue = self._unacked.get(address)
+                if queue:
+                    kept = deque(entry for entry in queue if entry[3] in (None, session))
+                    self.reliable_dropped += len(queue) - len(kept)
+                    self._unacked[address] = kept
+            self._peer_sessions[address] = session
             connection = Connection(stream, self.handlers, self.nursery, address,
-                                    self.env.config.rpc_pending_calls_max, self._closed)
+                                    self.env.config.rpc_pending_calls_max, self._closed,
+                                    endpoint=self)
             self._connections[address] = connection
             self.nursery.start_soon(connection.run)
+            # What a broken connection may have lost goes again, first.
+            unacked = self._unacked.get(address)
+            if unacked:
+                await connection.send_reliable(unacked)
             return connection
         finally:
             del self._connecting[address]
             event.set()
+
+    async def _open(self, address: str):
+        """A new stream to ``address`` after the handshake, and the session
+        of the process there (None if it sent none)."""
+        for attempt in range(HANDSHAKE_ATTEMPTS):
+            try:
+                stream = await self.env.transport.connect(address)
+            except ConnectionClosed:
+                raise PeerDisconnected(address) from None  # nothing listens there
+            try:
+                await stream.send(("hello", self.env.address, self.session))
+                welcome = await stream.receive()
+            except ConnectionClosed:
+                if attempt + 1 == HANDSHAKE_ATTEMPTS:
+                    raise PeerDisconnected(address) from None
+                await trio.sleep(0)
+                continue
+            session = welcome[1] if isinstance(welcome, tuple) and len(welcome) == 4 and \
+                welcome[0] == WELCOME else None
+            return stream, session
+        raise AssertionError("unreachable")
 
     async def call(self, address: str, method: str, *args):
         connection = await self.connect(address)
@@ -272,6 +423,47 @@ class Endpoint:
             return
         await connection.notify(method, *args)
 
+    async def notify_reliable(self, address: str, method: str, *args) -> None:
+        """Send a one-way message that survives broken connections: it is
+        sent again until acknowledged, and handled once (see the header)."""
+        self._reliable_seq += 1
+        seq = self._reliable_seq
+        queue = self._unacked.setdefault(address, deque())
+        # For the process last seen at the address (None: none seen yet).
+        queue.append((seq, method, args, self._peer_sessions.get(address)))
+        if len(queue) > self.env.config.reliable_unacked_max:
+            _, lost, _, _ = queue.popleft()
+            self.reliable_dropped += 1
+            logger.error("dropped a %s message to %s: %d are waiting for it to answer",
+                         lost, address, len(queue))
+        try:
+            connection = await self.connect(address)
+        except PeerDisconnected:
+            return  # sent on the next connection (or dropped when the peer is gone)
+        unacked = self._unacked.get(address)
+        if unacked:
+            await connection.send_reliable(unacked)
+
+    def first_delivery(self, connection: Connection, seq: int) -> bool:
+        """Is reliable message ``seq`` from this connection's peer new here?"""
+        peer = connection.peer
+        known = self._received.get(peer)
+        if known is not None and known[0] == connection.peer_session and seq <= known[1]:
+            return False
+        self._received[peer] = (connection.peer_session, seq)
+        self._received.move_to_end(peer)
+        if len(self._received) > RECEIVED_SENDERS_MAX:
+            self._received.popitem(last=False)
+        return True
+
+    def acknowledged(self, address: str, seq: int) -> None:
+        queue = self._unacked.get(address)
+        while queue and queue[0][0] <= seq:
+            queue.popleft()
+
+    def unacked_count(self) -> int:
+        return sum(len(queue) for queue in self._unacked.values())
+
     def peers(self) -> list[str]:
         """Addresses with an open connection, in either direction."""
         return sorted(set(self._connections) | set(self._inbound))
@@ -283,6 +475,7 @@ class Endpoint:
         connections = list(self._inbound.get(address, []))
         if address in self._connections:
             connections.append(self._connections[address])
+        self._forget_peer(address)
         for connection in connections:
             connection._close()
             self.nursery.start_soon(connection.aclose)

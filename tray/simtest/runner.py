@@ -38,7 +38,7 @@ from . import faults as faults_module
 from . import workloads
 
 LIVENESS_S = 120.0  # virtual seconds for all outstanding work once faults stop
-QUIESCE_S = 5.0  # virtual seconds for frees and lease returns to settle
+QUIESCE_S = 10.0  # virtual seconds for frees, lease returns and orphan reclaims to settle
 WAIT_TIMEOUT_S = 5.0
 HANG_S = 300.0  # any single blocking driver call (a hang beyond the liveness bound)
 # Every component's validate_state() runs after every this many simulated

@@ -109,6 +109,15 @@ def make_array(key: str, size: int, fill: float):
 
 
 @tray.remote
+def array_plus_one(key: str, array, sleep_s: float):
+    """One link of a chain of large objects, slow enough that the chain
+    spans the fault window."""
+    _ran(key)
+    time.sleep(sleep_s)
+    return array + 1.0
+
+
+@tray.remote
 def array_sum(key: str, array) -> float:
     _ran(key)
     return float(array.sum())
@@ -363,6 +372,29 @@ def restarts(program) -> None:
         program.expect(ref, i * i, label=f"call {i} to a restarting actor", actor_call=True)
 
 
+def chains(program) -> None:
+    """Deep chains of large objects, as many as the cluster has CPUs and
+    more, spread over the nodes and over the fault window: a node that dies
+    takes links with it, and a task waiting for a lost link must not hold a
+    CPU that the link's re-run needs (the node-death deadlock). Every chain
+    ends with its exact sum."""
+    rng = program.rng
+    cpus = int(sum(node["Resources"].get("CPU", 0) for node in tray.nodes() if node["Alive"]))
+    width = min(rng.randint(max(1, cpus), max(1, cpus) + 2), 6)  # (bounded: sweep speed)
+    depth = rng.randint(2, 4)
+    size = 15_000  # 120 KB: past the inline limit, so links live in node stores
+    for lane in range(width):
+        ref = make_array.options(max_retries=-1, scheduling_strategy="SPREAD").remote(
+            program.key(f"chain{lane}-0", retries=-1), size, float(lane))
+        for link in range(depth):
+            ref = array_plus_one.options(max_retries=-1, scheduling_strategy="SPREAD").remote(
+                program.key(f"chain{lane}-{link + 1}", retries=-1), ref,
+                rng.random() * 0.15)
+        total = array_sum.options(max_retries=-1).remote(
+            program.key(f"chain{lane}-sum", retries=-1), ref)
+        program.expect(total, float(size * (lane + depth)), label=f"chain {lane} of {depth}")
+
+
 def placement_groups(program) -> None:
     """A placement group (of memory, so it starves no other piece of CPUs)
     with tasks and a restarting actor in its bundles; bundles lost with a
@@ -423,7 +455,7 @@ def cancellation(program) -> None:
 PIECES = {
     "dag": dag, "nested": nested, "objects": objects, "wait": wait_loop, "actors": actors,
     "retries": retries, "cancel": cancellation, "restarts": restarts,
-    "groups": placement_groups,
+    "groups": placement_groups, "chains": chains,
 }
 
 

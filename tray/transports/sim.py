@@ -204,7 +204,8 @@ class SimNetwork:
         self.messages_delivered += 1
         if len(message) == 4:
             kind, call_id, method, _ = message
-            summary = method if kind != 1 else f"reply#{call_id}"
+            summary = f"reply#{call_id}" if kind == 1 else f"ack#{call_id}" if kind == 4 \
+                else "welcome" if kind == 5 else method
         else:
             summary = str(message[0])
         self.tracer.record(receiver, "recv", peer=sender, msg=summary)

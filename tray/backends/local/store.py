@@ -175,8 +175,10 @@ class ShmObjectStore:
             return None
 
     def objects_owned_by(self, owner: str) -> list[bytes]:
-        wanted = owner.encode()
-        found = []
+        return [oid for oid, who in self.object_owners().items() if who == owner]
+
+    def object_owners(self) -> dict[bytes, str]:
+        found = {}
         for directory in (self.directory, self.spill_directory):
             if not directory:
                 continue
@@ -188,9 +190,8 @@ class ShmObjectStore:
                         fixed = file.read(HEADER_FIXED_BYTES)
                         _, count, owner_len = struct.unpack("<QIH", fixed)
                         file.seek(HEADER_FIXED_BYTES + 8 * count)
-                        if file.read(owner_len) == wanted:
-                            found.append(bytes.fromhex(name))
-                except (FileNotFoundError, struct.error):
+                        found[bytes.fromhex(name)] = file.read(owner_len).decode()
+                except (FileNotFoundError, struct.error, ValueError):
                     continue
         return found
 

@@ -47,6 +47,9 @@ class MemoryObjectStore:
         self._owners[object_id] = owner
         self._used_bytes += size
 
+    def object_owners(self) -> dict[bytes, str]:
+        return dict(sorted(self._owners.items()))
+
     def objects_owned_by(self, owner: str) -> list[bytes]:
         return sorted(oid for oid, who in self._owners.items() if who == owner)
 

@@ -90,5 +90,5 @@ class GcsServer:
             return
         for _node_id, node in sorted(self.node_table.nodes.items()):
             if node.alive:
-                self.nursery.start_soon(self.endpoint.notify, node.address, "owner_died",
-                                        address)
+                self.nursery.start_soon(self.endpoint.notify_reliable, node.address,
+                                        "owner_died", address)

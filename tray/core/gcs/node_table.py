@@ -125,6 +125,6 @@ class NodeTable:
         nodes = self.addresses()
         for peer in self._endpoint.peers():
             if peer not in nodes:
-                self._nursery.start_soon(self._endpoint.notify, peer, "node_died", node_id,
-                                         node.address)
+                self._nursery.start_soon(self._endpoint.notify_reliable, peer, "node_died",
+                                         node_id, node.address)
         self.on_node_dead(node_id, reason)

@@ -62,7 +62,7 @@ class NodeManager:
         self.pool.release_leases_of = self.leases.release_leases_of
         self.objects = ObjectManager(node_id=env.node_id, address=env.address,
                                      endpoint=endpoint, tracer=env.tracer, config=env.config,
-                                     store=env.object_store)
+                                     store=env.object_store, nursery=nursery)
         for component in (self, self.pool, self.leases, self.objects):
             for attribute in dir(component):
                 if attribute.startswith("handle_"):
@@ -129,6 +129,7 @@ class NodeManager:
             await trio.sleep(self.config.heartbeat_period_s)
             self.pool.reap_idle()
             self.leases.reconcile()
+            self.objects.reconcile()
             try:
                 reply = await self.endpoint.call(self.env.gcs_address, "heartbeat",
                                                  self.node_id, dict(self.leases.available))

@@ -5,19 +5,30 @@ manager to *pull* it: the node manager reads it from a node that holds a
 copy in chunks of ``object_chunk_bytes`` (each chunk a slice of the object's
 packed form, so neither side copies the whole object to serve a chunk),
 stores it locally and tells the owner of the new copy (the owner frees every
-copy, so it must know of each). Concurrent pulls of one object share one
-transfer.
+copy, so it must know of each: that message is a call, re-sent after a
+broken connection until the owner answers or is gone, since a copy the owner
+never hears of would never be freed). Concurrent pulls of one object share
+one transfer.
 
 Objects leave a store when their owner frees them (``free_objects``) or
-when their owner dies (``owner_died``: nobody else could free them)."""
+when their owner dies (``owner_died``: nobody else could free them). And,
+since a copy can exist that its owner never heard of (a task attempt stored
+its result, its reply was lost, and the task ran again elsewhere), every
+``object_reconcile_period_s`` the node asks each owner which of its objects
+that were here at the previous round it still knows here (``objects_here``),
+and frees the rest: no copy outlives its owner's knowledge by more than two
+periods."""
 
 from __future__ import annotations
 
+import logging
 import struct
 
 import trio
 
 from ..rpc import Endpoint, PeerDisconnected
+
+logger = logging.getLogger("tray.node")
 
 
 def packed_slice(data: bytes, buffers: list, offset: int, size: int) -> tuple[int, bytes]:
@@ -54,7 +65,8 @@ def unpack_object(blob: bytes) -> tuple[bytes, list]:
 
 class ObjectManager:
     def __init__(self, *, node_id: str, address: str, endpoint: Endpoint, tracer, config,
-                 store) -> None:
+                 store, nursery: trio.Nursery) -> None:
+        self._nursery = nursery
         self._node_id = node_id
         self._trace_name = node_id[:8]
         self._address = address
@@ -65,6 +77,10 @@ class ObjectManager:
         # Pulls under way, one per object: bounded by the objects this
         # node's workers wait for.
         self._pulls: dict[bytes, trio.Event] = {}
+        # Reconciliation: what was here at the last round, and when it was.
+        self._last_round: set = set()
+        self._last_round_at = 0.0
+        self._reconciling = False
 
     def pulls_in_progress(self) -> int:
         return len(self._pulls)
@@ -93,8 +109,7 @@ class ObjectManager:
                         self._tracer.record(self._trace_name, "object_pulled",
                                             object=object_id, source=node_id, size=len(blob))
                         # The owner frees every copy, so it must know of this one.
-                        await self._endpoint.notify(owner, "add_location", object_id,
-                                                    self._node_id, self._address)
+                        self._nursery.start_soon(self._tell_owner, owner, object_id)
                         break
                 else:
                     return False
@@ -102,6 +117,20 @@ class ObjectManager:
                 del self._pulls[object_id]
                 event.set()
         return True
+
+    async def _tell_owner(self, owner: str, object_id: bytes) -> None:
+        while True:
+            try:
+                await self._endpoint.call(owner, "add_location", object_id, self._node_id,
+                                          self._address)
+                return
+            except PeerDisconnected:
+                if not await self._endpoint.reachable(owner):
+                    return  # gone: the copies of what it owned are freed with it
+            except Exception as error:  # noqa: BLE001 - the owner failed the message
+                logger.warning("owner %s failed to note a copy of %s: %s", owner,
+                               object_id.hex(), error)
+                return
 
     async def _read_remote(self, address: str, object_id: bytes) -> bytes | None:
         chunks, offset = [], 0
@@ -121,6 +150,48 @@ class ObjectManager:
         if entry is None:
             return None
         return packed_slice(*entry, offset, size)
+
+    def reconcile(self) -> None:
+        """Every ``object_reconcile_period_s``, ask owners about the objects
+        that were here at the previous round too (younger copies may be
+        on their way to being known)."""
+        now = trio.current_time()
+        if self._reconciling or now - self._last_round_at < \
+                self._config.object_reconcile_period_s:
+            return
+        owners = self.store.object_owners()
+        by_owner: dict[str, list] = {}
+        for object_id, owner in owners.items():
+            if object_id in self._last_round and object_id not in self._pulls:
+                by_owner.setdefault(owner, []).append(object_id)
+        self._last_round = set(owners)
+        self._last_round_at = now
+        if by_owner:
+            self._reconciling = True
+            self._nursery.start_soon(self._ask_owners, by_owner)
+
+    async def _ask_owners(self, by_owner: dict) -> None:
+        try:
+            for owner, object_ids in sorted(by_owner.items()):
+                try:
+                    held = await self._endpoint.call(owner, "objects_here", self._node_id,
+                                                     self._address, object_ids)
+                except PeerDisconnected:
+                    if await self._endpoint.reachable(owner):
+                        continue  # only the connection broke: next round
+                    held = []  # gone: nobody can free what it owned
+                except Exception as error:  # noqa: BLE001 - the owner failed to answer
+                    logger.warning("%s failed to say which objects it keeps: %s", owner,
+                                   error)
+                    continue
+                orphans = sorted(set(object_ids) - set(held))
+                for object_id in orphans:
+                    self.store.delete(object_id)
+                if orphans:
+                    self._tracer.record(self._trace_name, "orphan_objects_freed", owner=owner,
+                                        count=len(orphans))
+        finally:
+            self._reconciling = False
 
     def handle_free_objects(self, conn, object_ids: list) -> None:
         for object_id in object_ids:

@@ -5,7 +5,9 @@ Reference counting must send messages from places that cannot wait: an
 of another component's bookkeeping), a finished task's bookkeeping, a lease
 given back. They go into this outbox, and one flusher task drains it in
 order, so messages to one peer keep the order they were queued in (a
-``remove_borrower`` never overtakes the ``add_borrower`` before it).
+``remove_borrower`` never overtakes the ``add_borrower`` before it). They
+are *reliable* one-way messages (``Endpoint.notify_reliable``): a broken
+connection does not lose them.
 A message addressed to this very process is handled in place by its
 handler, still in queue order."""
 
@@ -74,6 +76,6 @@ class Outbox:
                     except Exception:  # noqa: BLE001 - as a one-way message sent away would
                         logger.exception("one-way %s to this process failed", method)
                 else:
-                    await self._endpoint.notify(address, method, *args)
+                    await self._endpoint.notify_reliable(address, method, *args)
         finally:
             self._flush_scheduled = False

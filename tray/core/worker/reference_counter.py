@@ -255,6 +255,19 @@ class ReferenceCounter:
         if (node_id, manager) not in entry.locations:
             entry.locations.append((node_id, manager))
 
+    def handle_objects_here(self, conn, node_id: str, manager: str, object_ids: list) -> list:
+        """Which of these objects, stored on that node, this owner keeps
+        there: those it knows there, and those not made yet (a task may be
+        storing one there right now). The node frees the others."""
+        held = []
+        for object_id in object_ids:
+            entry = self.refs.get(ObjectID(object_id))
+            if entry is None or not entry.owned:
+                continue
+            if not entry.ready or (node_id, manager) in entry.locations:
+                held.append(object_id)
+        return held
+
     def forget_node(self, node_id: str) -> None:
         """A node died: the copies it held are gone."""
         for entry in self.refs.values():
