@@ -17,14 +17,18 @@ def main(argv: list[str] | None = None) -> int:
                     "print the run's trace digest")
     sim.add_argument("script", help="path of the script to run")
     sim.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")
+    from ..serve import _cli as serve_cli
     from ..simtest import cli as simtest_cli
     from . import cluster
 
     cluster.add_parsers(commands)
     simtest_cli.add_parsers(commands)
+    serve_cli.add_parsers(commands)
     args = parser.parse_args(argv)
     if args.command == "simtest":
         return simtest_cli.dispatch(args)
+    if args.command == "serve":
+        return serve_cli.dispatch(args)
     if args.command in ("start", "stop", "status"):
         return getattr(cluster, args.command)(args)
     if args.command == "version":
