@@ -7,13 +7,12 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
 
 import pytest
-
-from tray.backends.local.session import free_port
 
 httpx = pytest.importorskip("httpx")
 yaml = pytest.importorskip("yaml")
@@ -21,6 +20,13 @@ yaml = pytest.importorskip("yaml")
 pytestmark = pytest.mark.skipif(
     "local" not in os.environ.get("TRAY_TEST_BACKENDS", "sim,local").split(","),
     reason="the CLI runs real processes")
+
+
+def free_port() -> int:
+    """A port free on 127.0.0.1 now (tests run in parallel: not 8000)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 APP_MODULE = '''
 from tray import serve

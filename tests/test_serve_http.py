@@ -204,3 +204,92 @@ def test_fastapi_ingress(http_serve):
         assert client.put("/api/items/b", params={"value": "x"}).status_code == 422
         assert client.get("/api/docs").status_code == 200  # FastAPI's own pages work too
     assert handle.count.remote().result() == 1
+
+
+# ================================================ bad input, real processes
+
+
+@serve.deployment(ray_actor_options={"num_cpus": 0})
+class Broken:
+    def __init__(self) -> None:
+        raise RuntimeError("no model file")
+
+
+@serve.deployment(ray_actor_options={"num_cpus": 0})
+class Napper:
+    async def __call__(self, request) -> str:
+        return "awake"
+
+    async def nap(self, sleep_s: float) -> float:
+        await asyncio.sleep(sleep_s)
+        return sleep_s
+
+
+def test_bad_applications_on_real_processes(http_serve):
+    # A constructor that raises: serve.run says why, the status keeps it, and
+    # HTTP requests to its route are refused with the reason (not left waiting).
+    with pytest.raises(serve.exceptions.RayServeException, match="no model file"):
+        serve.run(Broken.bind(), name="broken", route_prefix="/broken")
+    app = serve.status().applications["broken"]
+    assert app.status == serve.ApplicationStatus.DEPLOY_FAILED
+    assert "no model file" in app.message
+    assert app.deployments["Broken"].status == serve.DeploymentStatus.DEPLOY_FAILED
+    with httpx.Client(base_url=http_serve, timeout=30) as client:
+        refused = client.get("/broken")
+        assert refused.status_code == 503 and "failed to deploy" in refused.text
+    # A route prefix another application holds.
+    handle = serve.run(Napper.bind(), name="napper", route_prefix="/nap")
+    with pytest.raises(serve.exceptions.RayServeException,
+                       match='/nap is being used by application "napper"'):
+        serve.run(Napper.bind(), name="thief", route_prefix="/nap")
+    assert "thief" not in serve.status().applications
+    # A result not there in time: TimeoutError, and the call still completes.
+    slow = handle.nap.remote(1.0)
+    with pytest.raises(TimeoutError):
+        slow.result(timeout_s=0.1)
+    assert slow.result() == 1.0
+    with httpx.Client(base_url=http_serve, timeout=30) as client:
+        assert client.get("/nap").text == "awake"
+        assert client.get("/-/routes").json() == {"/broken": "broken", "/nap": "napper"}
+
+
+@serve.deployment(ray_actor_options={"num_cpus": 0}, num_replicas=2,
+                  graceful_shutdown_wait_loop_s=0.2)
+class Release:
+    def __init__(self, version: str) -> None:
+        self.version = version
+
+    async def __call__(self, request) -> str:
+        await asyncio.sleep(0.01)
+        return self.version
+
+
+def test_rolling_update_over_http_drops_no_request(http_serve):
+    """HTTP requests keep flowing from another thread while serve.run rolls
+    the deployment over to new code: every one gets a 200, from v1 then v2."""
+    import threading
+
+    serve.run(Release.bind("v1"), name="release", route_prefix="/release")
+    answers: list = []
+    stop = threading.Event()
+
+    def load() -> None:
+        with httpx.Client(base_url=http_serve, timeout=30) as client:
+            for _ in range(2000):  # bounded; stopped once the update is done
+                reply = client.get("/release")
+                answers.append((reply.status_code, reply.text))
+                if stop.is_set():
+                    return
+
+    loader = threading.Thread(target=load)
+    loader.start()
+    try:
+        serve.run(Release.bind("v2"), name="release", route_prefix="/release")
+        with httpx.Client(base_url=http_serve, timeout=30) as client:
+            assert client.get("/release").text == "v2"
+    finally:
+        stop.set()
+        loader.join(timeout=60)
+    assert answers and {status for status, _ in answers} == {200}
+    versions = [text for _, text in answers]
+    assert set(versions) <= {"v1", "v2"} and versions[0] == "v1" and versions[-1] == "v2"
