@@ -132,6 +132,11 @@ import suite_train  # noqa: E402 - imports neither tray nor ray
 
 METRICS += [Metric(name, unit, higher_is_better=better, dask=NA + "no Train")
             for name, unit, better in suite_train.DEFINITIONS]
+# tray.serve beside Ray Serve (bench/suite_serve.py: one suite, both runtimes).
+import suite_serve  # noqa: E402 - imports neither tray nor ray
+
+METRICS += [Metric(name, unit, higher_is_better=better, rows=rows, dask=NA + "no Serve")
+            for name, unit, better, rows in suite_serve.DEFINITIONS]
 NOT_IN_RAY = {"simulated tasks per wall-clock second": "no simulator",
               "simtest seeds per minute (mixed workload)": "no simulator"}
 
@@ -151,6 +156,8 @@ def child(runtime: str, name: str, rounds: int, quick: bool) -> None:
             function = suite_rllib.metric_for(runtime, name)
         elif name in suite_train.NAMES:
             function = suite_train.metric_for(runtime, name)
+        elif name in suite_serve.NAMES:
+            function = suite_serve.metric_for(runtime, name)
         else:
             suite = __import__(f"suite_{runtime}")
             function = suite.METRICS.get(name)
