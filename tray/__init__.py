@@ -3,6 +3,7 @@
 ``import tray`` works like ``import ray`` for the core API; every cluster can
 also run as a deterministic simulation (``tray.init(backend="sim", seed=N)``)."""
 
+from . import actor as actor
 from . import backends as _backends  # registers the backends
 from . import exceptions as exceptions
 from . import job_config as job_config
@@ -41,4 +42,4 @@ del _name, _backends
 __all__ = ["init", "shutdown", "is_initialized", "remote", "method", "get", "put", "wait",
            "cancel", "kill", "get_actor", "nodes", "cluster_resources", "available_resources",
            "get_gpu_ids", "get_runtime_context", "ObjectRef", "ObjectID", "ActorHandle",
-           "TrayContext", "exceptions", "job_config", "util", "__version__"]
+           "TrayContext", "actor", "exceptions", "job_config", "util", "__version__"]

@@ -506,10 +506,15 @@ class ActorClass:
                 options=options, namespace=namespace, method_meta=meta, is_async=is_async)
         actor, holds = _in_loop(worker, prepare)
         existing = _block(worker, worker.register_actor, actor, holds)
-        info = existing or actor
+        if existing is None:
+            info, owner, detached = actor, worker.address, actor.detached
+        else:  # get_if_exists found a live actor of that name: borrow its handle
+            info = existing
+            owner, detached = _gcs_call("actor_owner", existing.actor_id) or ("", True)
         return ActorHandle(info.actor_id, info.class_name, info.method_meta,
                            info.max_task_retries, _signatures(self._cls),
-                           info.max_pending_calls)
+                           info.max_pending_calls,
+                           _handle_ref(worker, info.actor_id, owner, detached))
 
     def _remote(self, args=None, kwargs=None, **options) -> ActorHandle:
         """Ray's lower-level creation: ``A._remote(args=[...], kwargs={...},
@@ -573,16 +578,41 @@ class ActorMethod:
                 actor=worker.actor_state(handle._actor_id), method=self._name,
                 max_task_retries=handle._max_task_retries if retries is None else retries,
                 max_pending_calls=handle._max_pending_calls,
-                concurrency_group=self._concurrency_group)
+                concurrency_group=self._concurrency_group, actor_ref=handle._ref)
         return _returns(_in_loop(worker, submit), self._num_returns)
 
 
+def _handle_ref(worker, actor_id: str, owner: str, detached: bool) -> ObjectRef | None:
+    """The ref a new handle holds to its actor's handle reference (None for
+    a detached actor: handles do not keep it). A process that gets a handle
+    from the GCS (get_actor, get_if_exists) registers as a borrower before
+    the handle exists, so the actor cannot end while it is held."""
+    if detached or not owner:
+        return None
+
+    async def make():
+        ref, is_new = worker.actor_handle_ref(actor_id, owner)
+        if is_new:
+            await worker.register_borrows([ref])
+        return ref
+    return _block(worker, make)
+
+
 class ActorHandle:
-    """A reference to an actor; pass it to tasks and call its methods."""
+    """A reference to an actor; pass it to tasks and call its methods.
+
+    A handle of a non-detached actor holds ``_ref``, a ref to the actor's
+    handle reference (see ``worker/actor_task_submitter``): while any handle
+    (or a call made through one) exists anywhere, the actor lives."""
+
+    # Methods every actor has, as Ray's: __ray_ready__ answers True once the
+    # actor is up; __ray_terminate__ ends it after the calls queued before it.
+    _BUILTIN_METHODS = ("__ray_ready__", "__ray_terminate__")
 
     def __init__(self, actor_id: str, class_name: str, method_meta: dict,
                  max_task_retries: int, signatures: dict | None = None,
-                 max_pending_calls: int = -1) -> None:
+                 max_pending_calls: int = -1, ref: ObjectRef | None = None) -> None:
+        self._ref = ref
         self._actor_id = actor_id
         self._class_name = class_name
         self._method_meta = method_meta
@@ -591,6 +621,8 @@ class ActorHandle:
         self._max_pending_calls = max_pending_calls
 
     def __getattr__(self, name: str) -> ActorMethod:
+        if name in ActorHandle._BUILTIN_METHODS:
+            return ActorMethod(self, name, 1)
         if name.startswith("__") or name not in self.__dict__.get("_method_meta", {}):
             raise AttributeError(f"actor {self.__dict__.get('_class_name', '?')} has no "
                                  f"method {name!r}")
@@ -611,8 +643,10 @@ class ActorHandle:
         return sorted(name for name in self._method_meta if not name.startswith("__"))
 
     def __reduce__(self):
+        # The ref inside makes whoever unpickles this handle a borrower.
         return (ActorHandle, (self._actor_id, self._class_name, self._method_meta,
-                              self._max_task_retries, None, self._max_pending_calls))
+                              self._max_task_retries, None, self._max_pending_calls,
+                              self._ref))
 
     def __repr__(self) -> str:
         return f"Actor({self._class_name}, {self._actor_id})"
@@ -862,18 +896,46 @@ def kill(actor: ActorHandle, *, no_restart: bool = True) -> None:
     _block(worker, worker.kill_actor, actor._actor_id, no_restart)
 
 
+def exit_actor() -> None:
+    """End the current actor from inside one of its methods, as Ray's
+    ``ray.actor.exit_actor``: the method's caller sees ``ActorDiedError``
+    instead of a value, calls not started yet fail with ``ActorDiedError``,
+    calls already running (a concurrent actor's) finish, ``atexit`` handlers
+    run (on real processes), and the actor is not restarted. Raises
+    ``TypeError`` outside an actor."""
+    from .worker.actor_host import ActorExit, AsyncioActorExit
+
+    worker = get_worker(required=False)
+    context = current_task.get(None)
+    if worker is None or context is None or context.actor_id is None or \
+            getattr(worker, "actor_host", None) is None or worker.actor_host.instance is None:
+        raise TypeError("exit_actor() can only be called inside an actor's method; use "
+                        "tray.kill(handle) to end an actor from outside")
+    worker.actor_host.request_exit("exit_actor() was called")
+    try:
+        import asyncio
+
+        asyncio.get_running_loop()
+    except RuntimeError:
+        raise ActorExit(0) from None
+    raise AsyncioActorExit("exit_actor() was called")
+
+
 def get_actor(name: str, namespace: str | None = None) -> ActorHandle:
     """The handle of the live actor called ``name``; ValueError if none."""
     if not isinstance(name, str) or not name:
         raise ValueError(f"get_actor() needs a non-empty name, got {name!r}")
     _worker()  # starts a cluster if none runs, as Ray does
     namespace = namespace if namespace is not None else _namespace()
-    info = _gcs_call("get_named_actor", name, namespace)
-    if info is None:
+    found = _gcs_call("get_named_actor_handle", name, namespace)
+    if found is None:
         raise ValueError(f"Failed to look up actor with name {name!r} in namespace "
                          f"{namespace!r}: no live actor has that name")
+    info, owner, detached = found
+    worker = get_worker()
     return ActorHandle(info.actor_id, info.class_name, info.method_meta,
-                       info.max_task_retries, max_pending_calls=info.max_pending_calls)
+                       info.max_task_retries, max_pending_calls=info.max_pending_calls,
+                       ref=_handle_ref(worker, info.actor_id, owner, detached))
 
 
 # ================================================================= cluster

@@ -14,6 +14,16 @@ creation bumps the actor's *incarnation*; callers long-poll
 Named actors are looked up per namespace; a non-detached actor dies with
 its owner.
 
+A non-detached actor also ends when its owner reports that every handle to
+it is gone (``actor_out_of_scope``, see ``worker/actor_task_submitter``),
+and any actor when it exits by itself (``actor_exiting``: ``exit_actor()``,
+``__ray_terminate__``). Both end it *gracefully*: DEAD at once (no restart,
+later calls fail with ``ActorDiedError`` naming the reason), then its worker
+is asked to finish the calls it is running and exit (``terminate_actor``);
+one that has not answered within ``GRACEFUL_EXIT_TIMEOUT_S`` is killed, as
+Ray's GCS force-kills after its graceful-shutdown timeout. Named actors are
+no exception (Ray's rule); detached actors never end by handles.
+
 Records live in ``Storage`` (``ActorRecord``, versioned), so a GCS restarted
 on Redis resumes scheduling whatever was pending or restarting."""
 
@@ -47,6 +57,13 @@ from .node_table import NodeTable
 logger = logging.getLogger("tray.gcs")
 
 T_ACTORS, T_NAMES = "actors", "names"
+
+# How long an actor's worker may take to finish its running calls and exit
+# after a graceful termination before the GCS kills it.
+GRACEFUL_EXIT_TIMEOUT_S = 30.0
+
+OUT_OF_SCOPE = ("all references to the actor were removed: every handle to it went out of "
+                "scope and no call to it was pending")
 
 
 class _Creation(enum.Enum):
@@ -147,6 +164,20 @@ class ActorManager:
             return None
         return self.actors[actor_id].info()
 
+    def handle_get_named_actor_handle(self, conn, name: str, namespace: str):
+        """(info, owner address, detached) of the live actor called ``name``,
+        or None: what ``get_actor`` needs to borrow the actor's handle."""
+        info = self.handle_get_named_actor(conn, name, namespace)
+        if info is None:
+            return None
+        spec = self.actors[info.actor_id].spec
+        return info, spec.owner_address, spec.detached
+
+    def handle_actor_owner(self, conn, actor_id: str):
+        """(owner address, detached) of an actor, or None if unknown."""
+        actor = self.actors.get(actor_id)
+        return None if actor is None else (actor.spec.owner_address, actor.spec.detached)
+
     def handle_list_actors(self, conn) -> list[ActorInfo]:
         return [actor.info() for _, actor in sorted(self.actors.items())]
 
@@ -187,6 +218,47 @@ class ActorManager:
         else:
             actor.restart_budget_bypass = True
         if worker_id is not None and node_id in self._nodes.nodes:
+            await self._kill_worker(node_id, worker_id)
+
+    def handle_actor_out_of_scope(self, conn, actor_id: str) -> None:
+        """The owner holds no handle to the actor any more, nor does anyone
+        it lent one to, and no call is pending: end it (not a detached one)."""
+        actor = self.actors.get(actor_id)
+        if actor is None or actor.state == DEAD or actor.spec.detached:
+            return
+        self._end_gracefully(actor, OUT_OF_SCOPE)
+
+    def handle_actor_exiting(self, conn, actor_id: str, worker_id: str, reason: str) -> None:
+        """The actor's worker is ending it (exit_actor, __ray_terminate__)."""
+        actor = self.actors.get(actor_id)
+        if actor is None or actor.state == DEAD or actor.worker_id != worker_id:
+            return
+        self._end_gracefully(actor, f"the actor exited by itself: {reason}")
+
+    def _end_gracefully(self, actor: ActorRecord, reason: str) -> None:
+        """DEAD now, without restart; its worker finishes its running calls
+        and exits (a creation under way is abandoned by ``_schedule``)."""
+        node_id, worker_id, address = actor.node_id, actor.worker_id, actor.address
+        alive = actor.state == ALIVE
+        self._tracer.record("gcs", "actor_terminate", actor=actor.actor_id)
+        self._set_dead(actor, reason)
+        if alive and worker_id is not None and node_id in self._nodes.nodes:
+            self._nursery.start_soon(self._stop_worker, actor.actor_id, node_id, worker_id,
+                                     address, reason)
+
+    async def _stop_worker(self, actor_id: str, node_id: str, worker_id: str, address: str,
+                           reason: str) -> None:
+        with trio.move_on_after(GRACEFUL_EXIT_TIMEOUT_S):
+            try:
+                if await self._endpoint.call(address, "terminate_actor", actor_id, reason):
+                    return  # it exits by itself
+            except PeerDisconnected:
+                if not await self._endpoint.reachable(address):
+                    return  # gone already
+            except Exception as error:  # noqa: BLE001 - it could not even try: kill it
+                logger.warning("actor %s did not exit gracefully: %s", actor_id, error)
+        self._tracer.record("gcs", "actor_exit_forced", actor=actor_id)
+        if node_id in self._nodes.nodes:
             await self._kill_worker(node_id, worker_id)
 
     def handle_worker_died(self, conn, worker_id: str, node_id: str, reason: str) -> None:

@@ -35,24 +35,59 @@ Limits, per caller: at most ``actor_pending_calls_max`` calls wait for their
 turn; one more is refused (``ActorError``), and its turn is skipped when it
 comes, so the calls after it still run. At most as many replies are kept;
 beyond that the oldest are forgotten (a call re-sent after that would run
-again — it takes that many calls outstanding behind one unfinished call)."""
+again — it takes that many calls outstanding behind one unfinished call).
+
+Exits. An actor ends *gracefully* (no restart, whatever ``max_restarts``)
+in three ways, all ending in ``handle_terminate_actor``: ``exit_actor()``
+(or ``sys.exit()``) in a method, a ``__ray_terminate__`` call (queued
+behind the caller's earlier calls like any call), and its last handle going
+out of scope (the GCS asks). The method that exits finishes; its caller
+gets ``ActorDiedError``, as in Ray. The host then refuses new calls and
+calls still waiting for their turn (``ActorDiedError``), tells the GCS the
+actor is dead (``actor_exiting``), and the GCS calls ``terminate_actor``
+back: the host waits for the calls already running (a concurrent actor's)
+to finish, replies, runs the ``atexit`` handlers where the worker is a
+real process, and ends the process. The GCS kills a worker that has not
+answered within ``GRACEFUL_EXIT_TIMEOUT_S`` (a method that never returns)."""
 
 from __future__ import annotations
 
+import atexit
 import inspect
+import logging
 from dataclasses import dataclass, field
 
 import trio
 import trio_asyncio
 
 from ... import exceptions
-from ..context import TaskContext
+from ..context import TaskContext, current_task
 from ..ids import ActorID, ObjectID, TaskID
 from ..messages import ActorSpec, FailedResult, TaskReply
+from ..rpc import PeerDisconnected
 from ..serialization import SerializedObject
 from ..task_spec import TaskSpec
 from .function_table import FunctionTable
 from .task_receiver import TaskReceiver
+
+logger = logging.getLogger("tray.worker")
+
+# How long an exiting actor's worker lives on after answering the GCS, so
+# that its last replies are out before the process ends.
+EXIT_GRACE_S = 0.05
+
+
+class ActorExit(SystemExit):
+    """Raised by ``exit_actor()`` in a synchronous method: a SystemExit, so
+    an ``except Exception`` in user code does not swallow it (as Ray's)."""
+
+
+class AsyncioActorExit(Exception):
+    """Raised by ``exit_actor()`` in an async method (a SystemExit must not
+    cross an asyncio loop); Ray's name."""
+
+
+_BUILTIN_METHODS = ("__ray_ready__", "__ray_terminate__")
 
 
 @dataclass
@@ -89,8 +124,19 @@ class ActorHostStatistics:
 class ActorHost:
     def __init__(self, *, name: str, worker_id: str, tracer, config,
                  functions: FunctionTable, receiver: TaskReceiver, nursery: trio.Nursery,
-                 run_sync_in_thread=None) -> None:
+                 run_sync_in_thread=None, gcs=None, exit_process=None,
+                 run_atexit: bool = False) -> None:
         self._nursery = nursery
+        self._gcs = gcs
+        self._exit_process = exit_process
+        self._run_atexit = run_atexit
+        # Why the hosted actor is ending (None while it is not); then it
+        # takes no new call.
+        self.exiting: str | None = None
+        # (task id, reason) of the call that asked the actor to exit.
+        self._exit_request: tuple | None = None
+        self._running = 0  # calls inside the actor now
+        self._idle: trio.Event | None = None  # set when _running drops to 0
         # run_sync_in_thread(fn, group) -> awaitable result: a backend's thread
         # pool for synchronous methods of concurrent actors (None: inline).
         self._run_sync_in_thread = run_sync_in_thread
@@ -180,6 +226,8 @@ class ActorHost:
     async def handle_actor_call(self, conn, spec: TaskSpec) -> TaskReply:
         if self.instance is None:
             raise exceptions.ActorDiedError(f"no actor lives in worker {self._worker_id}")
+        if self.exiting is not None:
+            raise self._exiting_error(spec)
         queue = self.callers.get(spec.caller)
         if queue is None:
             queue = self.callers[spec.caller] = CallerQueue()
@@ -190,8 +238,22 @@ class ActorHost:
             if spec.seq in queue.replies:
                 return queue.replies[spec.seq]
         done = queue.started[spec.seq] = trio.Event()
+        self._running += 1
         try:
-            reply = await self._run_call(queue, spec)
+            try:
+                reply = await self._run_call(queue, spec)
+            except SystemExit:  # sys.exit() or exit_actor() in a synchronous method
+                if self._exit_request is None or self._exit_request[0] != spec.task_id:
+                    self._exit_request = (spec.task_id, f"the actor's method {spec.name} "
+                                                        "called sys.exit()")
+                reply = None
+            if self._exit_request is not None and self._exit_request[0] == spec.task_id:
+                # This call ended the actor: its caller sees the death, as in Ray.
+                reason = self._exit_request[1]
+                self.begin_exit(reason)
+                raise exceptions.ActorDiedError(
+                    f"the actor {self.actor_id} exited during {spec.name}: {reason}",
+                    self.actor_id)
             # Kept for a re-send — unless the caller's floor passed this call
             # while it ran (the caller gave up on it): then nobody will ask.
             if spec.seq in queue.started:
@@ -202,7 +264,80 @@ class ActorHost:
                 queue.started.pop(oldest, None)
         finally:
             done.set()
+            self._running -= 1
+            if self._running == 0 and self._idle is not None:
+                self._idle.set()
         return reply
+
+    # ------------------------------------------------------------- exiting
+
+    def _exiting_error(self, spec: TaskSpec) -> Exception:
+        return exceptions.ActorDiedError(
+            f"the actor {self.actor_id} is exiting ({self.exiting}), so {spec.name} "
+            "cannot run", self.actor_id)
+
+    def request_exit(self, reason: str) -> None:
+        """``exit_actor()``: the running call ends the actor when it returns."""
+        context = current_task.get(None)
+        if self.instance is None or context is None or context.actor_id is None:
+            raise TypeError("exit_actor() can only be called inside an actor's method")
+        self._exit_request = (context.task_id.binary(), reason)
+
+    def begin_exit(self, reason: str) -> None:
+        """Take no more calls, fail those waiting for their turn, and tell
+        the GCS (which calls ``terminate_actor`` back)."""
+        if self.exiting is not None:
+            return
+        self.exiting = reason
+        self._tracer.record(self._name, "actor_exiting", actor=self.actor_id, reason=reason)
+        for queue in self.callers.values():
+            for event in queue.waiters.values():
+                event.set()
+        if self._gcs is not None:
+            self._nursery.start_soon(self._tell_gcs, reason)
+
+    async def _tell_gcs(self, reason: str) -> None:
+        try:
+            await self._gcs.call("actor_exiting", self.actor_id, self._worker_id, reason)
+        except (PeerDisconnected, exceptions.TrayError) as error:
+            # No GCS to ask: end anyway (it learns of the worker's exit later).
+            logger.warning("actor %s exits without telling the GCS: %s", self.actor_id, error)
+            await self.handle_terminate_actor(None, self.actor_id, reason)
+
+    async def handle_terminate_actor(self, conn, actor_id: str, reason: str) -> bool:
+        """The GCS ends the hosted actor: the calls running now finish, then
+        the process exits (after its atexit handlers on a real process).
+        False when this worker does not host that actor."""
+        if actor_id != self.actor_id or self.instance is None:
+            return False
+        self.begin_exit(reason)
+        while self._running > 0:
+            self._idle = trio.Event()
+            await self._idle.wait()
+        self._tracer.record(self._name, "actor_exit", actor=self.actor_id)
+        self._nursery.start_soon(self._exit_soon)
+        return True
+
+    async def _exit_soon(self) -> None:
+        await trio.sleep(EXIT_GRACE_S)
+        if self._run_atexit:
+            try:
+                atexit._run_exitfuncs()
+            except Exception:  # noqa: BLE001 - a handler's error must not keep the actor up
+                logger.exception("an atexit handler of actor %s failed", self.actor_id)
+        if self._exit_process is not None:
+            self._exit_process()
+
+    async def _builtin(self, spec: TaskSpec):
+        """Methods every actor has (``ActorHandle._BUILTIN_METHODS``)."""
+        if spec.method == "__ray_terminate__":
+            async def terminate():
+                self._exit_request = (spec.task_id, "__ray_terminate__ was called")
+            return terminate
+
+        async def ready():
+            return True
+        return ready
 
     def handle_actor_floor(self, conn, caller: str, floor: int) -> None:
         """Every call of ``caller`` below ``floor`` is finished or abandoned."""
@@ -240,8 +375,9 @@ class ActorHost:
                     f"wait for an earlier call to arrive (actor_pending_calls_max={limit})",
                     self.actor_id)
             event = queue.waiters.setdefault(spec.seq, trio.Event())
-            while spec.seq > queue.next_seq:
+            while spec.seq > queue.next_seq and self.exiting is None:
                 await event.wait()
+            queue.waiters.pop(spec.seq, None)
         context = TaskContext(TaskID(spec.task_id), ActorID.from_hex(self.actor_id),
                               self.gpu_ids, name=spec.name, job_id=spec.job_id,
                               namespace=spec.namespace, placement_group=self.placement_group)
@@ -250,9 +386,13 @@ class ActorHost:
                 queue.next_seq = spec.seq + 1
                 self._skip_refused(queue)
                 self._wake(queue, all_due=False)
+            if self.exiting is not None:
+                raise self._exiting_error(spec)
             instance = self.instance
 
             async def bound_method():
+                if spec.method in _BUILTIN_METHODS:
+                    return await self._builtin(spec)
                 return getattr(instance, spec.method)
             return await self._receiver.execute(spec, context, bound_method)
 
@@ -271,6 +411,14 @@ class ActorHost:
                 f"{sorted(self._groups) or 'none'})", self.actor_id)
         slots = self._groups[group] if group else self._slots
         async with slots:
+            if self.exiting is not None:
+                raise self._exiting_error(spec)
+            if spec.method in _BUILTIN_METHODS:
+                builtin = await self._builtin(spec)
+
+                async def load():
+                    return builtin
+                return await self._receiver.execute(spec, context, load)
             method = getattr(self.instance, spec.method)
 
             async def load():

@@ -27,7 +27,31 @@ pending, as Ray does.
 
 Creation: the owner registers the actor (its ``ActorSpec``) with the GCS,
 which schedules it; the owner holds the constructor's argument refs until
-the actor is alive or dead."""
+the actor is alive or dead.
+
+Lifetime by handles (Ray's rule: a non-detached actor ends when every
+handle to it is gone, anywhere in the cluster, and the calls already made
+have finished). tray reuses the reference counter rather than a second
+protocol: the creator owns the actor's *handle reference* (an object id
+derived from the actor id, ``reference_counter.actor_handle_id``) and
+every ``ActorHandle`` holds an ``ObjectRef`` to it. Pickling a handle (a
+task argument, a return value, inside a ``put`` object, an actor's
+constructor argument) therefore makes the receiver a borrower through the
+existing borrower protocol, with its guarantees (a value returned or passed
+on registers its borrowers before the sender lets go; a dead borrower is
+dropped). Each call also holds the reference (``submitted``) until its
+reply arrives, in the caller's own table, so a borrower with calls in
+flight does not let go, and ``A.remote().f.remote()`` runs ``f`` before
+``A`` goes. When the owner's entry reaches zero, ``actor_out_of_scope``
+asks the GCS to end the actor: no restart, later calls fail with
+``ActorDiedError``, and the actor's worker exits gracefully (``atexit``
+handlers run on real processes). The alternative, Ray's dedicated
+``WaitForActorRefDeleted`` exchange between GCS and owner, would duplicate
+what borrowing already solves. Detached actors get no handle reference:
+only ``tray.kill`` (or ``exit_actor``) ends them. A handle from
+``get_actor`` or ``get_if_exists`` registers as a borrower of the owner's
+reference at once; the owner dying ends its non-detached actors as
+before (fate-sharing in the GCS)."""
 
 from __future__ import annotations
 
@@ -215,6 +239,23 @@ class ActorTaskSubmitter:
         if state is not None and state.info is not None:
             # Later calls from here wait for the next incarnation (or death).
             state.seen_incarnation = max(state.seen_incarnation, state.info.incarnation)
+
+    def actor_out_of_scope(self, actor_id: str) -> None:
+        """No handle to the actor (created here) is left, and no call is
+        pending: the GCS ends it (idempotent, so a retry is harmless)."""
+        if self._outbox.shutting_down:
+            return  # the process is ending: the GCS ends its actors with it
+        self._tracer.record(self._name, "actor_handles_gone", actor=actor_id)
+        try:
+            self._bridge.start_soon(self._tell_out_of_scope, actor_id)
+        except Exception:  # noqa: BLE001 - the loop has ended: as above
+            pass
+
+    async def _tell_out_of_scope(self, actor_id: str) -> None:
+        try:
+            await self._gcs.call("actor_out_of_scope", actor_id)
+        except (PeerDisconnected, exceptions.TrayError):
+            pass  # the GCS stayed away; the owner's exit ends the actor then
 
     async def _actor_failure(self, state: ActorState, spec) -> Exception:
         """The error for a call whose actor died under it (not retried)."""

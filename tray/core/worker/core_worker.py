@@ -56,7 +56,7 @@ from .normal_task_submitter import NormalTaskSubmitter, SubmitterStatistics
 from .object_getter import ObjectGetter
 from .object_recovery import ObjectRecoveryManager
 from .outbox import Outbox
-from .reference_counter import ReferenceCounter, ReferenceStatistics
+from .reference_counter import ReferenceCounter, ReferenceStatistics, actor_handle_id
 from .task_manager import PendingTask, TaskManager, TaskManagerStatistics
 from .task_receiver import TaskReceiver
 
@@ -121,7 +121,9 @@ class CoreWorker:
             tracer=tracer, store=env.object_store, node_id=env.node_id,
             node_manager_address=env.node_manager_address, config=config,
             task_pending=lambda task_id: self.task_manager.is_pending(task_id),
-            lineage_released=lambda task_id: self.task_manager.forget_lineage(task_id))
+            lineage_released=lambda task_id: self.task_manager.forget_lineage(task_id),
+            actor_out_of_scope=lambda actor_id: self.actor_submitter.actor_out_of_scope(
+                actor_id))
         self.task_manager = task_manager = TaskManager(name=name, references=references,
                                                        outbox=outbox, tracer=tracer,
                                                        config=config)
@@ -155,7 +157,12 @@ class CoreWorker:
         self.actor_host = ActorHost(nursery=nursery,
                                     run_sync_in_thread=env.run_sync_in_thread,
                                     name=name, worker_id=worker_id, tracer=tracer,
-                                    config=config, functions=functions, receiver=receiver)
+                                    config=config, functions=functions, receiver=receiver,
+                                    gcs=gcs, exit_process=env.exit_process,
+                                    # Real processes (threads for methods) run atexit
+                                    # handlers when the actor exits; simulated ones share
+                                    # the host interpreter's.
+                                    run_atexit=env.run_sync_in_thread is not None)
         for component in (self, references, submitter, getter, recovery, receiver,
                           self.actor_host):
             for attribute in dir(component):
@@ -313,7 +320,8 @@ class CoreWorker:
                     num_returns: int, resources: dict, strategy: Strategy, max_retries: int,
                     retry_exceptions, actor: ActorState | None = None, method: str | None = None,
                     max_task_retries: int = 0, max_pending_calls: int = -1,
-                    concurrency_group: str = "") -> list[ObjectRef]:
+                    concurrency_group: str = "",
+                    actor_ref: ObjectRef | None = None) -> list[ObjectRef]:
         """Build a task and start submitting it; returns its refs at once."""
         context = self.current_context()
         if actor is not None:
@@ -322,6 +330,11 @@ class CoreWorker:
             strategy = _captured(context, strategy)
         task_id = context.next_child_id()
         packed_args, packed_kwargs, holds = self._serialize_args(args, kwargs, name)
+        if actor_ref is not None:
+            # The call keeps its actor alive until it finishes (the actor's
+            # handle reference, as an argument would be).
+            self.references.hold_submitted(actor_ref.object_id(), actor_ref._owner)
+            holds.append(actor_ref.object_id())
         return_ids = [ObjectID.for_return(task_id, i + 1) for i in range(num_returns)]
         spec = TaskSpec(task_id=task_id.binary(), job_id=self.current_job(),
                         namespace=context.namespace,
@@ -379,6 +392,16 @@ class CoreWorker:
             else options["max_pending_calls"],
             concurrency_groups=dict(options.get("concurrency_groups") or {}))
         return actor, holds
+
+    def actor_handle_ref(self, actor_id: str, owner: str) -> tuple[ObjectRef, bool]:
+        """A ref to the actor's handle reference, and whether this process
+        must register as a borrower of it (it is new here and not owned)."""
+        object_id = actor_handle_id(actor_id)
+        is_new = owner != self.address and not self.knows(object_id)
+        return ObjectRef(object_id, owner, self), is_new
+
+    async def register_borrows(self, refs: list) -> None:
+        await self.references._register_borrows(refs)
 
     async def register_actor(self, actor: ActorSpec, holds: list) -> ActorInfo | None:
         return await self.actor_submitter.register(actor, holds)

@@ -28,7 +28,17 @@ makes it runs; a borrowed entry has no borrowers of its own and no value
 state; an event to wait on exists only while the object is not ready.
 
 A borrowed entry that reaches zero tells its owner (``remove_borrower``).
-Messages go through the outbox, so they leave in order."""
+Messages go through the outbox, so they leave in order.
+
+Actor handles are counted here too (see ``actor_task_submitter``): a
+non-detached actor has a *handle reference*, an object id made from the
+actor's id (``actor_handle_id``) that its creator owns and that never has
+a value. Every ``ActorHandle`` holds a ref to it, and every call submitted
+through a handle holds it as ``submitted``; so a handle pickled anywhere
+makes the receiver a borrower by the protocol above, and the owner's entry
+reaches zero only when no handle is left anywhere and no call is pending.
+Then ``actor_out_of_scope`` tells the actor's side to end the actor. The
+statistics count these entries apart from objects (they hold no value)."""
 
 from __future__ import annotations
 
@@ -43,14 +53,29 @@ from ..serialization import SerializedObject, deserialize
 from .loop_bridge import LoopBridge
 from .outbox import Outbox
 
+# The index of an actor's handle reference: task returns count from 1 and
+# ``put`` objects from 2**31, so no object has index 0.
+_ACTOR_HANDLE_INDEX = (0).to_bytes(4, "big")
+
+
+def actor_handle_id(actor_id: str) -> ObjectID:
+    """The handle reference of the actor ``actor_id`` (hex)."""
+    return ObjectID(bytes.fromhex(actor_id) + _ACTOR_HANDLE_INDEX)
+
+
+def is_actor_handle(object_id: ObjectID) -> bool:
+    return object_id.binary()[16:] == _ACTOR_HANDLE_INDEX
+
 
 @dataclass(frozen=True)
 class ReferenceStatistics:
-    objects: int  # entries, owned and borrowed
+    objects: int  # entries, owned and borrowed (actor handles apart)
     owned: int
     borrowed: int
     # (object id hex, sorted borrower addresses) of every owned object.
     owned_objects: tuple = ()
+    # Handle references of actors: (actor id hex, owned, sorted borrowers).
+    actor_handles: tuple = ()
 
 
 @dataclass
@@ -75,7 +100,8 @@ class RefEntry:
 class ReferenceCounter:
     def __init__(self, *, address: str, name: str, endpoint: Endpoint, outbox: Outbox,
                  bridge: LoopBridge, tracer, store, node_id: str, node_manager_address: str,
-                 config, task_pending, lineage_released) -> None:
+                 config, task_pending, lineage_released,
+                 actor_out_of_scope=None) -> None:
         self.address = address
         self._name = name
         self._endpoint = endpoint
@@ -90,16 +116,23 @@ class ReferenceCounter:
         self._task_pending = task_pending
         # lineage_released(task_id): one of the task's results was freed.
         self._lineage_released = lineage_released
+        # actor_out_of_scope(actor_id hex): the last handle of an actor this
+        # process created is gone, and no call to it is pending.
+        self._actor_out_of_scope = actor_out_of_scope
         # Grows with the objects the program holds; each entry is freed when
         # its last reference goes (the object store's capacity bounds the big ones).
         self.refs: dict[ObjectID, RefEntry] = {}
 
     def statistics(self) -> ReferenceStatistics:
+        entries = sorted(self.refs.items(), key=lambda kv: kv[0].hex())
+        handles = tuple((oid.hex()[:32], entry.owned, tuple(sorted(entry.borrowers)))
+                        for oid, entry in entries if is_actor_handle(oid))
         owned = tuple((oid.hex(), tuple(sorted(entry.borrowers)))
-                      for oid, entry in sorted(self.refs.items(), key=lambda kv: kv[0].hex())
-                      if entry.owned)
-        return ReferenceStatistics(objects=len(self.refs), owned=len(owned),
-                                   borrowed=len(self.refs) - len(owned), owned_objects=owned)
+                      for oid, entry in entries if entry.owned and not is_actor_handle(oid))
+        objects = len(self.refs) - len(handles)
+        return ReferenceStatistics(objects=objects, owned=len(owned),
+                                   borrowed=objects - len(owned), owned_objects=owned,
+                                   actor_handles=handles)
 
     def validate_state(self) -> None:
         for object_id, entry in self.refs.items():
@@ -164,7 +197,11 @@ class ReferenceCounter:
         if entry.owned and not entry.ready and self._task_pending(object_id.task_id()):
             return  # the task is still running; its reply releases the object
         del self.refs[object_id]
-        if entry.owned:
+        if entry.owned and is_actor_handle(object_id):
+            self._tracer.record(self._name, "actor_out_of_scope", actor=object_id.hex()[:32])
+            if self._actor_out_of_scope is not None:
+                self._actor_out_of_scope(object_id.hex()[:32])
+        elif entry.owned:
             self._lineage_released(object_id.task_id())
             self._tracer.record(self._name, "object_freed", object=object_id)
             by_node: dict[str, list] = {}
