@@ -40,8 +40,9 @@ PROFILES = {
     "crash": ("worker_crash",),
     "network": ("partition", "stall", "reset", "slow_node"),
     # The default sweep's: every kind that tray survives (today, all of them).
-    # "chaos" is every kind, whatever the default holds.
     "default": ALL_KINDS,
+    # Every kind, more of each, over a longer window, overlapping on
+    # purpose, and with BUGGIFY knobs (see ``plan`` and ``buggify_config``).
     "chaos": ALL_KINDS,
 }
 
@@ -55,6 +56,7 @@ PROFILES.update({kind: (kind,) for kind in KIND_NEEDS})
 KILLING_KINDS = {"worker_crash", "node_crash", "reset", "partition"}
 
 FAULT_WINDOW_S = 0.6  # faults fire in [0, FAULT_WINDOW_S) of virtual time
+CHAOS_WINDOW_S = 1.5  # the chaos profile's window: faults land amid later work too
 
 
 @dataclass(frozen=True)
@@ -84,11 +86,13 @@ def plan(seed: int, profile: str, kinds_available: set, num_nodes: int) -> list[
         kinds = [k for k in kinds if k not in ("node_crash", "partition")]
     if not kinds:
         return []
-    chosen = [k for k in kinds if rng.random() < 0.6] or [rng.choice(kinds)]
+    chaos = profile == "chaos"
+    pick_p, most, window_s = (0.85, 5, CHAOS_WINDOW_S) if chaos else (0.6, 3, FAULT_WINDOW_S)
+    chosen = [k for k in kinds if rng.random() < pick_p] or [rng.choice(kinds)]
     faults = []
     for kind in chosen:
-        for _ in range(rng.randint(1, 3)):
-            at_s = round(rng.random() * FAULT_WINDOW_S, 4)
+        for _ in range(rng.randint(2 if chaos else 1, most)):
+            at_s = round(rng.random() * window_s, 4)
             params: tuple = ()
             if kind == "node_crash":
                 params = (("restart_after_s", round(rng.uniform(0.05, 1.5), 3)),)
@@ -102,7 +106,51 @@ def plan(seed: int, profile: str, kinds_available: set, num_nodes: int) -> list[
             elif kind == "slow_node":
                 params = (("factor", round(rng.uniform(2.0, 50.0), 1)),)
             faults.append(Fault(at_s, kind, params))
+    if chaos:
+        faults += _overlaps(rng, faults, num_nodes)
     return _space_gcs_restarts(sorted(faults, key=lambda f: (f.at_s, f.kind)))
+
+
+def _overlaps(rng: random.Random, faults: list[Fault], num_nodes: int) -> list[Fault]:
+    """The chaos profile's deliberate coincidences, which independent draws
+    almost never make: two nodes down at once (a second crash at the same
+    instant picks another live node), and the GCS restarting in the middle of
+    a partition."""
+    extra = []
+    crashes = [f for f in faults if f.kind == "node_crash"]
+    if crashes and num_nodes >= 3 and rng.random() < 0.5:
+        first = rng.choice(crashes)
+        extra.append(Fault(first.at_s, "node_crash", first.params))
+    partitions = [f for f in faults if f.kind == "partition"]
+    if partitions and any(f.kind == "gcs_restart" for f in faults) and rng.random() < 0.5:
+        cut = rng.choice(partitions)
+        during_s = round(cut.at_s + dict(cut.params)["heal_after_s"] / 2, 4)
+        extra.append(Fault(during_s, "gcs_restart",
+                           (("down_for_s", round(rng.uniform(0.0, 0.3), 3)),)))
+    return extra
+
+
+# BUGGIFY (FoundationDB's term): under the chaos profile a seed also turns
+# some of the core's knobs to values that make rare paths common -- every
+# object through the store (pulls, locations, reconciling), one lease request
+# per scheduling class, spillback on every grant, workers reaped when idle
+# for a moment, owners asked about stored copies often. Each knob is on with
+# probability one half, drawn from the seed; only the simulator sees them.
+BUGGIFY_KNOBS = {
+    "inline_object_max_bytes": 0,
+    "pending_lease_requests_max": 1,
+    "local_utilization_threshold": 0.0,
+    "idle_worker_timeout_s": 0.2,
+    "object_reconcile_period_s": 0.25,
+}
+
+
+def buggify(seed: int, profile: str) -> dict:
+    """The knobs this seed turns (empty unless the profile is chaos)."""
+    if profile != "chaos":
+        return {}
+    rng = random.Random(f"{seed}:buggify")
+    return {name: value for name, value in BUGGIFY_KNOBS.items() if rng.random() < 0.5}
 
 
 def _space_gcs_restarts(faults: list[Fault]) -> list[Fault]:

@@ -27,7 +27,7 @@ import json
 import random
 import time
 import traceback
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 
@@ -449,6 +449,11 @@ def _run_seed(seed, workload, faults, trace_path, config, started,
     ledger = workloads.reset_ledger()
     shape = cluster_shape(seed)
     init = dict(backend="sim", seed=seed, validate_every_steps=validate_every_steps, **shape)
+    knobs = faults_module.buggify(seed, faults)
+    if knobs:
+        from ..core.config import Config
+
+        config = replace(config or Config(), **knobs)
     if config is not None:
         init["config"] = config
     tray.init(**init)
@@ -517,8 +522,9 @@ def _run_seed(seed, workload, faults, trace_path, config, started,
     from . import trace_digest
 
     result = SeedResult(seed=seed, workload=workload, faults=faults, ok=failure is None,
-                        digest=trace_digest(), schedule=injector.applied or
-                        [f.describe() for f in schedule],
+                        digest=trace_digest(), schedule=(injector.applied or
+                        [f.describe() for f in schedule]) +
+                        [f"buggify {name}={value}" for name, value in sorted(knobs.items())],
                         virtual_time_s=round(virtual_time_s, 6), tasks=tasks,
                         wall_s=time.perf_counter() - started, num_nodes=shape["num_nodes"])
     if failure is not None:

@@ -303,15 +303,24 @@ class ActorTaskSubmitter:
             self._references.release_submitted(holds)
             return reply.existing
         self._tracer.record(self._name, "actor_submitted", actor=actor.actor_id)
-        self._bridge.spawn(self._release_when_created, actor.actor_id, holds)
+        self._bridge.spawn(self._release_when_done, actor.actor_id, holds)
         return None
 
-    async def _release_when_created(self, actor_id: str, holds: list) -> None:
-        """Hold the constructor's arguments until the actor is alive or dead
-        (or the GCS stays unreachable: then calls to it fail, and nothing
-        here waits any longer)."""
+    async def _release_when_done(self, actor_id: str, holds: list) -> None:
+        """Hold the constructor's arguments while the actor may run its
+        constructor again: until it is dead, or alive with no restart left
+        (a restart needs the same arguments, as in Ray; the simtest chaos
+        profile found restarts failing with "object ... was freed" when they
+        were released at the first start). Also stops when the GCS stays
+        unreachable: then calls to the actor fail, and nothing waits here."""
+        seen_incarnation = 0
         try:
-            await self.actor_info(self.actor_state(actor_id))
-        except (PeerDisconnected, exceptions.TrayError):
+            while True:
+                info = await self._gcs.call("wait_actor_ready", actor_id, seen_incarnation)
+                if info.state == DEAD or info.max_restarts == 0 or \
+                        0 < info.max_restarts <= info.restarts:
+                    break
+                seen_incarnation = info.incarnation
+        except (PeerDisconnected, exceptions.TrayError, ValueError):
             pass
         self._references.release_submitted(holds)

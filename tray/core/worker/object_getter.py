@@ -80,8 +80,18 @@ class ObjectGetter:
                 return status.serialized
             entry = self._store.get(key)
             if entry is None:
-                ok = await self._endpoint.call(self._node_manager_address, "pull_object", key,
-                                               status.locations, owner)
+                try:
+                    ok = await self._endpoint.call(self._node_manager_address, "pull_object",
+                                                   key, status.locations, owner)
+                except PeerDisconnected:
+                    # A reset connection (found by the simtest chaos profile):
+                    # ask again. A node manager that is gone takes this
+                    # process's node with it.
+                    if await self._endpoint.reachable(self._node_manager_address):
+                        continue
+                    raise exceptions.NodeDiedError(
+                        f"the node manager of this process ({self._node_manager_address}) is "
+                        f"gone: object {object_id.hex()} cannot be fetched") from None
                 entry = self._store.get(key) if ok else None
             if entry is not None:
                 data, buffers = entry
