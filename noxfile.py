@@ -28,7 +28,7 @@ def simtest(session: nox.Session) -> None:
 # releases that install on Python 3.11 from PyPI when this was written.
 # RLlib's learner and Train's TorchTrainer need torch: the CPU wheel, pinned (another
 # version pulls a CUDA build).
-BENCH_PEERS = {"ray": ["ray[tune,data,rllib,train]==2.60.0", "torch==2.13.0"],
+BENCH_PEERS = {"ray": ["ray[tune,data,rllib,train,serve]==2.60.0", "torch==2.13.0"],
                "dask": ["dask[distributed]==2026.8.0"]}
 
 
@@ -48,7 +48,7 @@ def bench(session: nox.Session) -> None:
     """Run the benchmarks: tray alone, or side by side with `-- --peers ray,dask`
     (installed here); `-- --only NAME`, `--rounds N`, `--quick`. Results and a chart
     go to bench/results/."""
-    session.install("-e", ".[bench,data]")
+    session.install("-e", ".[bench,data,serve]")
     for peer in _bench_peers(session.posargs):
         if peer not in BENCH_PEERS:
             session.error(f"unknown peer {peer!r}; known: {', '.join(BENCH_PEERS)}")
