@@ -67,7 +67,7 @@ def simtest_seeds():
     seeds = n(20)
     for _ in range(ROUNDS):
         result = subprocess.run([*command, "simtest", "run", "--seeds", f"0:{seeds}",
-                                 "--workload", "mixed", "--faults", "chaos", "--json"],
+                                 "--workload", "mixed", "--faults", "default", "--json"],
                                 capture_output=True, text=True, timeout=600)
         report = json.loads(result.stdout[result.stdout.index("{"):])
         values.append(float(report["seeds_per_minute"]))
