@@ -55,6 +55,22 @@ class Config:
     reliable_unacked_max: int = 100_000
     # How long reliable messages wait for a peer that stopped answering.
     reliable_retention_s: float = 30.0
+    # The memory monitor (Ray's): every ``memory_monitor_refresh_s`` a node
+    # reads its machine's memory use, and above ``memory_usage_threshold``
+    # (a fraction of the total) kills one worker, retriable tasks first.
+    # A refresh period of 0 turns the monitor off.
+    memory_usage_threshold: float = 0.95
+    memory_monitor_refresh_s: float = 0.25
+    # Why the node killed workers (lease id -> cause), kept for their owners
+    # to ask: the oldest go beyond this many.
+    worker_kill_causes_max: int = 10_000
+    # How long an owner waits for a node to say why a worker died before it
+    # treats the death as a plain crash.
+    worker_failure_cause_timeout_s: float = 5.0
+    # A task killed for memory is retried after base * 2**attempt seconds,
+    # at most the max (Ray's exponential backoff for OOM retries).
+    oom_retry_delay_base_s: float = 1.0
+    oom_retry_delay_max_s: float = 60.0
 
 
 DEFAULT_CONFIG = Config()

@@ -120,6 +120,15 @@ class NullTracer:
 
 
 @dataclass(frozen=True)
+class MemorySnapshot:
+    """The memory of a node's machine (or its container) now, as the memory
+    monitor reads it: ``used_bytes`` counts what cannot be reclaimed (page
+    cache excluded), out of ``total_bytes``."""
+    used_bytes: int
+    total_bytes: int
+
+
+@dataclass(frozen=True)
 class NodeLocation:
     """Where a node keeps things on its machine: what a driver attaching on
     that machine needs (the GCS stores it with the node's record)."""
@@ -149,9 +158,9 @@ class ProcessEnv:
     # Ends this process: a worker told to stop a task by force, a node that
     # was declared dead (it fences itself). None: nothing to end.
     exit_process: Callable[[], None] | None = None
-    # Called with a task's GPU ids before user code runs (a real worker sets
-    # CUDA_VISIBLE_DEVICES).
-    on_gpu_ids: Callable[[list], None] | None = None
+    # Called with a task's GPU ids and its TaskSpec before user code runs (a
+    # real worker sets CUDA_VISIBLE_DEVICES and OMP_NUM_THREADS).
+    on_gpu_ids: Callable[[list, Any], None] | None = None
     # Workers: await run_sync_in_thread(fn, concurrency_group) runs a threaded
     # actor's synchronous method in a thread (None: inline, as the simulator).
     run_sync_in_thread: Callable | None = None
@@ -160,3 +169,6 @@ class ProcessEnv:
     node_location: NodeLocation = field(default_factory=NodeLocation)
     wait_for_gcs_s: float = 0.0
     prestart_workers: int = 0
+    # Node managers: read the machine's memory now (the memory monitor's
+    # input). None: no monitor on this node.
+    read_memory: Callable[[], MemorySnapshot] | None = None

@@ -87,6 +87,9 @@ class LeaseRequest:
     owner: str  # who holds the lease and must return it
     hops: int = 0  # spillbacks so far
     for_actor: str | None = None  # an actor's dedicated worker (the GCS asks)
+    # Its task may run again if its worker dies (max_retries != 0): the
+    # memory monitor kills retriable work first.
+    retriable: bool = True
 
 
 @dataclass(frozen=True, slots=True)

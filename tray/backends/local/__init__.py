@@ -37,6 +37,7 @@ from ...core.worker.core_worker import DRIVER, CoreWorker
 from ...exceptions import TrayError
 from ...transports.tcp import TcpTransport
 from .gpus import detect_gpu_count
+from .memory import config_from_environ
 from .session import Session, free_port, read_current_cluster
 from .store import ShmObjectStore
 
@@ -89,7 +90,8 @@ class LocalRuntime:
         env = ProcessEnv(
             address=self.driver_address,
             transport=TcpTransport(self.token), rng=random.Random(),
-            tracer=NullTracer(), config=DEFAULT_CONFIG, node_id=self.node_info["node_id"],
+            tracer=NullTracer(), config=config_from_environ(DEFAULT_CONFIG),
+            node_id=self.node_info["node_id"],
             object_store=ShmObjectStore(self.node_info["store_directory"],
                                         self.node_info["object_store_bytes"],
                                         self.node_info["spill_directory"]),
@@ -208,6 +210,7 @@ def start(*, address=None, num_cpus=None, num_gpus=None, resources=None,
         return attach(address)
     if isinstance(num_nodes, bool) or not isinstance(num_nodes, int) or num_nodes < 1:
         raise ValueError(f"num_nodes must be a positive integer, got {num_nodes!r}")
+    config_from_environ(DEFAULT_CONFIG)  # a bad RAY_memory_* setting fails here, not in a node
     cpus = (os.cpu_count() or 1) if num_cpus is None else num_cpus
     gpus = detect_gpu_count() if num_gpus is None else num_gpus
     total_memory = psutil.virtual_memory().total

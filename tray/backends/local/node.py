@@ -27,6 +27,7 @@ from ...core.interfaces import NodeLocation, NullTracer, ProcessEnv
 from ...core.node.node_manager import NodeManager
 from ...transports.tcp import TcpTransport
 from ..storage import MemoryStorage, RedisStorage
+from .memory import config_from_environ, read_memory
 from .session import Session
 from .store import ShmObjectStore
 
@@ -38,8 +39,9 @@ class ProcessSpawner:
 
     def __init__(self, session: Session, node_id: str, gcs: str, node_manager: str,
                  object_store_bytes: int, store_directory: str, node_index: int,
-                 worker_ip: str = "") -> None:
+                 worker_ip: str = "", node_gpus: float = 0) -> None:
         self.session = session
+        self.node_gpus = node_gpus
         self.worker_ip = worker_ip
         self.node_index = node_index
         self.store_directory = store_directory
@@ -58,7 +60,8 @@ class ProcessSpawner:
                    "--node-id", self.node_id, "--gcs", self.gcs,
                    "--node-manager", self.node_manager, "--store-dir", self.store_directory,
                    "--spill-dir", self.session.node_spill_directory(self.node_index),
-                   "--object-store-bytes", str(self.object_store_bytes)]
+                   "--object-store-bytes", str(self.object_store_bytes),
+                   "--node-gpus", str(self.node_gpus)]
         if self.worker_ip:
             command += ["--listen-ip", self.worker_ip]
         process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -155,6 +158,7 @@ async def _supervise_gcs(session: Session, gcs_address: str, redis_address: str)
 
 async def run_node(args) -> None:
     session = Session(args.session)
+    config = config_from_environ(DEFAULT_CONFIG)
     transport = TcpTransport(session.token())
     resources = {"CPU": float(args.num_cpus), "memory": float(args.memory_bytes),
                  **json.loads(args.resources)}
@@ -170,7 +174,7 @@ async def run_node(args) -> None:
     store_directory = session.node_store_directory(args.node_index)
     spawner = ProcessSpawner(session, node_id, gcs_address, node_address,
                              args.object_store_bytes, store_directory, args.node_index,
-                             args.listen_ip)
+                             args.listen_ip, resources.get("GPU", 0))
     spill_directory = session.node_spill_directory(args.node_index)
     node_location = NodeLocation(store_directory=store_directory,
                                  spill_directory=spill_directory,
@@ -184,19 +188,20 @@ async def run_node(args) -> None:
                 if args.head and args.redis_address:
                     RedisStorage(args.redis_address)  # fail now if Redis is unreachable
                     nursery.start_soon(_supervise_gcs, session, gcs_address, args.redis_address)
-                    wait_for_gcs_s = DEFAULT_CONFIG.gcs_reconnect_timeout_s
+                    wait_for_gcs_s = config.gcs_reconnect_timeout_s
                 elif args.head:
                     gcs_env = ProcessEnv(address=gcs_address, transport=transport,
                                          rng=random.Random(), tracer=NullTracer(),
-                                         config=DEFAULT_CONFIG, storage=MemoryStorage())
+                                         config=config, storage=MemoryStorage())
                     await GcsServer(gcs_env, nursery).run()
                 store = ShmObjectStore(store_directory, args.object_store_bytes, spill_directory)
                 node_env = ProcessEnv(
                     address=node_address, transport=transport, rng=rng, tracer=NullTracer(),
-                    config=DEFAULT_CONFIG, node_id=node_id, object_store=store,
+                    config=config, node_id=node_id, object_store=store,
                     spawner=spawner, gcs_address=gcs_address, resources=resources,
                     prestart_workers=args.prestart, node_location=node_location,
-                    exit_process=nursery.cancel_scope.cancel, wait_for_gcs_s=wait_for_gcs_s)
+                    exit_process=nursery.cancel_scope.cancel, wait_for_gcs_s=wait_for_gcs_s,
+                    read_memory=read_memory)
                 node_manager = NodeManager(node_env, nursery)
                 await node_manager.run()
                 session.write_info(args.node_index, {

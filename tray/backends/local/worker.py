@@ -23,6 +23,7 @@ from ...core.context import current_worker
 from ...core.interfaces import NullTracer, ProcessEnv
 from ...core.worker.core_worker import WORKER, CoreWorker
 from ...transports.tcp import TcpTransport, inert_after_fork
+from .memory import config_from_environ
 from .session import Session, free_port
 from .store import ShmObjectStore
 
@@ -46,8 +47,36 @@ async def _run_sync_in_thread(fn, concurrency_group: str):
     return await trio.to_thread.run_sync(fn, limiter=_threads)
 
 
-def _set_gpu_ids(gpu_ids: list) -> None:
-    os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in gpu_ids)
+# What the worker process was started with: a user's own OMP_NUM_THREADS
+# (or CUDA_VISIBLE_DEVICES) wins over what a task's resources would set.
+_started_with = {name: os.environ.get(name) for name in ("OMP_NUM_THREADS",
+                                                          "CUDA_VISIBLE_DEVICES")}
+
+
+def _task_environment(gpu_ids: list, spec, node_gpus: float) -> None:
+    """Before a task or actor call runs, as Ray's workers do:
+
+    * ``CUDA_VISIBLE_DEVICES`` is the task's GPU ids; a task without GPUs on
+      a node with GPUs sees none (''); on a node without GPUs it is left as
+      the worker started (unset, unless the user set it).
+    * ``OMP_NUM_THREADS`` is the task's whole CPUs (at least 1), unless the
+      user set it: a task on 1 CPU then runs NumPy/BLAS on 1 thread, not one
+      per core of the machine. An actor creation sets it for the actor's
+      life; its calls (no resources of their own) keep it."""
+    if gpu_ids:
+        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in gpu_ids)
+    elif node_gpus > 0:
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""
+    elif _started_with["CUDA_VISIBLE_DEVICES"] is None:
+        os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+    else:
+        os.environ["CUDA_VISIBLE_DEVICES"] = _started_with["CUDA_VISIBLE_DEVICES"]
+    if _started_with["OMP_NUM_THREADS"] is not None:
+        return
+    if spec.method is not None:
+        return  # an actor call: the actor's creation set it
+    cpus = spec.resources.get("CPU", 0.0)
+    os.environ["OMP_NUM_THREADS"] = str(max(int(math.floor(cpus)), 1))
 
 
 async def run_worker(args) -> None:
@@ -61,10 +90,11 @@ async def run_worker(args) -> None:
     inert_after_fork(store, "put", "delete")
     env = ProcessEnv(
         address=address, transport=TcpTransport(session.token()), rng=random.Random(),
-        tracer=NullTracer(), config=DEFAULT_CONFIG, node_id=args.node_id,
+        tracer=NullTracer(), config=config_from_environ(DEFAULT_CONFIG), node_id=args.node_id,
         object_store=store,
         gcs_address=args.gcs, node_manager_address=args.node_manager,
-        exit_process=lambda: os._exit(1), on_gpu_ids=_set_gpu_ids,
+        exit_process=lambda: os._exit(1),
+        on_gpu_ids=lambda gpu_ids, spec: _task_environment(gpu_ids, spec, args.node_gpus),
         run_sync_in_thread=_run_sync_in_thread)
     async with trio.open_nursery() as nursery:
         worker = CoreWorker(env, WORKER, nursery, worker_id=args.worker_id)
@@ -90,6 +120,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--spill-dir", required=True)
     parser.add_argument("--listen-ip", default="")
     parser.add_argument("--object-store-bytes", type=int, required=True)
+    parser.add_argument("--node-gpus", type=float, default=0)
     args = parser.parse_args(argv)
     logging.basicConfig(level=os.environ.get("TRAY_LOG_LEVEL", "WARNING"),
                         format=f"(worker {args.worker_id[:8]}) %(levelname)s %(message)s")

@@ -26,7 +26,7 @@ from ...core.trace import Trace
 from ...core.worker.core_worker import DRIVER, WORKER, CoreWorker
 from ...exceptions import TrayError
 from ...transports.sim import SimNetwork
-from .stores import MemoryObjectStore, MemoryStorage
+from .stores import MemoryObjectStore, MemoryStorage, SimulatedMemory
 
 logger = logging.getLogger("tray.sim")
 
@@ -43,6 +43,8 @@ DEFAULT_OBJECT_STORE_BYTES = 2 * 1024**3
 # Every simulated node has this much schedulable "memory", as Ray gives each
 # node a memory resource by default.
 DEFAULT_NODE_MEMORY_BYTES = 8 * 1024**3
+# Each simulated machine's physical memory (what the memory monitor watches).
+DEFAULT_MACHINE_MEMORY_BYTES = 16 * 1024**3
 
 _active: dict = {"cluster": None, "last": None}
 
@@ -130,6 +132,7 @@ class SimCluster:
                           for i in range(num_nodes)]
         self._generation = [0] * num_nodes  # restarts of each machine's node
         self.stores = [MemoryObjectStore(self.object_store_bytes) for _ in range(num_nodes)]
+        self.memory = [SimulatedMemory(DEFAULT_MACHINE_MEMORY_BYTES) for _ in range(num_nodes)]
         self.processes: dict[str, SimProcess] = {}
         self.gcs_address = "n0/gcs"
         self._host_queue: collections.deque = collections.deque()
@@ -343,6 +346,8 @@ class SimCluster:
         finally:
             process.alive = False
             self.network.close_all(process.address)
+            if process.node_index is not None:
+                self.memory[process.node_index].free(process.address)
             if self.processes.get(process.address) is process:
                 del self.processes[process.address]
             if process.on_exit is not None:
@@ -372,7 +377,7 @@ class SimCluster:
         env = self._env(process.address, index, spawner=SimSpawner(self, index),
                         resources=self.node_resources,
                         exit_process=lambda: self._fence_node(index),
-                        wait_for_gcs_s=HANG_TIMEOUT_S)
+                        wait_for_gcs_s=HANG_TIMEOUT_S, read_memory=self.memory[index].snapshot)
         process.component = NodeManager(env, nursery)
         await process.component.run()
 
@@ -616,6 +621,44 @@ class SimCluster:
 
     def _machines(self, node_ids: list[str]) -> list[str]:
         return [f"n{self._index_of(node_id)}" for node_id in node_ids]
+
+    # ---------------------------------------------------------------- memory
+
+    def set_memory_usage(self, node_id: str, used_bytes: int) -> None:
+        """Memory used on a node's machine besides what simulated processes
+        allocated (as other programs use a real machine's)."""
+        if used_bytes < 0:
+            raise ValueError(f"used_bytes must be non-negative, got {used_bytes}")
+        index = self._index_of(node_id)
+
+        def apply() -> None:
+            self.trace.record("fault", "set_memory_usage", node=node_id, used_bytes=used_bytes)
+            self.memory[index].background_bytes = used_bytes
+
+        self._apply("set_memory_usage", apply)
+
+    def memory_usage(self, node_id: str):
+        """The node's machine memory now (``MemorySnapshot``)."""
+        return self.memory[self._index_of(node_id)].snapshot()
+
+    def allocate_memory(self, size_bytes: int) -> None:
+        """Called from a simulated task or actor: its worker process now
+        holds ``size_bytes`` more of its machine's memory, until it frees it
+        (``free_memory``) or ends."""
+        worker = current_worker.get(None)
+        process = self.processes.get(getattr(worker, "address", ""))
+        if worker is None or process is None or process.node_index is None or \
+                process.component is not worker:
+            raise TrayError("allocate_memory() is called from inside a simulated task or "
+                            "actor")
+        self.memory[process.node_index].allocate(process.address, size_bytes)
+
+    def free_memory(self, size_bytes: int | None = None) -> None:
+        """Give back memory the calling task's worker allocated (all: None)."""
+        worker = current_worker.get(None)
+        process = self.processes.get(getattr(worker, "address", ""))
+        if process is not None and process.node_index is not None:
+            self.memory[process.node_index].free(process.address, size_bytes)
 
     # ------------------------------------------------------------ inspection
 

@@ -56,6 +56,7 @@ class Lease:
     # never have arrived, so the owner is asked whether it holds the lease.
     conn: object = None
     bundle: tuple | None = None  # (pg id, bundle index) whose resources it holds
+    retriable: bool = True  # its owner retries a task whose worker dies
 
 
 @dataclass
@@ -244,7 +245,7 @@ class LeaseManager:
         if waiter.withdrawn:
             return Infeasible(waiter.withdrawn)
         try:
-            worker = await self._pool.take_worker()
+            worker = await self._pool.take_worker(gpu=resources.get("GPU", 0.0) > 0)
         except BaseException:
             self.release_lease(waiter.lease_id, worker_ok=True)
             raise
@@ -332,7 +333,8 @@ class LeaseManager:
             lease_id = self._next_lease_id
             self._next_lease_id += 1
             self.leases[lease_id] = Lease(lease_id, "", waiter.request.owner, resources,
-                                          allocation, waiter.request.for_actor, bundle=key)
+                                          allocation, waiter.request.for_actor, bundle=key,
+                                          retriable=waiter.request.retriable)
             waiter.lease_id = lease_id
             waiter.gpu_ids = [i for i, _ in allocation]
             waiter.event.set()

@@ -5,6 +5,7 @@ A facade over the node's components, each with one concern:
   ``worker_pool``     the node's worker processes (start, hand out, reap)
   ``lease_manager``   the node's resources and the leases that hold them
   ``object_manager``  moving objects between nodes and freeing them
+  ``memory_monitor``  killing a worker when the machine runs low on memory
 
 The node manager itself keeps the node's membership: it registers with the
 GCS, heartbeats (reporting free resources, receiving the cluster view that
@@ -25,6 +26,7 @@ import trio
 from ..messages import NodeRecord
 from ..rpc import Endpoint, PeerDisconnected
 from .lease_manager import LeaseManager, LeaseStatistics
+from .memory_monitor import MemoryMonitor, MemoryMonitorStatistics
 from .object_manager import ObjectManager, packed_slice, unpack_object
 from .worker_pool import WorkerPool, WorkerPoolStatistics
 
@@ -39,6 +41,7 @@ class NodeManagerStatistics:
     workers: WorkerPoolStatistics
     leases: LeaseStatistics
     pulls_in_progress: int
+    memory: MemoryMonitorStatistics | None = None
 
 
 class NodeManager:
@@ -63,7 +66,10 @@ class NodeManager:
         self.objects = ObjectManager(node_id=env.node_id, address=env.address,
                                      endpoint=endpoint, tracer=env.tracer, config=env.config,
                                      store=env.object_store, nursery=nursery)
-        for component in (self, self.pool, self.leases, self.objects):
+        self.memory = MemoryMonitor(node_id=env.node_id, config=env.config, tracer=env.tracer,
+                                    read_memory=env.read_memory, leases=self.leases,
+                                    pool=self.pool)
+        for component in (self, self.pool, self.leases, self.objects, self.memory):
             for attribute in dir(component):
                 if attribute.startswith("handle_"):
                     method = attribute[len("handle_"):]
@@ -93,16 +99,20 @@ class NodeManager:
         self.tracer.record(self.node_id[:8], "node_started", resources=self.leases.total)
         self.pool.prestart()
         self.nursery.start_soon(self._heartbeat_loop)
+        if self.memory.enabled:
+            self.nursery.start_soon(self.memory.run)
 
     def statistics(self) -> NodeManagerStatistics:
         return NodeManagerStatistics(self.node_id, self.pool.statistics(),
-                                     self.leases.statistics(), self.objects.pulls_in_progress())
+                                     self.leases.statistics(), self.objects.pulls_in_progress(),
+                                     self.memory.statistics())
 
     def validate_state(self) -> None:
         """Check every component's invariants (the simulator calls this
         after every step of a simtest run)."""
         self.pool.validate_state()
         self.leases.validate_state()
+        self.memory.validate_state()
 
     def worker_process_exited(self, worker_id: str, exit_code: int) -> None:
         """The spawner saw a worker process end (a backend calls this)."""
@@ -157,6 +167,7 @@ class NodeManager:
         return {"node_id": self.node_id, "total": dict(self.leases.total),
                 "available": dict(self.leases.available),
                 "workers": self.pool.live_count(),
+                "workers_started": self.pool.started,
                 "leases": len(self.leases.leases),
                 "store_used_bytes": self.objects.store.used_bytes()}
 

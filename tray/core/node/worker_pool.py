@@ -7,6 +7,11 @@ simulated process) and registers when ready. Each worker is in one state:
                    \\-> actor       (hosts one actor until it dies)
   any -> dead
 
+A worker that ran a task with GPUs only ever runs tasks with GPUs, and one
+that ran a CPU-only task only CPU-only tasks (``WorkerInfo.gpu``), as in
+Ray: state a GPU library left in a process (a CUDA context, memory it
+holds) stays out of CPU-only work, and the reverse.
+
 Idle workers beyond one per CPU (or the prestart count) are stopped after
 ``idle_worker_timeout_s``. At most ``workers_per_node_max`` live at once: a
 lease that needs a worker beyond that waits (with a warning) until one is
@@ -39,6 +44,9 @@ class WorkerInfo:
     address: str = ""
     state: str = "starting"  # starting | idle | leased | actor | dead
     lease_id: int = 0
+    # Set by its first lease: True once it ran work with GPUs, False once
+    # it ran CPU-only work; None while it has run nothing.
+    gpu: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -49,6 +57,7 @@ class WorkerPoolStatistics:
     actor: int
     dead: int
     busy_workers: tuple  # ids of workers leased or hosting an actor
+    started: int = 0  # worker processes this node started, ever
 
 
 class WorkerPool:
@@ -74,6 +83,7 @@ class WorkerPool:
         self.worker_registered = trio.Event()
         self.failed_worker_starts = 0
         self.last_start_failure = ""
+        self.started = 0
         # Set by the node manager: release_leases_of(worker_id) when a worker dies.
         self.release_leases_of = None
 
@@ -83,7 +93,7 @@ class WorkerPool:
             counts[worker.state] += 1
         busy = tuple(sorted(w.worker_id for w in self.workers.values()
                             if w.state in ("leased", "actor")))
-        return WorkerPoolStatistics(busy_workers=busy, **counts)
+        return WorkerPoolStatistics(busy_workers=busy, started=self.started, **counts)
 
     def validate_state(self) -> None:
         assert len(self.idle) == len(set(self.idle)), "a worker is idle twice"
@@ -121,18 +131,22 @@ class WorkerPool:
         assert self.live_count() < self._config.workers_per_node_max, self.live_count()
         worker_id = WorkerID.from_random(self._rng).hex()
         self.workers[worker_id] = WorkerInfo(worker_id)
+        self.started += 1
         self._tracer.record(self._trace_name, "worker_start", worker=worker_id)
         logger.debug("starting worker %s", worker_id[:8])
         self._spawner.start_worker(worker_id, {})
 
-    async def take_worker(self) -> WorkerInfo:
-        """An idle worker, starting one if none is; waits for it, and, at
+    async def take_worker(self, gpu: bool = False) -> WorkerInfo:
+        """An idle worker fit for work with (``gpu``) or without GPUs,
+        starting one if none is; waits for it, and, at
         ``workers_per_node_max`` live workers, for one to be free."""
         warned = False
         while True:
-            while self.idle:
-                worker = self.workers[self.idle.pop(0)]
-                if worker.state == "idle":
+            for worker_id in self.idle:
+                worker = self.workers[worker_id]
+                if worker.state == "idle" and (worker.gpu is None or worker.gpu == gpu):
+                    self.idle.remove(worker_id)
+                    worker.gpu = gpu
                     return worker
             if self.failed_worker_starts >= self._config.worker_start_failures_max:
                 raise exceptions.TrayError(
@@ -140,6 +154,12 @@ class WorkerPool:
                     f"({self.failed_worker_starts} in a row; last: {self.last_start_failure})")
             starting = [w for w in self.workers.values() if w.state == "starting"]
             if not starting:
+                if self.live_count() >= self._config.workers_per_node_max and self.idle:
+                    # Only idle workers of the other kind (GPU or not): one
+                    # makes room for a worker of this kind.
+                    unfit = self.workers[self.idle[0]]
+                    self._spawner.kill_worker(unfit.worker_id)
+                    self.worker_died(unfit, "idle, of the other kind (GPU or CPU-only)")
                 if self.live_count() < self._config.workers_per_node_max:
                     self.start_worker()
                 elif not warned:
@@ -228,6 +248,12 @@ class WorkerPool:
                              worker_id[:8], error)
                 return
 
+    def kill_worker(self, worker_id: str, reason: str) -> None:
+        """Kill a live worker now (the memory monitor does)."""
+        worker = self.workers[worker_id]
+        self._spawner.kill_worker(worker_id)
+        self.worker_died(worker, reason)
+
     def handle_kill_worker(self, conn, worker_id: str) -> None:
         worker = self.workers.get(worker_id)
         if worker is None or worker.state == "dead":
@@ -236,7 +262,12 @@ class WorkerPool:
         self.worker_died(worker, "killed")
 
     def reap_idle(self) -> None:
-        """Idle workers beyond one per CPU go after ``idle_worker_timeout_s``."""
+        """A worker that ran a task with GPUs only ever runs tasks with GPUs, and one
+that ran a CPU-only task only CPU-only tasks (``WorkerInfo.gpu``), as in
+Ray: state a GPU library left in a process (a CUDA context, memory it
+holds) stays out of CPU-only work, and the reverse.
+
+Idle workers beyond one per CPU go after ``idle_worker_timeout_s``."""
         keep = max(self._cpus, self.prestart_workers)
         now = trio.current_time()
         while len(self.idle) > keep:

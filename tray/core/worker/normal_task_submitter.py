@@ -13,7 +13,10 @@ and a task whose group is gone fails with ``TaskPlacementGroupRemoved``.
 
 A push that fails because the worker died (or the connection to it broke)
 gives the lease back as broken and retries the task within its budget;
-an application error is retried only under ``retry_exceptions``. Any other
+the owner first asks the worker's node why it died: a worker its memory
+monitor killed makes the task wait a growing delay before its retry, and
+fail with ``OutOfMemoryError`` (not ``WorkerCrashedError``) when no retry is
+left. An application error is retried only under ``retry_exceptions``. Any other
 error on a task's way (the GCS unreachable, a node that cannot schedule it,
 a worker that answers with an error of its own) fails that task — or, for a
 lease request, the tasks queued in its class — and never the process."""
@@ -207,7 +210,8 @@ class NormalTaskSubmitter:
                     break  # the group is gone: the queue failed
                 hops = self._config.spillback_hops_max
             request = LeaseRequest(resources=spec.resources, strategy=spec.strategy,
-                                   owner=self._address, hops=hops)
+                                   owner=self._address, hops=hops,
+                                   retriable=spec.max_retries != 0)
             try:
                 reply = await self._endpoint.call(manager, "request_lease", request)
             except PeerDisconnected:
@@ -297,8 +301,12 @@ class NormalTaskSubmitter:
             # Dead, or only cut off from us: either way the worker is done
             # for (its node manager kills it if it lives) and the task retried.
             self._outbox.send_later(lease.node_manager, "return_lease", lease.lease_id, False)
-            self._task_worker_died(task, lease)
             self._pump(key, queue)
+            # Out of the queues while its node says why the worker died (a
+            # retry enqueues it again).
+            cause = await self._failure_cause(lease)
+            if not task.done:
+                await self._task_worker_died(task, lease, cause)
             return
         except Exception as error:  # noqa: BLE001 - the worker failed to take the task
             task.pushed_to = None
@@ -325,17 +333,48 @@ class NormalTaskSubmitter:
         self._pump(key, queue)  # return or reuse the lease before waking getters
         self._task_manager.complete(task, results)
 
-    def _task_worker_died(self, task: PendingTask, lease: LeaseState) -> None:
+    async def _failure_cause(self, lease: LeaseState) -> dict | None:
+        """Why the node says the lease's worker died (its memory monitor
+        killed it), or None: unknown, or the node did not answer in time."""
+        with trio.move_on_after(self._config.worker_failure_cause_timeout_s):
+            try:
+                return await self._endpoint.call(lease.node_manager, "worker_failure_cause",
+                                                 lease.lease_id)
+            except Exception:  # noqa: BLE001 - the node is gone or failed: a plain crash
+                return None
+        return None
+
+    async def _task_worker_died(self, task: PendingTask, lease: LeaseState,
+                                cause: dict | None) -> None:
         spec = task.spec
+        out_of_memory = cause is not None and cause.get("kind") == "out_of_memory"
         if task.cancelled:
             error = exceptions.TaskCancelledError(f"task {spec.name} ({spec.task_id.hex()}) "
                                                   "was cancelled")
         elif task.retries_left != 0:
             spend_retry(task)
             self._tracer.record(self._name, "task_retry", task=spec.task_id,
-                                attempt=spec.attempt, reason="worker died")
+                                attempt=spec.attempt,
+                                reason="out of memory" if out_of_memory else "worker died")
+            if out_of_memory:
+                # As Ray: back off, so a node short of memory is not handed
+                # the same work again at once.
+                await trio.sleep(min(self._config.oom_retry_delay_base_s *
+                                     2 ** max(spec.attempt - 1, 0),
+                                     self._config.oom_retry_delay_max_s))
+                if task.done:
+                    return
+                if task.cancelled:
+                    self._task_manager.fail(task, exceptions.TaskCancelledError(
+                        f"task {spec.name} ({spec.task_id.hex()}) was cancelled"))
+                    return
             self.enqueue(task)
             return
+        elif out_of_memory:
+            error = exceptions.OutOfMemoryError(
+                f"task {spec.name} ({spec.task_id.hex()}) failed: its worker was killed "
+                f"because {cause['message']}. Its retries are used up "
+                f"(max_retries={spec.max_retries}, attempts={spec.attempt + 1})")
         else:
             error = exceptions.WorkerCrashedError(
                 f"the worker running task {spec.name} ({spec.task_id.hex()}) on node "

@@ -110,8 +110,9 @@ class TaskReceiver:
         self._functions = functions
         self._references = references
         self._getter = getter
-        # Backend hooks: on_gpu_ids(ids) before user code runs (sets
-        # CUDA_VISIBLE_DEVICES in a real process); exit_process() ends it.
+        # Backend hooks: on_gpu_ids(ids, spec) before user code runs (sets
+        # CUDA_VISIBLE_DEVICES and OMP_NUM_THREADS in a real process);
+        # exit_process() ends it.
         self._on_gpu_ids = on_gpu_ids
         self._exit_process = exit_process
         # cancel_children(task_id, force): cancel the tasks this one submitted.
@@ -204,7 +205,7 @@ class TaskReceiver:
             self.running[spec.task_id] = scope
             try:
                 if self._on_gpu_ids is not None:
-                    self._on_gpu_ids(context.gpu_ids)
+                    self._on_gpu_ids(context.gpu_ids, spec)
                 function = await load()
                 waits = not self._args_here(spec)
                 if waits:  # (for a pull, or for a lost argument to be made again)
