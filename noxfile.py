@@ -4,6 +4,8 @@ Every session runs in its own virtualenv built from the interpreter that runs no
 so the result does not depend on what happens to be installed globally.
 """
 
+import os
+
 import nox
 
 nox.options.sessions = ["tests"]
@@ -19,9 +21,21 @@ def tests(session: nox.Session) -> None:
 
 @nox.session
 def simtest(session: nox.Session) -> None:
-    """Run tray's seeded simulation suite; a failure prints the command that replays it."""
+    """Run tray's seeded simulation suite; a failure prints the command that replays it.
+    `-- --long` runs 10,000 seeds of every workload under the default and chaos
+    profiles, on every CPU (hours to days: not in CI)."""
     session.install("-e", ".[test]")
-    session.run("python", "-m", "tray.simtest", *session.posargs)
+    if "--long" not in session.posargs:
+        session.run("python", "-m", "tray.simtest", *session.posargs)
+        return
+    names = session.run("python", "-c", "from tray.simtest import workloads; "
+                        "print(' '.join(sorted(workloads.WORKLOADS)))", silent=True)
+    jobs = str(os.cpu_count() or 1)
+    for profile in ("default", "chaos"):
+        for workload in names.split():
+            session.run("python", "-m", "tray.simtest", "run", "--seeds", "0:10000",
+                        "--workload", workload, "--faults", profile, "--jobs", jobs,
+                        "--determinism-every", "100")
 
 
 # Peers for `nox -s bench -- --peers ray,dask`, pinned so that runs compare: the newest

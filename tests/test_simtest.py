@@ -49,6 +49,36 @@ def test_run_json_has_the_promised_fields(capsys):
     assert summary["seeds_per_minute"] > 0
 
 
+def test_jobs_give_the_results_of_one_process():
+    # --jobs fans seeds over fresh processes: same digests, failures in seed order.
+    alone = sweep(range(3), "dag", "none", determinism_every=0)
+    fanned = sweep(range(3), "dag", "none", determinism_every=0, jobs=2)
+    assert fanned["digests"] == alone["digests"] and fanned["seeds"] == 3
+    assert fanned["failures"] == alone["failures"] == []
+    with pytest.raises(ValueError, match="jobs must be at least 1"):
+        sweep(range(1), "dag", "none", jobs=0)
+
+
+def test_chaos_is_harsher_than_default_and_buggifies():
+    from tray.simtest import faults
+
+    kinds = faults.available_kinds(type("Full", (), {name: None for needs in
+                                                      faults.KIND_NEEDS.values()
+                                                      for name in needs})())
+    default = [faults.plan(seed, "default", kinds, 3) for seed in range(50)]
+    chaos = [faults.plan(seed, "chaos", kinds, 3) for seed in range(50)]
+    assert default != chaos
+    assert sum(map(len, chaos)) > 2 * sum(map(len, default))
+    assert max(f.at_s for plan in chaos for f in plan) > faults.FAULT_WINDOW_S
+    # Overlaps: two node crashes at one instant in some seed.
+    assert any(len({f.at_s for f in plan if f.kind == "node_crash"}) <
+               len([f for f in plan if f.kind == "node_crash"]) for plan in chaos)
+    knobs = [faults.buggify(seed, "chaos") for seed in range(50)]
+    assert all(faults.buggify(seed, "default") == {} for seed in range(50))
+    assert any(knobs) and not all(knobs[0] == k for k in knobs)
+    assert set().union(*knobs) <= set(faults.BUGGIFY_KNOBS)
+
+
 def test_failure_report_names_the_seed_schedule_and_replay_command(monkeypatch):
     from tray.core.worker.normal_task_submitter import NormalTaskSubmitter
 

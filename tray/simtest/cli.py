@@ -54,6 +54,10 @@ def add_arguments(parser: argparse.ArgumentParser, *, replay: bool) -> None:
         parser.add_argument("--determinism-every", type=int, default=10, metavar="N",
                             help="re-run every Nth seed in-process and compare digests "
                                  "(0: never; default 10)")
+        parser.add_argument("--jobs", type=int, default=1, metavar="N",
+                            help="run seeds in N processes at once (default 1); results "
+                                 "are the same as in one process, failures print as "
+                                 "their chunk of seeds finishes")
         parser.add_argument("--max-failures", type=int, default=0, metavar="N",
                             help="stop after N failures (0: run every seed)")
 
@@ -94,28 +98,74 @@ class _Progress:
                   file=sys.stderr, flush=True)
 
 
+def _run_checked(seed: int, workload: str, faults: str,
+                 determinism_every: int) -> runner.SeedResult:
+    """One seed, re-run in this process every ``determinism_every`` seeds
+    to compare digests."""
+    result = runner.run_seed(seed, workload, faults)
+    if determinism_every and seed % determinism_every == 0:
+        again = runner.run_seed(seed, workload, faults)
+        if again.digest != result.digest:
+            result.ok = False
+            result.invariant = "determinism"
+            result.message = (f"the same seed gave two digests in one process: "
+                              f"{result.digest} then {again.digest}")
+    return result
+
+
+def _run_chunk(seeds: list, workload: str, faults: str,
+               determinism_every: int) -> list:
+    """A ``--jobs`` worker's share (in a process of its own)."""
+    return [_run_checked(seed, workload, faults, determinism_every) for seed in seeds]
+
+
+# Seeds per unit of work handed to a --jobs process: small enough that the
+# progress and failures show early, big enough that starting a unit is cheap.
+JOB_CHUNK_SEEDS = 5
+
+
+def _results(seeds: list, workload: str, faults: str, determinism_every: int, jobs: int):
+    """Yield each seed's result: in order in this process, or as chunks
+    finish in ``jobs`` processes (fresh interpreters: a simulation patches
+    process-wide state, which a forked copy must not inherit mid-run)."""
+    if jobs <= 1:
+        for seed in seeds:
+            yield _run_checked(seed, workload, faults, determinism_every)
+        return
+    import concurrent.futures
+    import multiprocessing
+
+    chunks = [seeds[i:i + JOB_CHUNK_SEEDS] for i in range(0, len(seeds), JOB_CHUNK_SEEDS)]
+    with concurrent.futures.ProcessPoolExecutor(
+            jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = [pool.submit(_run_chunk, chunk, workload, faults, determinism_every)
+                   for chunk in chunks]
+        try:
+            for future in concurrent.futures.as_completed(futures):
+                yield from future.result()
+        finally:
+            for future in futures:
+                future.cancel()
+
+
 def sweep(seeds, workload: str, faults: str, *, determinism_every: int = 10,
-          max_failures: int = 0, progress: bool = False, on_failure=None) -> dict:
+          max_failures: int = 0, progress: bool = False, on_failure=None,
+          jobs: int = 1) -> dict:
     """Run ``seeds``; returns the summary (the JSON ``run --json`` prints)."""
+    if jobs < 1:
+        raise ValueError(f"jobs must be at least 1, not {jobs}")
     seeds = list(seeds)
     bar = _Progress(len(seeds), progress)
     started = time.perf_counter()
     failures, digests, virtual_s, tasks, ran = [], {}, 0.0, 0, 0
     nondeterministic = []
-    for seed in seeds:
-        result = runner.run_seed(seed, workload, faults)
+    for result in _results(seeds, workload, faults, determinism_every, jobs):
         ran += 1
-        digests[str(seed)] = result.digest
+        digests[str(result.seed)] = result.digest
         virtual_s += result.virtual_time_s
         tasks += result.tasks
-        if determinism_every and seed % determinism_every == 0:
-            again = runner.run_seed(seed, workload, faults)
-            if again.digest != result.digest:
-                nondeterministic.append(seed)
-                result.ok = False
-                result.invariant = "determinism"
-                result.message = (f"the same seed gave two digests in one process: "
-                                  f"{result.digest} then {again.digest}")
+        if result.invariant == "determinism":
+            nondeterministic.append(result.seed)
         if not result.ok:
             failures.append(result)
             if on_failure is not None:
@@ -123,6 +173,8 @@ def sweep(seeds, workload: str, faults: str, *, determinism_every: int = 10,
         bar.update(ran, len(failures))
         if max_failures and len(failures) >= max_failures:
             break
+    failures.sort(key=lambda result: result.seed)
+    nondeterministic.sort()
     wall_s = time.perf_counter() - started
     return {
         "seeds": ran, "workload": workload, "faults": faults,
@@ -133,8 +185,8 @@ def sweep(seeds, workload: str, faults: str, *, determinism_every: int = 10,
         "seeds_per_minute": round(ran / wall_s * 60, 1) if wall_s > 0 else 0.0,
         "tasks": tasks,
         "tasks_per_second": round(tasks / wall_s, 1) if wall_s > 0 else 0.0,
-        "determinism_checked": sum(1 for s in seeds[:ran]
-                                   if determinism_every and s % determinism_every == 0),
+        "determinism_checked": sum(1 for s in digests
+                                   if determinism_every and int(s) % determinism_every == 0),
         "nondeterministic_seeds": nondeterministic,
     }
 
@@ -147,7 +199,7 @@ def run(args) -> int:
 
     summary = sweep(args.seeds, args.workload, args.faults,
                     determinism_every=args.determinism_every, max_failures=args.max_failures,
-                    progress=not args.json, on_failure=show)
+                    progress=not args.json, on_failure=show, jobs=args.jobs)
     if args.json:
         print(json.dumps(summary, sort_keys=True))
     else:
