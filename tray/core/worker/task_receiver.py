@@ -227,7 +227,11 @@ class TaskReceiver:
             except BaseException as error:
                 return await self._base_exception_reply(spec, error)
             finally:
-                del self.running[spec.task_id]
+                # Another attempt of the task may run here too (its owner
+                # re-pushed it after a reset cut the first one off): it owns
+                # the entry then (simtest chaos seed 160).
+                if self.running.get(spec.task_id) is scope:
+                    del self.running[spec.task_id]
         if scope.cancelled_caught:
             error = exceptions.TaskCancelledError(f"task {spec.name} ({spec.task_id.hex()}) "
                                                   "was cancelled")
