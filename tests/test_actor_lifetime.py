@@ -433,6 +433,30 @@ def test_exit_actor_in_an_async_actor(sim):
     assert _ends(actor._actor_id)
 
 
+def test_exit_actor_lets_the_calls_already_running_finish(sim):
+    # Ray: in a concurrent actor, calls running when one exits complete.
+    @tray.remote(max_concurrency=4)
+    class Busy:
+        async def slow(self):
+            import asyncio
+
+            await asyncio.sleep(2.0)
+            return "done"
+
+        async def bye(self):
+            tray.actor.exit_actor()
+
+    actor = Busy.remote()
+    slow = [actor.slow.remote() for _ in range(2)]
+    time.sleep(0.5)  # both are running
+    with pytest.raises(ActorDiedError):
+        tray.get(actor.bye.remote())
+    assert tray.get(slow) == ["done", "done"]
+    with pytest.raises(ActorDiedError):
+        tray.get(actor.slow.remote())
+    assert _ends(actor._actor_id)
+
+
 def test_sys_exit_in_a_method_ends_the_actor(sim):
     @tray.remote
     class Quitter:
@@ -463,6 +487,20 @@ def test_exit_actor_outside_an_actor_is_a_type_error(sim):
         return "no error"
 
     assert "inside an actor" in tray.get(task.remote())
+
+
+def test_exit_actor_in_a_constructor_is_refused_with_a_clear_error(sim):
+    @tray.remote
+    class Early:
+        def __init__(self):
+            tray.actor.exit_actor()
+
+        def ping(self):
+            return "pong"
+
+    actor = Early.remote()
+    with pytest.raises(ActorDiedError, match="constructor is not supported"):
+        tray.get(actor.ping.remote())
 
 
 def test_ray_terminate_runs_after_the_calls_queued_before_it(one_node):

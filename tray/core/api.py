@@ -908,7 +908,7 @@ def exit_actor() -> None:
     worker = get_worker(required=False)
     context = current_task.get(None)
     if worker is None or context is None or context.actor_id is None or \
-            getattr(worker, "actor_host", None) is None or worker.actor_host.instance is None:
+            getattr(worker, "actor_host", None) is None:
         raise TypeError("exit_actor() can only be called inside an actor's method; use "
                         "tray.kill(handle) to end an actor from outside")
     worker.actor_host.request_exit("exit_actor() was called")

@@ -137,6 +137,7 @@ class ActorHost:
         self._exit_request: tuple | None = None
         self._running = 0  # calls inside the actor now
         self._idle: trio.Event | None = None  # set when _running drops to 0
+        self._exited = False  # the process is on its way out
         # run_sync_in_thread(fn, group) -> awaitable result: a backend's thread
         # pool for synchronous methods of concurrent actors (None: inline).
         self._run_sync_in_thread = run_sync_in_thread
@@ -267,6 +268,7 @@ class ActorHost:
             self._running -= 1
             if self._running == 0 and self._idle is not None:
                 self._idle.set()
+                self._idle = None
         return reply
 
     # ------------------------------------------------------------- exiting
@@ -279,8 +281,12 @@ class ActorHost:
     def request_exit(self, reason: str) -> None:
         """``exit_actor()``: the running call ends the actor when it returns."""
         context = current_task.get(None)
-        if self.instance is None or context is None or context.actor_id is None:
+        if context is None or context.actor_id is None:
             raise TypeError("exit_actor() can only be called inside an actor's method")
+        if self.instance is None:
+            raise TypeError("exit_actor() in an actor's constructor is not supported; raise "
+                            "an exception there instead (the actor is then dead, and calls "
+                            "to it raise ActorDiedError)")
         self._exit_request = (context.task_id.binary(), reason)
 
     def begin_exit(self, reason: str) -> None:
@@ -312,10 +318,13 @@ class ActorHost:
             return False
         self.begin_exit(reason)
         while self._running > 0:
-            self._idle = trio.Event()
+            if self._idle is None:
+                self._idle = trio.Event()
             await self._idle.wait()
-        self._tracer.record(self._name, "actor_exit", actor=self.actor_id)
-        self._nursery.start_soon(self._exit_soon)
+        if not self._exited:
+            self._exited = True
+            self._tracer.record(self._name, "actor_exit", actor=self.actor_id)
+            self._nursery.start_soon(self._exit_soon)
         return True
 
     async def _exit_soon(self) -> None:
