@@ -2,7 +2,11 @@
 
 Each replays with ``tray simtest replay --seed N --workload mixed --faults P``.
 The first ones were found when ``chaos`` was the same schedule as
-``default``; they are pinned under ``default``, which still draws them."""
+``default``; they are pinned under ``default``, which still draws them.
+The workload mix has grown since most were found (``returns``, ``named``,
+``gpus``; GPUs in cluster shapes), so a pinned seed now replays a different
+program than the one that failed: each stays a must-pass sweep point, and
+the bugs with a direct reproduction have a test of their own below."""
 
 from __future__ import annotations
 
@@ -71,3 +75,36 @@ def test_reset_during_borrowing_keeps_the_object():
     # messages that matter are reliable now: re-sent, handled once.
     result = runner.run_seed(413, "mixed", "default")
     assert result.ok, result.report()
+
+
+def test_a_registration_sent_again_leaves_a_leased_worker_leased():
+    # chaos seed 235 (before the workload mix grew): a worker's register
+    # reply was lost in a reset, the worker registered again, and its node
+    # made it idle while a task held its lease (then gave it to another).
+    import time
+
+    import tray
+    from tray.simtest import cluster as current_cluster
+
+    @tray.remote
+    def hold(seconds):
+        time.sleep(seconds)
+        return "done"
+
+    tray.init(backend="sim", seed=3, num_cpus=1, validate_every_steps=1)
+    try:
+        ref = hold.remote(5.0)
+        cluster = current_cluster()
+        node = cluster.processes["n0/raylet"].component
+        leased = []
+        while not leased:
+            tray.wait([ref], timeout=0.1)
+            leased = [w for w in node.pool.workers.values() if w.state == "leased"]
+        worker = leased[0]
+        cluster.call_soon(lambda: node.pool.handle_register_worker(None, worker.worker_id,
+                                                                   worker.address))
+        tray.wait([ref], timeout=0.1)
+        assert worker.state == "leased" and worker.worker_id not in node.pool.idle
+        assert tray.get(ref) == "done"
+    finally:
+        tray.shutdown()

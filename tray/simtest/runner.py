@@ -412,7 +412,9 @@ def _advance(cluster, seconds: float) -> None:
 
 def cluster_shape(seed: int) -> dict:
     rng = random.Random(f"{seed}:cluster")
-    return {"num_nodes": rng.choice([1, 2, 3, 3, 4]), "num_cpus": rng.choice([1, 2, 4, 4, 8])}
+    shape = {"num_nodes": rng.choice([1, 2, 3, 3, 4]), "num_cpus": rng.choice([1, 2, 4, 4, 8])}
+    shape["num_gpus"] = rng.choice([0, 0, 1, 2])  # per node (drawn last: shapes stay put)
+    return shape
 
 
 def run_seed(seed: int, workload: str = "mixed", faults: str = "chaos", *,
@@ -480,10 +482,13 @@ def _run_seed(seed, workload, faults, trace_path, config, started,
             if remaining_s > 0:
                 _advance(cluster, remaining_s)
             injector.stop()
-            for later in program.laters:
-                later()
+            while program.laters:  # (no loop variable left holding the last one's refs)
+                program.laters.pop(0)()
             _liveness_and_values(cluster, program)
             _check_executions(program, ledger)
+            held_twice = workloads.check_gpu_exclusive(ledger)
+            if held_twice is not None:
+                raise InvariantViolation("gpu-held-by-one-task-at-a-time", held_twice)
             _quiesce(cluster, program)
         except InvariantViolation as violation:
             failure = violation

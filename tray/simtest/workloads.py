@@ -34,6 +34,8 @@ class Ledger:
     executions: dict = field(default_factory=dict)  # key -> times the body ran
     # actor key -> [(incarnation, caller, seq)] in execution order
     actor_log: dict = field(default_factory=dict)
+    # (node id, GPU id) -> [(start, end)] of finished GPU task bodies, virtual time
+    gpu_spans: dict = field(default_factory=dict)
 
     def ran(self, key: str) -> int:
         count = self.executions.get(key, 0) + 1
@@ -61,6 +63,11 @@ def _ran(key: str) -> int:
 def _log_call(actor_key: str, incarnation: int, caller: str, seq: int) -> None:
     LEDGER.ran(f"{actor_key}:{caller}:{seq}")
     LEDGER.actor_log.setdefault(actor_key, []).append((incarnation, caller, seq))
+
+
+def _gpu_span(node_id: str, gpu_ids: list, start_s: float, end_s: float) -> None:
+    for gpu in gpu_ids:
+        LEDGER.gpu_spans.setdefault((node_id, gpu), []).append((start_s, end_s))
 
 
 class FlakyError(Exception):
@@ -178,6 +185,51 @@ def account_caller(key: str, account, caller: str, amounts: list) -> list:
     _ran(key)
     refs = [account.deposit.remote(caller, seq, amount) for seq, amount in enumerate(amounts)]
     return tray.get(refs)
+
+
+@tray.remote(num_returns=3)
+def triple(key: str, x: int):
+    _ran(key)
+    return x, x + 1, [x] * 2
+
+
+@tray.remote
+def make_refs(key: str, n: int) -> list:
+    """A result holding refs this task's worker owns: the caller borrows
+    them, and the worker must outlive its idle time while they are in use."""
+    _ran(key)
+    return [tray.put(i * 10) for i in range(n)]
+
+
+@tray.remote
+def sum_boxed(key: str, boxed: list) -> int:
+    """Reads refs it got inside a list (borrowed, not resolved for it)."""
+    _ran(key)
+    return sum(tray.get(boxed))
+
+
+@tray.remote(num_gpus=1)
+def on_gpu(key: str, sleep_s: float) -> int:
+    """Holds its GPU for a while, logging which one and when (virtual time)."""
+    _ran(key)
+    gpu_ids = list(tray.get_gpu_ids())
+    node_id = tray.get_runtime_context().get_node_id()
+    start_s = time.time()
+    time.sleep(sleep_s)
+    _gpu_span(node_id, gpu_ids, start_s, time.time())
+    return len(gpu_ids)
+
+
+@tray.remote
+class Splitter:
+    """An actor whose method returns several objects."""
+
+    def __init__(self, key: str) -> None:
+        _ran(f"{key}:init")
+
+    @tray.method(num_returns=2)
+    def split(self, x: int):
+        return x, -x
 
 
 @tray.remote
@@ -452,10 +504,94 @@ def cancellation(program) -> None:
     program.expect(ref, program.CANCELLED_OR_VALUE, label="cancelled")
 
 
+def returns(program) -> None:
+    """Several returns from tasks and actor methods, and refs inside results
+    and arguments (borrowing chains), read after the faults."""
+    rng = program.rng
+    retries = program.task_retries()
+    x = rng.randint(1, 50)
+    a, b, c = triple.options(max_retries=retries).remote(program.key("triple"), x)
+    program.expect(b, x + 1, label="second of three returns")
+    program.expect(a, x, label="first of three returns")
+    program.expect(c, [x, x], label="third of three returns")
+    splitter = program.actor(Splitter.options(max_restarts=-1, max_task_retries=-1,
+                                              num_cpus=0), program.key("splitter", retries=-1))
+    for i in range(rng.randint(1, 4)):
+        plus, minus = splitter.split.remote(i)
+        program.expect(minus, -i, label=f"actor return 2 of call {i}", actor_call=True)
+        program.expect(plus, i, label=f"actor return 1 of call {i}", actor_call=True)
+    n = rng.randint(1, 4)
+    outer = make_refs.options(max_retries=retries).remote(program.key("make refs"), n)
+    program.expect(outer, program.ANY_LIST, label="refs inside a result")
+
+    def read_inner() -> None:
+        # After the faults: the inner refs' owner is the worker that made
+        # them; it must still be there (not reaped as idle) unless a fault
+        # killed it, and a task borrowing them in turn reads them too.
+        try:
+            inner = tray.get(outer, timeout=program.wait_timeout_s)
+        except Exception:  # noqa: BLE001 - checked as the expectation of `outer`
+            return
+        for i, ref in enumerate(inner):
+            program.expect(ref, i * 10, label=f"ref {i} inside a result")
+        total = sum_boxed.options(max_retries=retries).remote(program.key("sum boxed"),
+                                                              list(inner))
+        program.expect(total, sum(i * 10 for i in range(n)), label="borrowed refs summed")
+    program.later(read_inner)
+
+
+def named(program) -> None:
+    """A named actor (detached or not), looked up by name only after the
+    faults, GCS restarts included: the name survives, and so does the actor
+    (it restarts without limit)."""
+    rng = program.rng
+    name = program.key("named")
+    detached = rng.random() < 0.5
+    options = {"name": name, "max_restarts": -1, "max_task_retries": -1, "num_cpus": 0}
+    if detached:
+        options["lifetime"] = "detached"
+    handle = program.actor(Squarer.options(**options), program.key("named init", retries=-1))
+    x = rng.randint(2, 30)
+    program.expect(handle.square.remote(x, 0.0), x * x, label="named actor, first call",
+                   actor_call=True)
+
+    def look_up() -> None:
+        found = tray.get_actor(name)  # raises ValueError if the name was lost
+        program.expect(found.square.remote(x + 1, 0.0), (x + 1) ** 2,
+                       label=f"named actor ({'detached' if detached else 'owned'}) found "
+                             "by name after the faults", actor_call=True)
+    program.later(look_up)
+
+
+def gpus(program) -> None:
+    """GPU tasks on nodes with GPUs: at the end, no GPU id of a node was held
+    by two task bodies at once (``check_gpu_exclusive``)."""
+    if not tray.cluster_resources().get("GPU"):
+        return
+    rng = program.rng
+    retries = program.task_retries()
+    for i in range(rng.randint(2, 8)):
+        ref = on_gpu.options(max_retries=retries).remote(program.key(f"gpu{i}"),
+                                                         rng.random() * 0.2)
+        program.expect(ref, 1, label=f"GPU task {i}")
+
+
+def check_gpu_exclusive(ledger: Ledger) -> str | None:
+    """Why the ledger shows a GPU held twice at once, or None."""
+    for (node_id, gpu), spans in sorted(ledger.gpu_spans.items()):
+        spans = sorted(spans)
+        for (start_a, end_a), (start_b, _end_b) in zip(spans, spans[1:]):
+            if start_b < end_a:
+                return (f"GPU {gpu} of node {node_id[:8]} was held by two tasks at once: "
+                        f"[{start_a:.6f}, {end_a:.6f}) and from {start_b:.6f}")
+    return None
+
+
 PIECES = {
     "dag": dag, "nested": nested, "objects": objects, "wait": wait_loop, "actors": actors,
     "retries": retries, "cancel": cancellation, "restarts": restarts,
-    "groups": placement_groups, "chains": chains,
+    "groups": placement_groups, "chains": chains, "returns": returns, "named": named,
+    "gpus": gpus,
 }
 
 

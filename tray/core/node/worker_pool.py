@@ -117,6 +117,11 @@ class WorkerPool:
         worker = self.workers.get(worker_id)
         if worker is None or worker.state == "dead":
             raise ValueError(f"unknown worker {worker_id}")
+        if worker.state != "starting":
+            # Registered already: the reply was lost in a reset and the
+            # worker asked again. It may be leased by now (simtest chaos
+            # seed 235 found it made idle under its lease).
+            return {"node_id": self._node_id}
         worker.address = address
         worker.state = "idle"
         self.idle.append(worker_id)
