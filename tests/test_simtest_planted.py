@@ -7,7 +7,9 @@ from __future__ import annotations
 import pytest
 
 from tray.core.ids import ObjectID, TaskID
+from tray.core.gcs.actor_manager import ActorManager
 from tray.core.worker.actor_host import ActorHost
+from tray.core.worker.actor_task_submitter import ActorTaskSubmitter
 from tray.core.worker.core_worker import CoreWorker
 from tray.core.worker.normal_task_submitter import NormalTaskSubmitter
 from tray.core.worker.object_recovery import ObjectRecoveryManager
@@ -90,3 +92,43 @@ def test_dropping_a_reconstructed_result_is_caught_within_40_seeds(monkeypatch):
     monkeypatch.setattr(ObjectRecoveryManager, "handle_recover_object", recover)
     monkeypatch.setattr(TaskManager, "complete", complete)
     _first_failure(range(40), "objects", "node_crash", "no-hang")
+
+
+def test_gpu_ids_handed_out_twice_are_caught_within_15_seeds(monkeypatch):
+    # Every GPU task is told it holds device 0, whatever its lease reserved.
+    original = NormalTaskSubmitter._push
+
+    async def all_on_zero(self, key, queue, lease, task):
+        lease.gpu_ids = [0 for _ in lease.gpu_ids]
+        return await original(self, key, queue, lease, task)
+
+    monkeypatch.setattr(NormalTaskSubmitter, "_push", all_on_zero)
+    _first_failure(range(15), "gpus", "none", "gpu-held-by-one-task-at-a-time")
+
+
+def test_actor_names_lost_in_a_gcs_restart_are_caught_within_10_seeds(monkeypatch):
+    # A restarted GCS recovers its actors but not their names.
+    original = ActorManager.__init__
+
+    def forgetful(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        if self.actors:
+            self.names.clear()
+
+    monkeypatch.setattr(ActorManager, "__init__", forgetful)
+    result = _first_failure(range(10), "named", "gcs_restart", "runs-without-crashing")
+    assert "ValueError" in result.message
+
+
+def test_constructor_arguments_released_at_the_first_start_are_caught_within_15_seeds(
+        monkeypatch):
+    # Released once the actor first runs (tray before the chaos profile
+    # found it): a restart finds its constructor's arguments freed.
+    async def release_early(self, actor_id, holds):
+        try:
+            await self.actor_info(self.actor_state(actor_id))
+        finally:
+            self._references.release_submitted(holds)
+
+    monkeypatch.setattr(ActorTaskSubmitter, "_release_when_done", release_early)
+    _first_failure(range(15), "restarts", "chaos", "no-premature-free")
