@@ -490,3 +490,65 @@ def _serve_program() -> str:
 
 def test_a_serve_program_replays_from_its_seed():
     assert _serve_program() == _serve_program()
+
+
+# ================================================== losing the checkpoint
+
+
+@tray.remote(num_cpus=0)
+class Ledger:
+    def __init__(self) -> None:
+        self.ids = []
+
+    def add(self, replica_id: str) -> None:
+        self.ids.append(replica_id)
+
+    def get(self) -> list:
+        return self.ids
+
+
+@serve.deployment(ray_actor_options={"num_cpus": 0}, num_replicas=2, user_config={})
+class SlowStart:
+    def __init__(self, ledger) -> None:
+        ledger.add.remote(serve.get_replica_context().replica_id)
+
+    async def reconfigure(self, config: dict) -> None:
+        await asyncio.sleep(2.0)  # part of starting: the controller dies meanwhile
+
+    def __call__(self) -> str:
+        return serve.get_replica_context().replica_id
+
+
+@tray.remote(num_cpus=0)
+def lose_serve_state(delay_s: float) -> None:
+    """Restart the checkpoint store (empty), then the controller, before the
+    controller notices the empty store: its state is lost."""
+    import time
+
+    time.sleep(delay_s)
+    tray.kill(tray.get_actor("SERVE_CHECKPOINT_ACTOR", namespace="serve"), no_restart=False)
+    tray.kill(tray.get_actor("SERVE_CONTROLLER_ACTOR", namespace="serve"), no_restart=False)
+
+
+def test_a_lost_checkpoint_redeploys_and_stops_orphaned_replicas(sim):
+    from tray.serve._common import SERVE_NAMESPACE, replica_actor_name
+
+    serve.start()
+    ledger = Ledger.remote()
+    killer = lose_serve_state.remote(0.5)
+    handle = serve.run(SlowStart.bind(ledger), name="slow")  # sent again to the new controller
+    tray.get(killer)
+    current = {r[0] for r in _api._list_replicas("slow", "SlowStart")}
+    assert len(current) == 2
+    assert handle.remote().result() in current
+    orphans = set(tray.get(ledger.get.remote())) - current
+    assert orphans  # the first controller's replicas, unknown to the new one
+    # They stop themselves: no detached replica outlives what manages it.
+    _advance(12.0)
+    for replica_id in orphans:
+        with pytest.raises(ValueError):
+            tray.get_actor(replica_actor_name(replica_id), namespace=SERVE_NAMESPACE)
+    for replica_id in current:
+        tray.get_actor(replica_actor_name(replica_id), namespace=SERVE_NAMESPACE)  # alive
+    assert serve.status().applications["slow"].status == serve.ApplicationStatus.RUNNING
+    assert handle.remote().result() in current

@@ -32,6 +32,9 @@ logger = logging.getLogger("tray.serve")
 
 WAIT_CHUNK_S = 60.0  # one waiting call to the controller; waits repeat
 PROXY_READY_TIMEOUT_S = 60.0
+# How many times serve.run sends an application again that a restarted
+# controller lost (see _wait_for_app).
+MAX_REDEPLOYS = 3
 
 _DEFAULT = object()
 
@@ -156,13 +159,26 @@ def start(http_options=None, *, proxy_location=None, detached: bool = True,
     _check_proxies(controller)
 
 
-def _wait_for_app(controller, name: str) -> None:
+def _wait_for_app(controller, name: str, incarnation: str = "", redeploy=None) -> None:
+    """Wait until the application runs (or failed to deploy). If it vanished
+    because the controller restarted without its checkpoint (its store had
+    restarted empty just before: the state lives in actors, not in a durable
+    store), ``redeploy`` sends it again, at most ``MAX_REDEPLOYS`` times; an
+    application deleted by someone else is an error."""
     wanted = [ApplicationStatus.RUNNING.value, ApplicationStatus.DEPLOY_FAILED.value]
+    redeploys = 0
     while True:
         overview = tray.get(controller.wait_for_applications.remote(
             [name], wanted, WAIT_CHUNK_S))[name]
         if overview is None:
-            raise RayServeException(f"application {name!r} was deleted while it deployed")
+            now = tray.get(controller.ping.remote())
+            if redeploy is None or now == incarnation or redeploys >= MAX_REDEPLOYS:
+                raise RayServeException(f"application {name!r} was deleted while it deployed")
+            redeploys += 1
+            logger.warning("the Serve controller restarted without application %r (its "
+                           "checkpoint was lost): deploying it again", name)
+            incarnation = redeploy()
+            continue
         if overview.status == ApplicationStatus.RUNNING:
             return
         if overview.status == ApplicationStatus.DEPLOY_FAILED:
@@ -190,10 +206,16 @@ def run(target: Application, *, name: str = "default", route_prefix=_DEFAULT,
 def _deploy(name: str, route_prefix, ingress: str, specs: list, *, blocking: bool = False,
             wait: bool = True) -> DeploymentHandle:
     controller = _connect()
-    _get(controller.deploy_application.remote(name, route_prefix, ingress, specs))
+
+    def submit() -> str:
+        """Send the application; the controller's incarnation that took it."""
+        _get(controller.deploy_application.remote(name, route_prefix, ingress, specs))
+        return tray.get(controller.ping.remote())
+
+    incarnation = submit()
     handle = DeploymentHandle(ingress, name)
     if wait:
-        _wait_for_app(controller, name)
+        _wait_for_app(controller, name, incarnation, submit)
         http, location = tray.get(controller.get_http_config.remote())
         if route_prefix is not None and location != ProxyLocation.Disabled:
             _check_proxies(controller)

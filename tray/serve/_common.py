@@ -84,10 +84,15 @@ def replica_actor_name(replica_id: str) -> str:
 
 
 @tray.remote(num_cpus=0, max_retries=3)
-def create_actor(actor_class, options: dict, args: tuple):
+def create_actor(actor_class, options: dict, args: tuple, then: str = ""):
     """Create (or find, when a retry runs after the first attempt did) a
-    named actor; returns its handle."""
-    return actor_class.options(get_if_exists=True, **options).remote(*args)
+    named actor; returns its handle. ``then`` names a method to call on it
+    at once, from here, without waiting: it runs even if the caller (the
+    controller) dies before it gets the handle."""
+    handle = actor_class.options(get_if_exists=True, **options).remote(*args)
+    if then:
+        getattr(handle, then).remote()
+    return handle
 
 
 @tray.remote(num_cpus=0, max_retries=3)

@@ -617,6 +617,13 @@ class ServeController:
             return []
         return [(r.replica_id, r.actor_name, r.state.value, r.version) for r in dep.replicas]
 
+    async def knows_replica(self, app_name: str, deployment: str, replica_id: str) -> bool:
+        """Whether the replica is one of this controller's (a replica it does
+        not know stops itself: _replica.py's "Orphans")."""
+        await self._ensure_started()
+        dep = self._deployments.get((app_name, deployment))
+        return dep is not None and any(r.replica_id == replica_id for r in dep.replicas)
+
     async def was_drained(self, app_name: str, deployment: str, replica_id: str) -> bool:
         """Whether the replica was stopped after draining fully: a request
         that found it dead did not run there."""
@@ -828,7 +835,8 @@ class ServeController:
             args = (replica.replica_id, spec.app_name, spec.name, spec.callable_blob,
                     spec.is_function, spec.is_asgi, spec.config.max_ongoing_requests,
                     self._self_handle)
-            replica.handle = await _common.create_actor.remote(ReplicaActor, options, args)
+            replica.handle = await _common.create_actor.remote(ReplicaActor, options, args,
+                                                               "watch_controller")
         except Exception as error:  # noqa: BLE001 - could not even be created
             replica.created.set()
             self._start_failed(dep, replica, error, counts=False)

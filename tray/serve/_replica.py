@@ -23,6 +23,14 @@ full); the caller pulls what is ready with ``next_chunks``. A stream nobody
 pulls from for ``STREAM_IDLE_TIMEOUT_S`` is closed, so a caller that went
 away holds no slot for long.
 
+**Orphans.** Every ``ORPHAN_CHECK_PERIOD_S`` a replica asks
+the controller whether it still knows it (``knows_replica``). A replica the
+controller does not know — made by an incarnation whose checkpoint was lost
+(its store restarted empty and the controller died before writing it again)
+— or whose controller is gone for good (``serve.shutdown``) stops itself, so
+no detached replica outlives what manages it. An unreachable controller
+(a partition, a restart in progress) is asked again later.
+
 **Draining.** ``prepare_for_shutdown`` waits until no request has been
 ongoing for a whole ``graceful_shutdown_wait_loop_s`` (requests that were
 already on their way when routers dropped this replica still arrive and are
@@ -43,7 +51,7 @@ import cloudpickle
 import tray
 
 from . import _context
-from ._common import StreamBatch
+from ._common import SERVE_NAMESPACE, StreamBatch, kill_actor, lookup_actor, replica_actor_name
 from ._http import HTTPRequestData, bind_ingress_app, plain_asgi_app, run_asgi
 from .exceptions import ReplicaDrainedError
 
@@ -54,6 +62,7 @@ REQUEST_CONCURRENCY = 1_000_000  # tray's slots; the _Limiter enforces max_ongoi
 STREAM_BUFFER_ITEMS = 256  # items a stream produces ahead of its caller
 STREAM_BATCH_ITEMS = 256  # items one next_chunks call returns at most
 STREAM_IDLE_TIMEOUT_S = 60.0
+ORPHAN_CHECK_PERIOD_S = 5.0  # how often a replica asks whether its controller knows it
 
 
 class _Limiter:
@@ -199,6 +208,8 @@ class ServeReplica:
         self._user_config_applied = False
         self._init_lock: asyncio.Lock | None = None
         self._reaper: asyncio.Task | None = None
+        self._controller = controller
+        self._orphan_watch: asyncio.Task | None = None
         _context.reset()  # a worker's earlier life (a simulated worker id reused)
         _context.set_controller(controller)
 
@@ -229,7 +240,42 @@ class ServeReplica:
                     self._asgi_app = plain_asgi_app(self._user_method("__call__"))
             if has_user_config and not self._user_config_applied:
                 await self._reconfigure(user_config)
+        await self.watch_controller()
         return {"node_id": tray.get_runtime_context().get_node_id()}
+
+    @tray.method(concurrency_group="control")
+    async def watch_controller(self) -> None:
+        """Start the orphan watch (idempotent): sent by the task that created
+        this replica, so that it runs even if no controller ever calls it."""
+        if self._orphan_watch is None:
+            self._orphan_watch = asyncio.get_running_loop().create_task(self._watch_controller())
+
+    async def _watch_controller(self) -> None:
+        """Stop this replica once its controller no longer knows it (see the
+        module's header)."""
+        while True:
+            await asyncio.sleep(ORPHAN_CHECK_PERIOD_S)
+            try:
+                known = await self._controller.knows_replica.remote(
+                    self.app_name, self.deployment, self.replica_id)
+            except tray.exceptions.ActorDiedError:
+                known = False  # killed for good: serve.shutdown()
+            except Exception:  # noqa: BLE001 - unreachable for now: ask again later
+                continue
+            if known:
+                continue
+            logger.warning("serve replica %s: the controller does not know it (its state was "
+                           "lost, or Serve shut down): stopping", self.replica_id)
+            try:
+                handle = await lookup_actor.remote(replica_actor_name(self.replica_id),
+                                                   SERVE_NAMESPACE)
+                if handle is not None:
+                    await kill_actor.remote(handle)
+            except Exception as error:  # noqa: BLE001 - try again next period
+                logger.warning("serve replica %s: could not stop itself: %s",
+                               self.replica_id, error)
+                continue
+            return
 
     async def _reconfigure(self, user_config) -> None:
         method = getattr(self._callable, "reconfigure", None)
