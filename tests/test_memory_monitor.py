@@ -1,7 +1,8 @@
 """The memory monitor (Ray's OOM prevention): above the memory usage
 threshold a node kills the worker of the most recently started retriable
-task; the owner retries it, or fails it with OutOfMemoryError naming the
-task, the node and the memory numbers.
+task (of the owner with the most tasks there); the owner retries it (if it
+had other tasks there, on a budget of its own), or fails it with
+OutOfMemoryError naming the task, the node and the memory numbers.
 
 In the simulator memory is simulated (tasks allocate it through
 ``tray.simtest.cluster().allocate_memory``; a test sets a node's background
@@ -56,18 +57,21 @@ class Attempts:
 # ------------------------------------------------------------- the policy
 
 
-def _lease(lease_id, owner="a", retriable=True, actor=None):
-    return Lease(lease_id, f"w{lease_id}", owner, {"CPU": 1.0}, [], for_actor=actor,
-                 retriable=retriable)
+def _lease(granted, owner="a", retriable=True, actor=None):
+    """A lease granted ``granted``-th (its lease id is unrelated)."""
+    return Lease(100 - granted, f"w{granted}", owner, {"CPU": 1.0}, [], for_actor=actor,
+                 retriable=retriable, granted=granted)
 
 
 def test_policy_prefers_retriable_tasks_then_tasks_then_actors():
     actor = _lease(9, actor="actor-1")
     plain = _lease(8, retriable=False)
     retriable = _lease(2)
-    assert choose_victim([retriable, plain, actor]) is retriable
-    assert choose_victim([plain, actor]) is plain
-    assert choose_victim([actor]) is actor
+    # The last task of its owner here is not retried (it would be killed again).
+    assert choose_victim([retriable, plain, actor]) == (retriable, False)
+    assert choose_victim([retriable, _lease(1), plain]) == (retriable, True)
+    assert choose_victim([plain, actor]) == (plain, False)
+    assert choose_victim([actor]) == (actor, False)
     assert choose_victim([]) is None
     # A lease without a worker yet holds no memory: it is never chosen.
     assert choose_victim([Lease(3, "", "a", {}, [])]) is None
@@ -76,20 +80,22 @@ def test_policy_prefers_retriable_tasks_then_tasks_then_actors():
 def test_policy_kills_the_newest_task_of_the_largest_owner_group():
     leases = [_lease(1, "a"), _lease(2, "b"), _lease(3, "a"), _lease(4, "c"), _lease(5, "b"),
               _lease(6, "a")]
-    assert choose_victim(leases).lease_id == 6  # a has 3 tasks; its newest
+    assert choose_victim(leases)[0].granted == 6  # a has 3 tasks; its newest
     leases = [_lease(1, "a"), _lease(2, "b"), _lease(3, "b"), _lease(4, "a"), _lease(7, "c")]
     # a and b tie at 2: b's first lease is newer, so b's newest goes.
-    assert choose_victim(leases).lease_id == 3
+    assert choose_victim(leases)[0].granted == 3
     # Non-retriable tasks form one group whatever their owners.
     plain = [_lease(1, "a", retriable=False), _lease(5, "b", retriable=False)]
-    assert choose_victim(plain).lease_id == 5
+    assert choose_victim(plain)[0].granted == 5
 
 
 # ---------------------------------------------------------- the simulator
 
 
-def test_sim_out_of_memory_error_names_task_node_and_numbers(sim_cluster):
-    @tray.remote(max_retries=0)
+@pytest.mark.parametrize("max_retries", [0, 3])
+def test_sim_out_of_memory_error_names_task_node_and_numbers(sim_cluster, max_retries):
+    """Not retriable, or its owner's only task on the node: not retried."""
+    @tray.remote(max_retries=max_retries)
     def hog():
         tray.simtest.cluster().allocate_memory(MACHINE_BYTES)
         time.sleep(100)
@@ -101,34 +107,61 @@ def test_sim_out_of_memory_error_names_task_node_and_numbers(sim_cluster):
     node_id = sim_cluster.node_ids()[0]
     assert "hog (" in message and node_id in message, message
     assert "16.00 GiB used of 16.00 GiB" in message and "threshold 0.95" in message, message
-    assert "max_retries=0" in message, message
+    assert ("max_retries=0" if max_retries == 0 else "last task of its owner") in message, \
+        message
+    assert "attempts=1" in message, message
     assert not isinstance(caught.value, exceptions.WorkerCrashedError)
     # The killed worker gave its memory back.
     assert sim_cluster.memory_usage(node_id).used_bytes == 0
 
 
-def test_sim_killed_task_is_retried_then_fails_when_retries_are_used_up(sim_cluster):
+@tray.remote
+def _companion(seconds):
+    """Another task of the same owner on the node, so a killed one is retried."""
+    time.sleep(seconds)
+    return "done"
+
+
+def test_sim_killed_task_is_retried_apart_from_max_retries(sim_cluster):
     attempts = Attempts.remote()
 
     @tray.remote(max_retries=1)
-    def first_attempt_hogs(attempts):
+    def first_attempts_hog(attempts, hogging_attempts):
         attempt = tray.get(attempts.start.remote("first"))
-        if attempt == 1:
+        if attempt <= hogging_attempts:
             tray.simtest.cluster().allocate_memory(MACHINE_BYTES)
             time.sleep(100)
         return attempt
 
-    assert tray.get(first_attempt_hogs.remote(attempts)) == 2
+    companion = _companion.remote(60)
+    time.sleep(1)  # (virtual) the companion runs first: the hog is the newer lease
+    # Killed 3 times: more than max_retries, which OOM kills do not spend.
+    assert tray.get(first_attempts_hog.remote(attempts, 3)) == 4
+    assert tray.get(companion) == "done"
 
-    @tray.remote(max_retries=2)
-    def always_hogs(attempts):
-        tray.get(attempts.start.remote("always"))
-        tray.simtest.cluster().allocate_memory(MACHINE_BYTES)
-        time.sleep(100)
 
-    with pytest.raises(exceptions.OutOfMemoryError, match=r"max_retries=2, attempts=3"):
-        tray.get(always_hogs.remote(attempts))
-    assert tray.get(attempts.get.remote()) == {"first": 2, "always": 3}
+def test_sim_fails_when_its_memory_retries_are_used_up():
+    config = dataclasses.replace(DEFAULT_CONFIG, task_oom_retries=2, oom_retry_delay_base_s=0.5)
+    tray.init(backend="sim", seed=5, num_cpus=4, config=config)
+    try:
+        attempts = Attempts.remote()
+
+        @tray.remote(max_retries=5)
+        def always_hogs(attempts):
+            tray.get(attempts.start.remote("always"))
+            tray.simtest.cluster().allocate_memory(MACHINE_BYTES)
+            time.sleep(100)
+
+        companion = _companion.remote(60)
+        time.sleep(1)
+        with pytest.raises(exceptions.OutOfMemoryError,
+                           match=r"retries for memory are used up \(task_oom_retries=2\) "
+                                 r"\(attempts=3\)"):
+            tray.get(always_hogs.remote(attempts))
+        assert tray.get(attempts.get.remote()) == {"always": 3}
+        assert tray.get(companion) == "done"
+    finally:
+        tray.shutdown()
 
 
 def test_sim_prefers_retriable_task_of_largest_owner_group(sim_cluster):
@@ -158,7 +191,7 @@ def test_sim_prefers_retriable_task_of_largest_owner_group(sim_cluster):
     refs = [worker_task.remote(attempts, f"x{i}", 4) for i in range(3)]
     results = tray.get(refs)
     assert tray.get(parent_ref) == 1  # the child (its own owner's only task) was spared
-    assert sorted(results) == [1, 1, 2], results  # one of the driver's three was retried
+    assert sorted(results) == [1, 1, 2], results  # the newest of the driver's three was retried
     assert tray.get(attempts.get.remote())["child"] == 1
     assert sim_cluster.memory_usage(node_id).used_bytes == 12 * GiB + 3 * GiB
 
@@ -241,12 +274,21 @@ CHUNK_BYTES = 128 * 1024**2
 
 
 @tray.remote
+def _wait_for_file(path: str, timeout_s: float):
+    deadline = time.monotonic() + timeout_s
+    while not os.path.exists(path + ".retried") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return "done"
+
+
+@tray.remote
 def _hog_real_memory(marker: str, limit_bytes: int):
     """Allocate real memory in chunks (touching every page) until killed;
     on a run after the first (``marker`` exists), return at once."""
     import numpy as np
 
     if os.path.exists(marker):
+        open(marker + ".retried", "w").close()
         return "retried"
     with open(marker, "w") as file:
         file.write(str(os.getpid()))
@@ -270,10 +312,15 @@ def test_local_real_memory_kill_retry_and_out_of_memory(monkeypatch, tmp_path):
         pytest.skip("this machine has too little free memory for the test")
     monkeypatch.setenv("RAY_memory_usage_threshold", f"{threshold:.6f}")
     monkeypatch.setenv("RAY_memory_monitor_refresh_ms", "50")
-    tray.init(backend="local", num_cpus=1)
+    tray.init(backend="local", num_cpus=2)
     try:
+        # A companion task of the same owner holds the other CPU, so the hog
+        # (the newer lease) is not its owner's last task there: retried.
+        companion = _wait_for_file.remote(str(tmp_path / "a"), 120)
+        tray.wait([companion], timeout=1)
         retried = _hog_real_memory.options(max_retries=1).remote(str(tmp_path / "a"), 3 * GiB)
         assert tray.get(retried, timeout=120) == "retried"
+        assert tray.get(companion, timeout=120) == "done"
         with pytest.raises(exceptions.OutOfMemoryError) as caught:
             tray.get(_hog_real_memory.options(max_retries=0).remote(str(tmp_path / "b"),
                                                                     3 * GiB), timeout=120)

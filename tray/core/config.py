@@ -67,8 +67,10 @@ class Config:
     # How long an owner waits for a node to say why a worker died before it
     # treats the death as a plain crash.
     worker_failure_cause_timeout_s: float = 5.0
-    # A task killed for memory is retried after base * 2**attempt seconds,
-    # at most the max (Ray's exponential backoff for OOM retries).
+    # A retriable task killed for memory is retried this many times, apart
+    # from its max_retries (-1: without end, Ray's default), after
+    # base * 2**(its kills - 1) seconds, at most the max (Ray's backoff).
+    task_oom_retries: int = -1
     oom_retry_delay_base_s: float = 1.0
     oom_retry_delay_max_s: float = 60.0
 

@@ -57,6 +57,9 @@ class Lease:
     conn: object = None
     bundle: tuple | None = None  # (pg id, bundle index) whose resources it holds
     retriable: bool = True  # its owner retries a task whose worker dies
+    # Order of the grant (its worker attached), 0 before: lease ids follow
+    # when resources were allocated, and workers may arrive in another order.
+    granted: int = 0
 
 
 @dataclass
@@ -119,6 +122,7 @@ class LeaseManager:
         self.gpus = scheduling.GpuAllocator(int(self.total.get("GPU", 0)))
         self.leases: dict[int, Lease] = {}
         self._next_lease_id = 1
+        self._grants = 0
         self.waiting: list[_Waiter] = []
         # The cluster as this node last heard of it from the GCS.
         self.view: dict[str, scheduling.NodeView] = {}
@@ -261,6 +265,8 @@ class LeaseManager:
             return LeaseWithdrawn()
         lease.worker_id = worker.worker_id
         lease.conn = conn
+        self._grants += 1
+        lease.granted = self._grants
         worker.state = "actor" if lease.for_actor else "leased"
         worker.lease_id = lease.lease_id
         self._tracer.record(self._trace_name, "lease_granted", lease=lease.lease_id,

@@ -12,17 +12,22 @@ chosen as Ray's default policy ("group by owner") does:
   2. among the tasks of one kind, they are grouped by owner (non-retriable
      ones form a single group): the largest group, and among equal groups
      the one whose first lease is the newest;
-  3. within the group, the most recently granted lease.
+  3. within the group, the most recently granted lease (grant order, not
+     lease ids: those follow when resources were allocated).
 
-Killing the newest work of the busiest owner frees memory while keeping the
+The task is to be retried only if its group had other tasks (as Ray's
+``should_retry``): the last task of an owner running here would only be
+killed again, so it fails at once with ``OutOfMemoryError``. Killing the
+newest work of the busiest owner frees memory while keeping the
 oldest work, which has made the most progress, running. One kill per
 refresh: the next reading sees the memory the dead worker gave back.
 
 The owner of a killed task learns *why* its worker died by asking this node
 (``worker_failure_cause``, by lease id), as a Ray owner asks its raylet:
 the node keeps the cause of each kill (bounded: ``worker_kill_causes_max``,
-the oldest go first). The owner retries the task within its ``max_retries``
-(after a growing delay), or fails it with ``OutOfMemoryError``. An actor
+the oldest go first). The owner retries a retriable task after a growing
+delay, on a budget of its own (``task_oom_retries``, unlimited by default,
+as Ray's), or fails it with ``OutOfMemoryError``. An actor
 killed here dies with the cause as its death reason."""
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ class MemoryKill:
     used_bytes: int
     total_bytes: int
     threshold: float
+    should_retry: bool  # its owner had other tasks running here
 
     def describe(self) -> str:
         gib = 1024 ** 3
@@ -67,8 +73,9 @@ class MemoryMonitorStatistics:
     kills: int
 
 
-def choose_victim(leases) -> object | None:
-    """The lease whose worker goes (see the module docstring), or None."""
+def choose_victim(leases) -> tuple[object, bool] | None:
+    """(the lease whose worker goes, whether its task should be retried),
+    or None (see the module docstring)."""
     tasks = [lease for lease in leases if lease.worker_id and lease.for_actor is None]
     actors = [lease for lease in leases if lease.worker_id and lease.for_actor is not None]
     for candidates in ([lease for lease in tasks if lease.retriable],
@@ -79,10 +86,11 @@ def choose_victim(leases) -> object | None:
         for lease in candidates:
             key = lease.owner if lease.retriable and lease.for_actor is None else ""
             groups.setdefault(key, []).append(lease)
-        # Largest group; then the group whose oldest lease is the newest.
+        # Largest group; then the group whose oldest grant is the newest.
         group = max(groups.values(),
-                    key=lambda members: (len(members), min(m.lease_id for m in members)))
-        return max(group, key=lambda lease: lease.lease_id)
+                    key=lambda members: (len(members), min(m.granted for m in members)))
+        victim = max(group, key=lambda lease: lease.granted)
+        return victim, victim.retriable and victim.for_actor is None and len(group) > 1
     return None
 
 
@@ -121,12 +129,13 @@ class MemoryMonitor:
         threshold = self._config.memory_usage_threshold
         if reading.total_bytes <= 0 or reading.used_bytes / reading.total_bytes <= threshold:
             return None
-        victim = choose_victim(sorted(self._leases.leases.values(),
+        chosen = choose_victim(sorted(self._leases.leases.values(),
                                       key=lambda lease: lease.lease_id))
-        if victim is None:
+        if chosen is None:
             return None
+        victim, should_retry = chosen
         kill = MemoryKill(victim.lease_id, victim.worker_id, self._node_id, reading.used_bytes,
-                          reading.total_bytes, threshold)
+                          reading.total_bytes, threshold, should_retry)
         self.causes[victim.lease_id] = kill
         while len(self.causes) > self._config.worker_kill_causes_max:
             self.causes.popitem(last=False)

@@ -13,10 +13,12 @@ and a task whose group is gone fails with ``TaskPlacementGroupRemoved``.
 
 A push that fails because the worker died (or the connection to it broke)
 gives the lease back as broken and retries the task within its budget;
-the owner first asks the worker's node why it died: a worker its memory
-monitor killed makes the task wait a growing delay before its retry, and
-fail with ``OutOfMemoryError`` (not ``WorkerCrashedError``) when no retry is
-left. An application error is retried only under ``retry_exceptions``. Any other
+the owner first asks the worker's node why it died. A task whose worker the
+node's memory monitor killed is retried, as Ray's, only if it is retriable
+(``max_retries != 0``) and was not its owner's last task on that node, on a
+budget of its own (``task_oom_retries``) after a growing delay; otherwise it
+fails with ``OutOfMemoryError`` (not ``WorkerCrashedError``). An application
+error is retried only under ``retry_exceptions``. Any other
 error on a task's way (the GCS unreachable, a node that cannot schedule it,
 a worker that answers with an error of its own) fails that task — or, for a
 lease request, the tasks queued in its class — and never the process."""
@@ -90,7 +92,10 @@ class SubmitterStatistics:
 
 
 def class_key(spec: TaskSpec) -> tuple:
-    return (tuple(sorted(spec.resources.items())), spec.strategy)
+    # Whether its tasks are retried is part of the class: a lease says so to
+    # its node (whose memory monitor kills retriable work first), and all the
+    # tasks a lease runs must agree with it.
+    return (tuple(sorted(spec.resources.items())), spec.strategy, spec.max_retries != 0)
 
 
 class NormalTaskSubmitter:
@@ -348,39 +353,56 @@ class NormalTaskSubmitter:
                                 cause: dict | None) -> None:
         spec = task.spec
         out_of_memory = cause is not None and cause.get("kind") == "out_of_memory"
+        oom_budget = self._config.task_oom_retries
         if task.cancelled:
             error = exceptions.TaskCancelledError(f"task {spec.name} ({spec.task_id.hex()}) "
                                                   "was cancelled")
+        elif out_of_memory:
+            if spec.max_retries == 0:
+                why = "it is not retried (max_retries=0)"
+            elif not cause["should_retry"]:
+                why = ("it was the last task of its owner running on that node, so a retry "
+                       "would be killed again: it is not retried")
+            elif oom_budget != -1 and task.oom_retries >= oom_budget:
+                why = f"its retries for memory are used up (task_oom_retries={oom_budget})"
+            else:
+                await self._retry_after_oom(task)
+                return
+            error = exceptions.OutOfMemoryError(
+                f"task {spec.name} ({spec.task_id.hex()}) failed: its worker was killed "
+                f"because {cause['message']}. {why[0].upper()}{why[1:]} "
+                f"(attempts={spec.attempt + 1})")
         elif task.retries_left != 0:
             spend_retry(task)
             self._tracer.record(self._name, "task_retry", task=spec.task_id,
-                                attempt=spec.attempt,
-                                reason="out of memory" if out_of_memory else "worker died")
-            if out_of_memory:
-                # As Ray: back off, so a node short of memory is not handed
-                # the same work again at once.
-                await trio.sleep(min(self._config.oom_retry_delay_base_s *
-                                     2 ** max(spec.attempt - 1, 0),
-                                     self._config.oom_retry_delay_max_s))
-                if task.done:
-                    return
-                if task.cancelled:
-                    self._task_manager.fail(task, exceptions.TaskCancelledError(
-                        f"task {spec.name} ({spec.task_id.hex()}) was cancelled"))
-                    return
+                                attempt=spec.attempt, reason="worker died")
             self.enqueue(task)
             return
-        elif out_of_memory:
-            error = exceptions.OutOfMemoryError(
-                f"task {spec.name} ({spec.task_id.hex()}) failed: its worker was killed "
-                f"because {cause['message']}. Its retries are used up "
-                f"(max_retries={spec.max_retries}, attempts={spec.attempt + 1})")
         else:
             error = exceptions.WorkerCrashedError(
                 f"the worker running task {spec.name} ({spec.task_id.hex()}) on node "
                 f"{lease.node_id} died, and its retries are used up "
                 f"(max_retries={spec.max_retries}, attempts={spec.attempt + 1})")
         self._task_manager.fail(task, error)
+
+    async def _retry_after_oom(self, task: PendingTask) -> None:
+        """Run a task killed for memory again, out of its memory budget
+        (not ``max_retries``), after a delay that doubles with each such
+        kill: a node short of memory is not handed the same work at once."""
+        spec = task.spec
+        task.oom_retries += 1
+        spec.attempt += 1
+        self._tracer.record(self._name, "task_retry", task=spec.task_id,
+                            attempt=spec.attempt, reason="out of memory")
+        await trio.sleep(min(self._config.oom_retry_delay_base_s * 2 ** (task.oom_retries - 1),
+                             self._config.oom_retry_delay_max_s))
+        if task.done:
+            return
+        if task.cancelled:
+            self._task_manager.fail(task, exceptions.TaskCancelledError(
+                f"task {spec.name} ({spec.task_id.hex()}) was cancelled"))
+            return
+        self.enqueue(task)
 
     def handle_held_leases(self, conn, node_manager: str, lease_ids: list) -> list:
         """Which of these leases from ``node_manager`` this process holds."""

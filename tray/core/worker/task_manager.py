@@ -55,6 +55,7 @@ class PendingTask:
     state: str = PENDING_ARGS_AVAIL
     cancelled: bool = False  # cancel() was called: never retried
     pushed_to: str | None = None  # the worker running it (normal tasks, while submitted)
+    oom_retries: int = 0  # runs the memory monitor killed (their budget is task_oom_retries)
 
     @property
     def done(self) -> bool:
