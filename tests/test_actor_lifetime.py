@@ -32,14 +32,15 @@ def _state(actor_id: str) -> str:
     return _info(actor_id).state
 
 
-def _eventually(condition, timeout_s: float = 20.0) -> bool:
-    """Poll (virtual time in the simulator, wall time on real processes)."""
-    deadline = time.time() + timeout_s
-    while time.time() < deadline:
+def _eventually(condition, timeout_s: float = 20.0, step_s: float = 0.25) -> bool:
+    """Poll every ``step_s`` for up to ``timeout_s`` of the driver's sleep
+    (virtual time in the simulator, where the driver's ``time.time`` stays
+    real, so the polls are counted; wall time on real processes)."""
+    for _ in range(int(timeout_s / step_s)):
         gc.collect()
         if condition():
             return True
-        time.sleep(0.1)
+        time.sleep(step_s)
     return condition()
 
 
@@ -47,15 +48,14 @@ def _ends(actor_id: str, timeout_s: float = 20.0) -> bool:
     return _eventually(lambda: _state(actor_id) == "DEAD", timeout_s)
 
 
-def _stays_alive(actor_id: str, seconds: float) -> bool:
-    """Never dead during ``seconds`` (virtual in the simulator), and alive
-    at the end."""
-    deadline = time.time() + seconds
-    while time.time() < deadline:
+def _stays_alive(actor_id: str, seconds: float, step_s: float = 0.25) -> bool:
+    """Never dead during ``seconds`` of the driver's sleep (virtual in the
+    simulator), and alive at the end."""
+    for _ in range(int(seconds / step_s)):
         gc.collect()
         if _state(actor_id) == "DEAD":
             return False
-        time.sleep(0.2)
+        time.sleep(step_s)
     return _state(actor_id) == "ALIVE"
 
 
@@ -204,7 +204,7 @@ def test_a_borrower_in_a_task_keeps_the_actor_alive(sim):
     actor_id = actor._actor_id
     result = outer.remote(actor, signal)
     del actor
-    assert _stays_alive(actor_id, 5.0)
+    assert _stays_alive(actor_id, 2.0)
     signal.send.remote()
     assert tray.get(result) == 1
     assert _ends(actor_id)
@@ -227,11 +227,11 @@ def test_a_handle_inside_a_put_object_keeps_it_alive(sim):
     actor_id = actor._actor_id
     box = tray.put({"actor": actor})
     del actor
-    assert _stays_alive(actor_id, 3.0)
+    assert _stays_alive(actor_id, 1.5)
     again = tray.get(box)["actor"]
     assert tray.get(again.inc.remote()) == 1
     del again
-    assert _stays_alive(actor_id, 2.0)  # the box still holds it
+    assert _stays_alive(actor_id, 1.0)  # the box still holds it
     del box
     assert _ends(actor_id)
 
@@ -249,7 +249,7 @@ def test_a_handle_passed_to_a_constructor_keeps_the_actor_alive(sim):
     actor_id = actor._actor_id
     user = User.remote([actor])
     del actor
-    assert _stays_alive(actor_id, 3.0)
+    assert _stays_alive(actor_id, 1.5)
     assert tray.get(user.call.remote()) == 1
     del user
     assert _ends(actor_id)
@@ -265,13 +265,13 @@ def test_a_handle_returned_from_a_task(sim):
 
     actor = tray.get(make.remote())
     actor_id = actor._actor_id
-    assert _stays_alive(actor_id, 3.0)
+    assert _stays_alive(actor_id, 1.5)
     assert tray.get(actor.inc.remote()) == 2
     del actor
     assert _ends(actor_id)
 
 
-def test_a_handle_returned_from_an_actor_method(one_node):
+def test_a_handle_returned_from_an_actor_method(sim):
     @tray.remote
     class Outer:
         def __init__(self):
@@ -302,7 +302,7 @@ def test_a_named_actor_ends_with_its_handles_get_actor_ones_included(sim):
     actor_id = actor._actor_id
     found = tray.get_actor("counter")
     del actor
-    assert _stays_alive(actor_id, 3.0)
+    assert _stays_alive(actor_id, 1.5)
     assert tray.get(found.inc.remote()) == 1
     del found
     assert _ends(actor_id)
@@ -316,7 +316,7 @@ def test_get_actor_in_another_process_borrows_the_handle(sim):
     holder = Holder.remote()
     assert tray.get(holder.hold_named.remote("shared"))
     del actor
-    assert _stays_alive(actor_id, 3.0)
+    assert _stays_alive(actor_id, 1.5)
     assert tray.get(holder.call.remote()) == 1
     assert tray.get(holder.drop.remote())
     assert _ends(actor_id)
@@ -328,13 +328,13 @@ def test_get_if_exists_borrows_the_existing_actor(sim):
     second = Counter.options(name="once", get_if_exists=True).remote()
     assert second._actor_id == actor_id
     del first
-    assert _stays_alive(actor_id, 3.0)
+    assert _stays_alive(actor_id, 1.5)
     assert tray.get(second.inc.remote()) == 1
     del second
     assert _ends(actor_id)
 
 
-def test_a_detached_actor_outlives_its_handles(one_node):
+def test_a_detached_actor_outlives_its_handles(sim):
     actor = Counter.options(name="keeper", lifetime="detached").remote()
     actor_id = actor._actor_id
     assert tray.get(actor.inc.remote()) == 1
