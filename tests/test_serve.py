@@ -552,3 +552,34 @@ def test_a_lost_checkpoint_redeploys_and_stops_orphaned_replicas(sim):
         tray.get_actor(replica_actor_name(replica_id), namespace=SERVE_NAMESPACE)  # alive
     assert serve.status().applications["slow"].status == serve.ApplicationStatus.RUNNING
     assert handle.remote().result() in current
+
+
+@serve.deployment(ray_actor_options={"num_cpus": 0}, max_ongoing_requests=10,
+                  autoscaling_config={"min_replicas": 1, "max_replicas": 3,
+                                      "target_ongoing_requests": 1, "metrics_interval_s": 0.1,
+                                      "look_back_period_s": 0.3, "upscale_delay_s": 0.1,
+                                      "downscale_delay_s": 30.0},
+                  user_config={}, graceful_shutdown_wait_loop_s=0.2)
+class ElasticVersioned:
+    def __init__(self, version: str) -> None:
+        self.version = version
+
+    async def reconfigure(self, config: dict) -> None:
+        if self.version == "v2":
+            await asyncio.sleep(2.0)  # a slow start: the autoscaler acts meanwhile
+
+    async def __call__(self, sleep_s: float) -> str:
+        await asyncio.sleep(sleep_s)
+        return self.version
+
+
+def test_serve_run_returns_once_no_old_replica_serves_while_autoscaling(sim):
+    """A rolling update of a deployment the autoscaler scales up meanwhile:
+    serve.run returns only when no replica of the old version takes
+    requests, so the next request gets the new version (regression: an
+    UPSCALING deployment counted as running while v1 replicas still served)."""
+    handle = serve.run(ElasticVersioned.bind("v1"), name="ev")
+    held = [handle.remote(6.0) for _ in range(3)]  # load: the target goes to 3
+    serve.run(ElasticVersioned.bind("v2"), name="ev")
+    assert [handle.remote(0.0).result() for _ in range(6)] == ["v2"] * 6
+    assert [r.result() for r in held] == ["v1"] * 3  # drained, not dropped

@@ -216,6 +216,7 @@ def _deploy(name: str, route_prefix, ingress: str, specs: list, *, blocking: boo
     handle = DeploymentHandle(ingress, name)
     if wait:
         _wait_for_app(controller, name, incarnation, submit)
+        _refresh_routers(controller, name)
         http, location = tray.get(controller.get_http_config.remote())
         if route_prefix is not None and location != ProxyLocation.Disabled:
             _check_proxies(controller)
@@ -228,6 +229,20 @@ def _deploy(name: str, route_prefix, ingress: str, specs: list, *, blocking: boo
         except KeyboardInterrupt:
             pass
     return handle
+
+
+def _refresh_routers(controller, app_name: str) -> None:
+    """Bring this process's routers of the application up to date: their
+    long polls may not have answered yet, and a request sent after
+    ``serve.run`` returned must not go to a replica it replaced."""
+    mine = {key: router for key, router in _context.routers().items()
+            if key[0] == app_name}
+    if not mine:
+        return
+    targets = tray.get(controller.current_targets.remote(app_name))
+    for (_app, deployment), router in mine.items():
+        if deployment in targets:
+            router.apply_target(targets[deployment])
 
 
 def status() -> ServeStatus:

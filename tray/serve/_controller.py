@@ -691,6 +691,15 @@ class ServeController:
             self._waiting_polls -= 1
         return self._current(key)
 
+    async def current_targets(self, app_name: str) -> dict:
+        """The routing targets of an application's deployments as of now
+        (published first): ``serve.run`` hands them to the caller's routers,
+        so that requests sent after it returned go to the new replicas."""
+        await self._ensure_started()
+        self._publish()
+        return {dep.name: self._current(dep.key) for dep in self._deployments.values()
+                if dep.app_name == app_name}
+
     def _current(self, key: tuple):
         if key[0] == "routes":
             return self._routes
@@ -1043,6 +1052,11 @@ class ServeController:
                 dep.message = ""
         elif dep.unhealthy:
             dep.status = DeploymentStatus.UNHEALTHY
+        elif any(r.version != version and r.serving() for r in dep.replicas):
+            # A rolling update in progress, whatever the autoscaler decided
+            # meanwhile: the application is not RUNNING (serve.run waits)
+            # while replicas of the old version still take requests.
+            dep.status = DeploymentStatus.UPDATING
         elif dep.status not in (DeploymentStatus.UPSCALING, DeploymentStatus.DOWNSCALING):
             dep.status = DeploymentStatus.UPDATING
 

@@ -130,6 +130,11 @@ class Router:
         if self._changed is not None:
             self._changed.set()
 
+    def apply_target(self, target: RoutingTarget) -> None:
+        """Take a routing target fetched outside the long poll (``serve.run``
+        hands over the one it saw when the application ran)."""
+        self._apply(target)
+
     def _known_version(self) -> int:
         return -1 if self.target is None else self.target.version
 
