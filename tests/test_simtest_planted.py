@@ -132,3 +132,17 @@ def test_constructor_arguments_released_at_the_first_start_are_caught_within_15_
 
     monkeypatch.setattr(ActorTaskSubmitter, "_release_when_done", release_early)
     _first_failure(range(15), "restarts", "chaos", "no-premature-free")
+
+
+def test_actor_calls_that_stop_retrying_are_caught_within_15_seeds(monkeypatch):
+    # "A runtime that stopped retrying on worker death would pass most
+    # seeds" (issue 12): calls to actors with max_task_retries=-1 that fail
+    # at the first crash are not a permitted outcome any more.
+    original = ActorTaskSubmitter.submit
+
+    async def no_retries(self, task, state):
+        task.retries_left = 0
+        return await original(self, task, state)
+
+    monkeypatch.setattr(ActorTaskSubmitter, "submit", no_retries)
+    _first_failure(range(15), "restarts", "worker_crash", "unlimited-retries-never-give-up")

@@ -49,6 +49,12 @@ VALIDATE_EVERY_STEPS = 1
 FAULT_ERRORS = (exceptions.WorkerCrashedError, exceptions.ActorDiedError,
                 exceptions.ActorUnavailableError, exceptions.ObjectLostError,
                 exceptions.NodeDiedError)
+# What a runtime that stopped retrying or restarting would raise: never the
+# outcome of a call retried and restarted without limit. (Losing an object is
+# another matter: a put's only copy, or an actor call's result, can go with
+# its node whatever the retry budget.)
+GIVING_UP_ERRORS = (exceptions.WorkerCrashedError, exceptions.ActorDiedError,
+                    exceptions.ActorUnavailableError)
 # This message means a live reference was freed: never a legitimate outcome.
 FREED_WHILE_REFERENCED = "no reference to it remained"
 
@@ -121,6 +127,10 @@ class Expectation:
     expected: object
     label: str
     app_retries: bool = False  # the task retries application errors
+    # Retried and restarted without limit (max_retries=-1, or an actor with
+    # max_restarts=-1 and max_task_retries=-1): no fault may make it give up
+    # (GIVING_UP_ERRORS), only take longer.
+    unlimited: bool = False
 
 
 class Program:
@@ -157,9 +167,9 @@ class Program:
         return self._retries
 
     def expect(self, ref, expected, *, label: str, app_retries: bool = False,
-               **_details) -> None:
+               unlimited: bool = False, **_details) -> None:
         """``_details`` (actor_call=True, nested=True, ...) only document the call site."""
-        self.expectations.append(Expectation(ref, expected, label, app_retries))
+        self.expectations.append(Expectation(ref, expected, label, app_retries, unlimited))
 
     def error(self, error_class: type) -> ExpectError:
         return ExpectError(error_class)
@@ -235,6 +245,11 @@ def _check_error(program: Program, expectation: Expectation, error: BaseExceptio
     if expected is Program.CANCELLED_OR_VALUE and \
             isinstance(error, exceptions.TaskCancelledError):
         return
+    if expectation.unlimited and isinstance(_cause(error), GIVING_UP_ERRORS):
+        raise InvariantViolation("unlimited-retries-never-give-up",
+                                 f"{where}: got the error {type(error).__name__}: {text[:600]}\n"
+                                 "its task or actor retries and restarts without limit, so no "
+                                 "fault may fail it")
     if program.kills and _is_fault_error(error):
         return
     if program.kills and expectation.app_retries and \

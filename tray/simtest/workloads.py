@@ -356,9 +356,9 @@ def wait_loop(program) -> None:
         if not ready:
             break
         for ref in ready:
-            program.expect(ref, expected[ref], label="wait loop")
+            program.expect(ref, expected[ref], label="wait loop", unlimited=retries < 0)
     for ref in pending:
-        program.expect(ref, expected[ref], label="wait loop (late)")
+        program.expect(ref, expected[ref], label="wait loop (late)", unlimited=retries < 0)
 
 
 def actors(program) -> None:
@@ -421,7 +421,8 @@ def restarts(program) -> None:
               for _ in range(rng.randint(1, 3))]
     for i in range(rng.randint(10, 40)):
         ref = actors[i % len(actors)].square.remote(i, rng.random() * 0.05)
-        program.expect(ref, i * i, label=f"call {i} to a restarting actor", actor_call=True)
+        program.expect(ref, i * i, label=f"call {i} to a restarting actor", actor_call=True,
+                       unlimited=True)
 
 
 def chains(program) -> None:
@@ -518,8 +519,10 @@ def returns(program) -> None:
                                               num_cpus=0), program.key("splitter", retries=-1))
     for i in range(rng.randint(1, 4)):
         plus, minus = splitter.split.remote(i)
-        program.expect(minus, -i, label=f"actor return 2 of call {i}", actor_call=True)
-        program.expect(plus, i, label=f"actor return 1 of call {i}", actor_call=True)
+        program.expect(minus, -i, label=f"actor return 2 of call {i}", actor_call=True,
+                       unlimited=True)
+        program.expect(plus, i, label=f"actor return 1 of call {i}", actor_call=True,
+                       unlimited=True)
     n = rng.randint(1, 4)
     outer = make_refs.options(max_retries=retries).remote(program.key("make refs"), n)
     program.expect(outer, program.ANY_LIST, label="refs inside a result")
@@ -553,13 +556,13 @@ def named(program) -> None:
     handle = program.actor(Squarer.options(**options), program.key("named init", retries=-1))
     x = rng.randint(2, 30)
     program.expect(handle.square.remote(x, 0.0), x * x, label="named actor, first call",
-                   actor_call=True)
+                   actor_call=True, unlimited=True)
 
     def look_up() -> None:
         found = tray.get_actor(name)  # raises ValueError if the name was lost
         program.expect(found.square.remote(x + 1, 0.0), (x + 1) ** 2,
                        label=f"named actor ({'detached' if detached else 'owned'}) found "
-                             "by name after the faults", actor_call=True)
+                             "by name after the faults", actor_call=True, unlimited=True)
     program.later(look_up)
 
 
