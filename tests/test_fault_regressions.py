@@ -108,3 +108,36 @@ def test_a_registration_sent_again_leaves_a_leased_worker_leased():
         assert tray.get(ref) == "done"
     finally:
         tray.shutdown()
+
+
+def test_a_reset_to_the_owner_is_not_the_owner_dying(monkeypatch):
+    # A borrower whose connection to the owner broke (a reset) while it asked
+    # for an object's status, or for its recovery, got OwnerDiedError
+    # although the owner lived. Each first ask here is cut off.
+    import numpy as np
+
+    import tray
+    from tray.core.rpc import Endpoint, PeerDisconnected
+
+    original = Endpoint.call
+    cut: set = set()
+
+    async def flaky_call(self, address, method, *args):
+        if method in ("object_status", "recover_object") and method not in cut:
+            cut.add(method)
+            raise PeerDisconnected(address, method)
+        return await original(self, address, method, *args)
+
+    @tray.remote
+    def read(boxed):
+        return int(tray.get(boxed[0]).sum())
+
+    tray.init(backend="sim", seed=4, num_nodes=2, num_cpus=1)
+    try:
+        ref = tray.put(np.ones(100_000, dtype=np.int64))
+        monkeypatch.setattr(Endpoint, "call", flaky_call)
+        assert tray.get(read.remote([ref])) == 100_000
+        assert "object_status" in cut
+    finally:
+        monkeypatch.undo()
+        tray.shutdown()

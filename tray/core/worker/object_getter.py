@@ -61,13 +61,17 @@ class ObjectGetter:
             if entry.inline is not None:
                 return inline_or_failed(entry.inline)
             return StoredResult(list(entry.locations))
-        try:
-            return await self._endpoint.call(owner, "object_status", object_id.binary())
-        except PeerDisconnected:
-            error = exceptions.OwnerDiedError(
-                f"the owner of object {object_id.hex()} ({owner}) died, so the object "
-                "cannot be retrieved")
-            return inline_or_failed(serialize_error(error))
+        while True:
+            try:
+                return await self._endpoint.call(owner, "object_status", object_id.binary())
+            except PeerDisconnected:
+                if not await self._endpoint.reachable(owner):
+                    break
+                # Only the connection broke (a reset): the owner lives, ask again.
+        error = exceptions.OwnerDiedError(
+            f"the owner of object {object_id.hex()} ({owner}) died, so the object "
+            "cannot be retrieved")
+        return inline_or_failed(serialize_error(error))
 
     async def handle_object_status(self, conn, object_id: bytes):
         return await self.object_status(ObjectID(object_id), self._address)

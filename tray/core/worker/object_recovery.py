@@ -60,6 +60,8 @@ class ObjectRecoveryManager:
         try:
             return await self._endpoint.call(owner, "recover_object", object_id.binary(), lost)
         except PeerDisconnected:
+            if await self._endpoint.reachable(owner):
+                return None  # only the connection broke (a reset): fetch again
             return serialize_error(exceptions.OwnerDiedError(
                 f"the owner of object {object_id.hex()} ({owner}) died, so the object "
                 "cannot be retrieved"))
