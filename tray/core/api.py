@@ -912,13 +912,15 @@ def exit_actor() -> None:
         raise TypeError("exit_actor() can only be called inside an actor's method; use "
                         "tray.kill(handle) to end an actor from outside")
     worker.actor_host.request_exit("exit_actor() was called")
-    try:
-        import asyncio
+    import sniffio
 
-        asyncio.get_running_loop()
-    except RuntimeError:
-        raise ActorExit(0) from None
-    raise AsyncioActorExit("exit_actor() was called")
+    try:
+        on_asyncio = sniffio.current_async_library() == "asyncio"
+    except sniffio.AsyncLibraryNotFoundError:  # a method's thread
+        on_asyncio = False
+    if on_asyncio:  # an async method: a SystemExit must not cross the asyncio loop
+        raise AsyncioActorExit("exit_actor() was called")
+    raise ActorExit(0)
 
 
 def get_actor(name: str, namespace: str | None = None) -> ActorHandle:
