@@ -141,3 +141,28 @@ def test_a_reset_to_the_owner_is_not_the_owner_dying(monkeypatch):
     finally:
         monkeypatch.undo()
         tray.shutdown()
+
+
+def test_a_node_registering_at_an_address_ends_the_node_that_was_there():
+    # chaos seed 5 (of the grown mix): a node died while the GCS was down and
+    # came back at its address as a new node; the GCS still counted the old
+    # one alive, and an actor recorded on it made a lease of the new node
+    # look held, so that lease was never reclaimed.
+    import dataclasses
+
+    import tray
+    from tray.simtest import cluster as current_cluster
+
+    tray.init(backend="sim", seed=2, num_nodes=2, num_cpus=1)
+    try:
+        cluster = current_cluster()
+        table = cluster.processes[cluster.gcs_address].component.node_table
+        old_id = cluster.node_ids()[1]
+        old = table.nodes[old_id]
+        successor = dataclasses.replace(old, node_id="f" * 32)
+        cluster.call_soon(lambda: table.handle_register_node(None, successor))
+        tray.wait([tray.put(0)], timeout=0.5)
+        assert table.nodes["f" * 32].alive
+        assert not table.nodes[old_id].alive
+    finally:
+        tray.shutdown()

@@ -199,8 +199,13 @@ class ActorManager:
         """Which of these leases from ``node_manager`` host (or are creating)
         an actor; the node reclaims the others (granted before a GCS
         restart, or to a creation that was given up)."""
+        # Only a live actor's lease, on a live node: an actor waiting to
+        # restart still records the lease it had, maybe from an earlier node
+        # at this address, whose lease ids the new node reuses (simtest chaos
+        # seed 5: a lease given up in a GCS restart was then never reclaimed).
         held = {actor.lease_id for actor in self.actors.values()
-                if actor.state != DEAD and actor.node_id in self._nodes.nodes
+                if actor.state == ALIVE and actor.node_id in self._nodes.nodes
+                and self._nodes.nodes[actor.node_id].alive
                 and self._nodes.nodes[actor.node_id].address == node_manager}
         return [lease_id for lease_id in lease_ids
                 if lease_id in held or (node_manager, lease_id) in self.granting]

@@ -66,6 +66,15 @@ class NodeTable:
         self.heartbeat_at[node.node_id] = trio.current_time()
         self._save(node)
         self._tracer.record("gcs", "node_registered", node=node.node_id)
+        # One process listens at an address: a node still counted alive
+        # there is gone (it died while the GCS was down, say, so nothing
+        # timed its heartbeats), and its actors and leases with it now, not
+        # a death timeout later (simtest chaos seed 5: an actor recorded on
+        # it made a lease of its successor look held).
+        for other_id, other in sorted(self.nodes.items()):
+            if other.alive and other_id != node.node_id and other.address == node.address:
+                self.mark_node_dead(other_id, f"a new node ({node.node_id}) registered at "
+                                              f"its address {node.address}")
         self._publish_view(exclude=node.node_id)
         return self.view()
 
