@@ -8,7 +8,6 @@ owner keeps it alive; unpickling it in another process makes that process a
 
 from __future__ import annotations
 
-import asyncio
 import contextvars
 
 from .context import current_worker, get_worker
@@ -69,51 +68,31 @@ class ObjectRef:
         through that loop; in other asyncio code (a driver under
         ``asyncio.run``) through ``future()``; on trio (tasks, the
         simulator's own code) through the core worker directly."""
-        loop = _trio_asyncio_loop()
+        from .. import _bridges
+
+        loop = _bridges.trio_asyncio_loop()
         if loop is not None and current_worker.get(None) is not None:
             # asyncio code of an async actor (on trio-asyncio, on the worker's loop)
             worker = self._worker or get_worker()
             return loop.trio_as_future(worker.get_async, [self], None, True).__await__()
-        if _asyncio_running():
-            from . import api
-
-            return api.await_from_asyncio(self).__await__()
+        if _bridges.asyncio_running():
+            return _bridges.await_from_asyncio(self).__await__()
         worker = self._worker or get_worker()
         return worker.get_async([self], None, single=True).__await__()
 
     def future(self):
         """A ``concurrent.futures.Future`` of the object's value (or its
         error), as Ray's. Cancelling it does not cancel the task."""
-        from . import api
+        from .. import _bridges
 
-        return api.ref_future(self)
+        return _bridges.ref_future(self)
 
     def as_future(self):
         """An ``asyncio.Future`` of the object's value, as Ray's
         (``asyncio.wrap_future(ref.future())``)."""
-        from . import api
+        from .. import _bridges
 
-        return api.as_asyncio_future(self)
-
-
-def _asyncio_running() -> bool:
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return False
-    return True
-
-
-def _trio_asyncio_loop():
-    """The running asyncio loop when it is trio-asyncio's (async actors'),
-    else None."""
-    try:
-        import asyncio
-
-        loop = asyncio.get_running_loop()
-    except RuntimeError:
-        return None
-    return loop if hasattr(loop, "trio_as_future") else None
+        return _bridges.as_asyncio_future(self)
 
 
 def _rebuild_ref(object_id: bytes, owner: str) -> ObjectRef:
