@@ -525,8 +525,10 @@ def test_small_tasks_run_concurrently(one_node):
 
 def test_fractional_cpus(one_node):
     tick = one_node.tick_s
-    # 8 tasks of half a CPU fit at once on 4 CPUs.
-    refs = [timed_sleep.options(num_cpus=0.5).remote(5 * tick) for _ in range(8)]
+    # 8 tasks of half a CPU fit at once on 4 CPUs. (Long enough that 8 worker
+    # processes start one after another on a loaded machine before the
+    # first task ends.)
+    refs = [timed_sleep.options(num_cpus=0.5).remote(12 * tick) for _ in range(8)]
     intervals = tray.get(refs)
     latest_start = max(s for s, _ in intervals)
     earliest_end = min(e for _, e in intervals)
