@@ -304,15 +304,18 @@ class PlacementGroupManager:
             self._tracer.record("gcs", "placement_group_retry", pg=spec.pg_id)
             return group.state not in (PG_PENDING, PG_RESCHEDULING)
         lost = [node_id for node_id in prepared if not self._alive(node_id)]
-        if lost:  # a node died between commit and now: place those bundles again
-            for node_id in prepared:
-                if node_id in lost:
-                    continue
+        for node_id in prepared:
+            if node_id not in lost:
                 for index, _ in by_node[node_id]:
                     group.bundle_nodes[index] = node_id
+        if lost or len(group.bundle_nodes) < len(spec.bundles):
+            # A node died meanwhile -- one just committed to, or one holding
+            # the group's other bundles (node_died took those out of
+            # bundle_nodes while this ran; simtest chaos seeds 16, 130, 234,
+            # 290 found the group CREATED without them): place what is
+            # missing again.
             self._save(group)
             return False
-        group.bundle_nodes.update(placement)
         group.state = PG_CREATED
         self._save(group)
         self._tracer.record("gcs", "placement_group_created", pg=spec.pg_id,
