@@ -519,7 +519,8 @@ def test_get_actor_unknown_name(cluster):
 
 
 def test_get_actor_unknown_namespace(one_node):
-    Counter.options(name="known_counter", namespace="ns1").remote()
+    counter = Counter.options(name="known_counter", namespace="ns1").remote()  # noqa: F841 - a
+    # handle keeps it alive (as Ray, a named actor ends with its last handle)
     assert tray.get(tray.get_actor("known_counter", namespace="ns1").increment.remote()) == 1
     with pytest.raises(ValueError, match="known_counter"):
         tray.get_actor("known_counter", namespace="ns2")
@@ -531,7 +532,7 @@ def test_get_actor_empty_name(one_node):
 
 
 def test_duplicate_actor_name(one_node):
-    Counter.options(name="dup").remote()
+    first = Counter.options(name="dup").remote()  # noqa: F841 - alive while held
     with pytest.raises(ValueError, match="dup"):
         Counter.options(name="dup").remote()
 

@@ -45,7 +45,8 @@ def _is_hex(s) -> bool:
 # ---------------------------------------------------------------------------
 
 
-def test_api_before_init_raises_tray_error():
+def test_api_before_init_raises_tray_error(monkeypatch):
+    monkeypatch.setenv("TRAY_AUTO_INIT", "0")  # the explicit mode (auto-init: its own tests)
     assert not tray.is_initialized()
 
     @tray.remote
@@ -61,7 +62,8 @@ def test_api_before_init_raises_tray_error():
     assert not tray.is_initialized()  # no auto-init
 
 
-def test_init_shutdown_init_again(backend):
+def test_init_shutdown_init_again(backend, monkeypatch):
+    monkeypatch.setenv("TRAY_AUTO_INIT", "0")  # after shutdown, calls fail (no auto-init)
     kwargs = {"seed": 0} if backend == "sim" else {}
     tray.init(backend=backend, num_cpus=2, **kwargs)
     assert tray.is_initialized()

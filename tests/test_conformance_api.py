@@ -171,7 +171,7 @@ def test_job_config_namespace():
                                                   metadata={"team": "a"}))
     assert tray.get_runtime_context().namespace == "from-config"
     assert tray.get(my_namespace.remote()) == "from-config"
-    Box.options(name="in-config").remote()
+    box = Box.options(name="in-config").remote()  # noqa: F841 - alive while held
     assert tray.get(tray.get_actor("in-config").add.remote()) == 1
     with pytest.raises(ValueError):
         tray.get_actor("in-config", namespace="elsewhere")

@@ -193,12 +193,31 @@ def test_future_in_a_threaded_actor_method(one_node):
 ])
 def test_await_under_trio_asyncio_s_default_loop(backend_name):
     # What a user writes: asyncio.run, which runs trio-asyncio's
-    # SyncTrioEventLoop here; a blocking call inside works too.
-    tray.init(backend=backend_name, num_cpus=1)
+    # SyncTrioEventLoop here; a blocking call inside works too. In a fresh
+    # process: on the simulator the bug leaves trio's run state behind, and
+    # every later simulated cluster in the process would fail to start.
+    import subprocess
+    import sys
+    import textwrap
 
-    async def main():
-        blocking = tray.get(square.remote(2))
-        return blocking, await square.remote(3)
+    program = textwrap.dedent(f"""
+        import asyncio
+        import tray
 
-    assert asyncio.run(main()) == (4, 9)
-    assert tray.get(square.remote(4)) == 16
+        @tray.remote
+        def square(x):
+            return x * x
+
+        tray.init(backend={backend_name!r}, num_cpus=1)
+
+        async def main():
+            blocking = tray.get(square.remote(2))
+            return blocking, await square.remote(3)
+
+        print(asyncio.run(main()), tray.get(square.remote(4)))
+        tray.shutdown()
+    """)
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split("\n")[-2] == "(4, 9) 16"

@@ -248,7 +248,7 @@ def test_argument_checks_inside_tasks(one_node):
 
 
 def test_argument_checks_on_a_handle_from_get_actor(one_node):
-    Counter.options(name="checked").remote()
+    counter = Counter.options(name="checked").remote()  # noqa: F841 - alive while held
     found = tray.get_actor("checked")
     with pytest.raises(TypeError):
         found.add.remote()
