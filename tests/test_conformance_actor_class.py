@@ -63,3 +63,47 @@ def test_actor_class_attribute_errors_stay_clear():
     with pytest.raises(TypeError, match=r"\.remote"):
         Box()
 
+
+
+def test_the_class_loads_where_its_module_cannot_be_imported(tmp_path):
+    # Regression: once the actor class forwarded the user's attributes,
+    # cloudpickle found `module.Counter.add` leading back to the method and
+    # pickled it by reference, so a worker that could not import the module
+    # (a test file or a script run against `tray start`) failed to create
+    # the actor ("No module named ...").
+    import subprocess
+    import sys
+    import textwrap
+
+    import cloudpickle
+
+    (tmp_path / "only_here.py").write_text(textwrap.dedent("""
+        import tray
+
+        @tray.remote
+        class Counter:
+            LIMIT = 3
+
+            def __init__(self):
+                self.n = 0
+
+            def add(self, k):
+                self.n += k
+                return min(self.n, Counter.LIMIT)
+    """))
+    sys.path.insert(0, str(tmp_path))
+    try:
+        import only_here
+
+        blob = cloudpickle.dumps(only_here.Counter._cls)
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("only_here", None)
+    (tmp_path / "class.pickle").write_bytes(blob)
+    loader = ("import pickle, sys\n"
+              "cls = pickle.loads(open(sys.argv[1], 'rb').read())\n"
+              "print(cls().add(2))")
+    done = subprocess.run([sys.executable, "-c", loader, str(tmp_path / "class.pickle")],
+                          capture_output=True, text=True, timeout=60, cwd="/")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "2"

@@ -313,9 +313,12 @@ def test_chaos_workers_killed_every_half_second_and_a_node_mid_run():
         thread.start()
         lanes = 40
         sums = []
+        links = []  # held: tray rebuilds a lost object only while its task's
+        # arguments are referenced (one level of lineage; Ray keeps more)
         for lane in range(lanes):  # chains of stored objects, in waves
             ref = chaos_leaf.remote(lane)
             for k in range(5):
+                links.append(ref)
                 ref = chaos_link.remote(ref, 1.0)
             sums.append(chaos_sum.remote(ref))
         squares = [squarers[i % 4].square.remote(i) for i in range(400)]

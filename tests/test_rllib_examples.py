@@ -51,9 +51,11 @@ def test_pong_policy_gradient_actors():
 
 
 def test_a3c_asynchronous_gradients_learn():
-    out = run_example("a3c.py", "--workers", "3", "--updates", "300")
+    out = run_example("a3c.py", "--workers", "3", "--updates", "600")
     first, last = numbers(r"first 20 episodes: ([\d.]+), last 20: ([\d.]+)", out)
-    assert last >= 1.5 * first, out  # seed 0: 36.2 -> 80.8
+    # seed 0: 43.9 -> 100.1 (the simulated schedule, hence the trajectory,
+    # changes with the core: 300 updates were enough before, 43.9 -> 23.6 at 400 now)
+    assert last >= 1.5 * first, out
 
 
 def test_evolution_strategies_with_a_shared_noise_table():

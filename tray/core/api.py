@@ -461,7 +461,19 @@ class ActorClass:
         cls = self.__dict__.get("_cls")
         if cls is None or name.startswith("__"):
             raise AttributeError(name)
-        return getattr(cls, name)
+        value = getattr(cls, name)
+        if inspect.isfunction(value):
+            # A forwarder, never the function itself: cloudpickle pickles a
+            # function by reference when ``module.<qualname>`` leads back to
+            # it, and ``Counter.add`` through this object would, so workers
+            # that cannot import the class's module (a test file, a script
+            # run against `tray start`) failed to load the class.
+            function = value
+
+            @functools.wraps(function)
+            def value(*args, **kwargs):
+                return function(*args, **kwargs)
+        return value
 
     def __dir__(self):
         return sorted(set(super().__dir__()) | set(dir(self._cls)))
