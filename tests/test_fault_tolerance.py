@@ -11,13 +11,12 @@ import os
 
 import numpy as np
 import pytest
+import sim_counters  # noqa: I001 (tests/ is on sys.path)
 
 import tray
 import tray.exceptions as tex
 import tray.simtest
 from tray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-import sim_counters  # noqa: I001 (tests/ is on sys.path)
 
 RUNS = sim_counters.RUNS
 BIG = 200_000  # float64 elements: 1.6 MB, lives in a node's object store

@@ -140,7 +140,7 @@ def test_gcs_killed_with_redis_behind_it_comes_back_and_the_workload_finishes(
             ledger = Counter.options(name="ledger", lifetime="detached").remote()
             assert tray.get(ledger.add.remote(1)) == 1
             # Its record (with a small array inside) is stored in Redis.
-            shelf = Shelf.options(name="shelf", lifetime="detached").remote(np.arange(5))
+            _shelf = Shelf.options(name="shelf", lifetime="detached").remote(np.arange(5))
             refs = [slow_square.remote(tally, i, 1.0) for i in range(6)]
 
             os.kill(gcs_pid, signal.SIGKILL)
@@ -317,7 +317,7 @@ def test_chaos_workers_killed_every_half_second_and_a_node_mid_run():
         # arguments are referenced (one level of lineage; Ray keeps more)
         for lane in range(lanes):  # chains of stored objects, in waves
             ref = chaos_leaf.remote(lane)
-            for k in range(5):
+            for _ in range(5):
                 links.append(ref)
                 ref = chaos_link.remote(ref, 1.0)
             sums.append(chaos_sum.remote(ref))

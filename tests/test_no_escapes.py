@@ -80,7 +80,7 @@ def test_calls_an_actor_refuses_at_its_limit_fail_alone():
         # Calls sent at once may arrive in any order: the first two to arrive
         # wait, the other three are refused.
         answered, refused = [], 0
-        for x, ref in zip(range(2, 7), later):
+        for x, ref in zip(range(2, 7), later, strict=True):
             try:
                 answered.append((x, tray.get(ref)))
             except tex.ActorError as error:

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from tray.core.ids import ObjectID, TaskID
 from tray.core.gcs.actor_manager import ActorManager
+from tray.core.ids import ObjectID, TaskID
 from tray.core.worker.actor_host import ActorHost
 from tray.core.worker.actor_task_submitter import ActorTaskSubmitter
 from tray.core.worker.core_worker import CoreWorker

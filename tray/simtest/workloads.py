@@ -583,7 +583,7 @@ def check_gpu_exclusive(ledger: Ledger) -> str | None:
     """Why the ledger shows a GPU held twice at once, or None."""
     for (node_id, gpu), spans in sorted(ledger.gpu_spans.items()):
         spans = sorted(spans)
-        for (start_a, end_a), (start_b, _end_b) in zip(spans, spans[1:]):
+        for (start_a, end_a), (start_b, _end_b) in zip(spans, spans[1:], strict=False):
             if start_b < end_a:
                 return (f"GPU {gpu} of node {node_id[:8]} was held by two tasks at once: "
                         f"[{start_a:.6f}, {end_a:.6f}) and from {start_b:.6f}")
