@@ -14,18 +14,13 @@ import numbers
 from dataclasses import dataclass
 from typing import Any
 
+from ..tune.config import _check_int
+
 PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 
 # Resource names as tray.util.placement_group takes them; ScalingConfig's
 # resources_per_worker uses Ray's spelling ("CPU", "GPU", "memory", custom).
 _ACTOR_OPTION_OF = {"CPU": "num_cpus", "GPU": "num_gpus", "memory": "memory"}
-
-
-def _check_int(name: str, value: Any, minimum: int, allow_none: bool = False) -> None:
-    if value is None and allow_none:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
 
 
 @dataclass
