@@ -3,11 +3,21 @@
 The key-value store holds the function table (``fn:<id>`` -> pickled
 function) and whatever else components keep there; jobs are numbered in
 the order drivers register. Both live in ``Storage`` only (nothing cached),
-so a restarted GCS serves them as they were."""
+so a restarted GCS serves them as they were.
+
+Jobs submitted through the job API (``tray.job_submission``) have a table
+of their own, ``job_submissions``: submission id -> the job's record as
+UTF-8 JSON, the fields of ``tray.job_submission.JobInfo`` (``status`` one
+of PENDING, RUNNING, STOPPED, SUCCEEDED, FAILED; ``entrypoint``,
+``message``, ``start_time``/``end_time`` in ms, ``driver_exit_code``,
+``metadata``, ``runtime_env``...). The job manager creates the record and
+each job's supervisor process updates it; the state API and the dashboard
+read it. The GCS keeps it opaque: it only creates, replaces, lists and
+deletes records (the job manager bounds how many there are)."""
 
 from __future__ import annotations
 
-T_KV, T_JOBS = "kv", "jobs"
+T_KV, T_JOBS, T_JOB_SUBMISSIONS = "kv", "jobs", "job_submissions"
 
 
 class KvStore:
@@ -32,3 +42,27 @@ class KvStore:
 
     def handle_kv_del(self, conn, key: str) -> None:
         self._storage.delete(T_KV, key)
+
+    # ------------------------------------------------------ submitted jobs
+
+    def handle_job_submission_put(self, conn, submission_id: str, record: bytes,
+                                  create: bool) -> bool:
+        """Store a submitted job's record; with ``create``, only if no job has
+        that submission id yet (False then): ids are unique cluster-wide."""
+        if create and self._storage.get(T_JOB_SUBMISSIONS, submission_id) is not None:
+            return False
+        self._storage.put(T_JOB_SUBMISSIONS, submission_id, record)
+        return True
+
+    def handle_job_submission_get(self, conn, submission_id: str) -> bytes | None:
+        return self._storage.get(T_JOB_SUBMISSIONS, submission_id)
+
+    def handle_job_submission_list(self, conn) -> list[tuple[str, bytes]]:
+        """Every submitted job's (submission id, record), by submission id."""
+        return self._storage.scan(T_JOB_SUBMISSIONS)
+
+    def handle_job_submission_delete(self, conn, submission_id: str) -> bool:
+        if self._storage.get(T_JOB_SUBMISSIONS, submission_id) is None:
+            return False
+        self._storage.delete(T_JOB_SUBMISSIONS, submission_id)
+        return True
