@@ -29,6 +29,7 @@ import subprocess
 import sys
 import time
 
+import click
 import psutil
 import trio
 
@@ -58,37 +59,65 @@ from ..transports.tcp import TLS_TOKEN_PREFIX, TlsUnavailableError, tls_contexts
 NODE_MARKER = "started-by-tray-start.json"
 
 
-def add_parsers(commands) -> None:
-    start = commands.add_parser("start", help="start a node of a cluster in the background")
-    role = start.add_mutually_exclusive_group(required=True)
-    role.add_argument("--head", action="store_true", help="start the head node (the GCS)")
-    role.add_argument("--address", help="join the cluster whose head is at HOST:PORT")
-    start.add_argument("--port", type=int, default=6380, help="the head's GCS port")
-    start.add_argument("--node-ip", default="127.0.0.1",
-                       help="the IP this node listens on (127.0.0.1 unless told otherwise)")
-    start.add_argument("--num-cpus", type=float, default=None)
-    start.add_argument("--num-gpus", type=float, default=None)
-    start.add_argument("--resources", default="{}", help='custom resources, e.g. \'{"x": 2}\'')
-    start.add_argument("--object-store-memory", type=int, default=None, help="bytes")
-    start.add_argument("--redis-address", default="",
-                       help="keep the GCS tables in Redis at HOST:PORT (head only)")
-    start.add_argument("--token-file", default=None, metavar="PATH",
-                       help="a file (mode 0600, yours) holding the cluster token: the head "
-                            "uses it instead of a new one; a joining node uses it instead of "
-                            "TRAY_CLUSTER_TOKEN. The token is never taken on the command line, "
-                            "where every user of the machine can read it (/proc/PID/cmdline)")
-    # Refused with an explanation rather than unknown: it used to exist.
-    start.add_argument("--token", default=None, help=argparse.SUPPRESS)
-    start.add_argument("--tls", action=argparse.BooleanOptionalAction, default=None,
-                       help="(head) TLS 1.3 between all processes on TCP, with certificates "
-                            "derived from the token; on by default when --node-ip is not a "
-                            "loopback address (needs the cryptography package: tray[tls])")
-    start.epilog = ("The token: a joining node reads it from TRAY_CLUSTER_TOKEN or --token-file "
-                    "(or, on the head's machine, from where tray start --head keeps it).")
-    commands.add_parser("stop", help="stop the nodes you started on this machine with tray "
-                                     "start (only processes it can prove are those nodes)")
-    status = commands.add_parser("status", help="nodes, resources, usage and actors")
-    status.add_argument("--address", default="auto")
+_START_EPILOG = ("The token: a joining node reads it from TRAY_CLUSTER_TOKEN or --token-file "
+                 "(or, on the head's machine, from where tray start --head keeps it).")
+
+
+def _exit(code: int) -> None:
+    if code:
+        raise click.exceptions.Exit(code)
+
+
+@click.command(epilog=_START_EPILOG)
+@click.option("--head", is_flag=True, help="start the head node (the GCS)")
+@click.option("--address", default=None, help="join the cluster whose head is at HOST:PORT")
+@click.option("--port", type=int, default=6380, show_default=True, help="the head's GCS port")
+@click.option("--node-ip", default="127.0.0.1",
+              help="the IP this node listens on (127.0.0.1 unless told otherwise)")
+@click.option("--num-cpus", type=float, default=None)
+@click.option("--num-gpus", type=float, default=None)
+@click.option("--resources", default="{}", help='custom resources, e.g. \'{"x": 2}\'')
+@click.option("--object-store-memory", type=int, default=None, help="bytes")
+@click.option("--redis-address", default="",
+              help="keep the GCS tables in Redis at HOST:PORT (head only)")
+@click.option("--token-file", default=None, metavar="PATH",
+              help="a file (mode 0600, yours) holding the cluster token: the head uses it "
+                   "instead of a new one; a joining node uses it instead of "
+                   "TRAY_CLUSTER_TOKEN. The token is never taken on the command line, where "
+                   "every user of the machine can read it (/proc/PID/cmdline)")
+# Refused with an explanation rather than unknown: it used to exist.
+@click.option("--token", default=None, hidden=True)
+@click.option("--tls/--no-tls", default=None,
+              help="(head) TLS 1.3 between all processes on TCP, with certificates derived "
+                   "from the token; on by default when --node-ip is not a loopback address "
+                   "(needs the cryptography package: tray[tls])")
+def start(**options) -> int:
+    """Start a node of a cluster in the background."""
+    if options["head"] == (options["address"] is not None):
+        raise click.UsageError("give exactly one of --head (start the head node) or "
+                               "--address HOST:PORT (join a cluster)")
+    code = _start(argparse.Namespace(**options))
+    _exit(code)
+    return code
+
+
+@click.command()
+def stop() -> int:
+    """Stop the nodes you started on this machine with tray start (only
+    processes it can prove are those nodes)."""
+    code = _stop(argparse.Namespace())
+    _exit(code)
+    return code
+
+
+@click.command()
+@click.option("--address", default="auto", show_default=True,
+              help="the cluster's HOST:PORT, or 'auto' (the one tray start started here)")
+def status(address: str) -> int:
+    """Nodes, resources, usage and actors."""
+    code = _status(argparse.Namespace(address=address))
+    _exit(code)
+    return code
 
 
 def _port_is_free(ip: str, port: int) -> bool:
@@ -149,7 +178,7 @@ def _head_token(args) -> str:
     return token
 
 
-def start(args) -> int:
+def _start(args) -> int:
     if args.token is not None:
         print("tray start: --token would show the token to every user of this machine in the "
               "process list (/proc/PID/cmdline); pass it in TRAY_CLUSTER_TOKEN or in a file "
@@ -247,7 +276,7 @@ STOP_TIMEOUT_S = 5.0
 CREATE_TIME_TOLERANCE_S = 0.005
 
 
-def stop(args) -> int:
+def _stop(args) -> int:
     stopped = 0
     try:
         if os.path.lexists(ROOT):
@@ -358,7 +387,7 @@ def _terminate_node(node: psutil.Process) -> None:
             pass
 
 
-def status(args) -> int:
+def _status(args) -> int:
     try:
         gcs, token = resolve_cluster(args.address)
         nodes = trio.run(query_gcs, gcs, token, "get_all_nodes")
