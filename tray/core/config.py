@@ -73,6 +73,16 @@ class Config:
     task_oom_retries: int = -1
     oom_retry_delay_base_s: float = 1.0
     oom_retry_delay_max_s: float = 60.0
+    # Task events (worker/task_events.py, gcs/task_event_table.py): what the
+    # state API and the timeline show. Each process sends its buffer to the
+    # GCS every flush period; a buffer holds at most buffer_max task
+    # attempts (further ones are dropped and counted), the GCS keeps the
+    # newest gcs_max (Ray's defaults: 1 s, 100k). TRAY_TASK_EVENTS=0 in the
+    # processes' environment turns them off too.
+    task_events_enabled: bool = True
+    task_events_flush_period_s: float = 1.0
+    task_events_buffer_max: int = 100_000
+    task_events_gcs_max: int = 100_000
 
 
 DEFAULT_CONFIG = Config()

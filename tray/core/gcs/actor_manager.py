@@ -58,6 +58,10 @@ logger = logging.getLogger("tray.gcs")
 
 T_ACTORS, T_NAMES = "actors", "names"
 
+# State changes kept per actor for the state API (an actor restarting
+# without end would otherwise grow its list without end).
+STATE_TIMES_MAX = 32
+
 # How long an actor's worker may take to finish its running calls and exit
 # after a graceful termination before the GCS kills it.
 GRACEFUL_EXIT_TIMEOUT_S = 30.0
@@ -95,6 +99,10 @@ class ActorManager:
         self.placements: dict[str, list] = {}
         # Leases granted for actors still being created: (node address, lease id).
         self.granting: set[tuple[str, int]] = set()
+        # When each actor entered its states, for the state API: actor id ->
+        # [(state, time on this GCS's clock)], the last STATE_TIMES_MAX only.
+        # Volatile (a restarted GCS knows the times from its start on).
+        self.state_times: dict[str, list] = {}
         for key, value in storage.scan(T_ACTORS):
             self.actors[key] = pickle.loads(value)
         for key, value in storage.scan(T_NAMES):
@@ -121,6 +129,10 @@ class ActorManager:
 
     def _save(self, actor: ActorRecord) -> None:
         self._storage.put(T_ACTORS, actor.actor_id, pickle.dumps(actor, protocol=5))
+        times = self.state_times.setdefault(actor.actor_id, [])
+        if not times or times[-1][0] != actor.state:
+            times.append((actor.state, trio.current_time()))
+            del times[:-STATE_TIMES_MAX]
         event = self.actor_changed.pop(actor.actor_id, None)
         if event is not None:
             event.set()
@@ -180,6 +192,30 @@ class ActorManager:
 
     def handle_list_actors(self, conn) -> list[ActorInfo]:
         return [actor.info() for _, actor in sorted(self.actors.items())]
+
+    def handle_list_actor_states(self, conn, actor_id: str | None = None) -> dict:
+        """Every actor (or one) as the state API shows it (Ray's ActorState
+        fields, times on this GCS's clock), with the clock's ``now``."""
+        rows = []
+        for key, actor in sorted(self.actors.items()):
+            if actor_id is not None and key != actor_id:
+                continue
+            spec = actor.spec
+            cause = actor.death_cause
+            rows.append({
+                "actor_id": key, "class_name": spec.class_name, "state": actor.state,
+                "job_id": spec.creation.job_id, "name": spec.name or "",
+                "node_id": actor.node_id, "worker_id": actor.worker_id,
+                "address": actor.address, "ray_namespace": spec.namespace,
+                "required_resources": dict(spec.resources),
+                "death_cause": None if cause is None else cause.reason,
+                "is_detached": spec.detached,
+                "placement_group_id": spec.strategy.placement_group_id,
+                "num_restarts": actor.restarts, "max_restarts": spec.max_restarts,
+                "owner_address": spec.owner_address,
+                "creation_task_id": spec.creation.task_id.hex(),
+                "state_times": list(self.state_times.get(key, ()))})
+        return {"rows": rows, "now": trio.current_time()}
 
     async def handle_wait_actor_ready(self, conn, actor_id: str,
                                       seen_incarnation: int) -> ActorInfo:
@@ -386,7 +422,8 @@ class ActorManager:
                 self.placements.setdefault(target, []).append(placement)
             request = LeaseRequest(resources=spec.resources, owner=self._address,
                                    strategy=strategy, for_actor=actor_id,
-                                   hops=self._config.spillback_hops_max)
+                                   hops=self._config.spillback_hops_max,
+                                   runtime_env_hash=spec.creation.runtime_env_hash)
             try:
                 grant = await self._endpoint.call(node.address, "request_lease", request)
             except PeerDisconnected:

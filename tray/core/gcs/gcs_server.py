@@ -7,6 +7,7 @@ A facade over its tables, each with one concern:
   ``actor_manager``            the actor directory, actor scheduling and lifecycle
   ``placement_group_manager``  bundles reserved across nodes, two-phase
   ``kv_store``                 the key-value store and the job table
+  ``task_event_table``         the newest task attempts' events (volatile)
 
 Durable state goes through the ``Storage`` interface (tables of key ->
 bytes) so that a GCS restarted on the same storage recovers nodes, actors,
@@ -27,6 +28,7 @@ from .actor_manager import ActorManager
 from .kv_store import KvStore
 from .node_table import NodeTable
 from .placement_group_manager import PlacementGroupManager
+from .task_event_table import TaskEventTable
 
 logger = logging.getLogger("tray.gcs")
 
@@ -51,8 +53,10 @@ class GcsServer:
         self.node_table.on_node_dead = self._node_dead
         self.placement_groups.on_removed = self.actor_manager.placement_group_removed
         self.kv = KvStore(env.storage, env.tracer)
+        self.task_events = TaskEventTable(config=env.config, tracer=env.tracer,
+                                          storage=env.storage)
         for component in (self.node_table, self.actor_manager, self.placement_groups,
-                          self.kv):
+                          self.kv, self.task_events):
             for attribute in dir(component):
                 if attribute.startswith("handle_"):
                     method = attribute[len("handle_"):]
@@ -66,6 +70,7 @@ class GcsServer:
         self.node_table.validate_state()
         self.actor_manager.validate_state()
         self.placement_groups.validate_state()
+        self.task_events.validate_state()
 
     async def run(self) -> None:
         await self.endpoint.serve()

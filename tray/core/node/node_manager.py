@@ -171,6 +171,12 @@ class NodeManager:
                 "leases": len(self.leases.leases),
                 "store_used_bytes": self.objects.store.used_bytes()}
 
+    def handle_list_workers(self, conn) -> list[dict]:
+        """This node's worker processes (``tray.util.state.list_workers``)."""
+        return [{"worker_id": worker.worker_id, "address": worker.address,
+                 "state": worker.state, "lease_id": worker.lease_id}
+                for _, worker in sorted(self.pool.workers.items())]
+
     def _peer_closed(self, address: str) -> None:
         self.objects.handle_owner_died(None, address)
         self.pool.connection_closed(address)

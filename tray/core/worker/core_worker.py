@@ -17,7 +17,8 @@ executor side (a worker running tasks)
   ``task_receiver``          runs a pushed task or actor call
   ``actor_host``             the hosted actor and its per-caller queues
 plumbing
-  ``loop_bridge``, ``outbox``, ``gcs_client``, ``function_table``
+  ``loop_bridge``, ``outbox``, ``gcs_client``, ``function_table``,
+  ``task_events`` (what the state API shows of tasks, batched to the GCS)
 
 How a task flows through them: ``submit_task`` packs the arguments (holding
 every ref argument in the reference counter) and registers a
@@ -57,6 +58,8 @@ from .object_getter import ObjectGetter
 from .object_recovery import ObjectRecoveryManager
 from .outbox import Outbox
 from .reference_counter import ReferenceCounter, ReferenceStatistics, actor_handle_id
+from .state_report import object_report
+from .task_events import TaskEventBuffer
 from .task_manager import PendingTask, TaskManager, TaskManagerStatistics
 from .task_receiver import TaskReceiver
 
@@ -124,9 +127,12 @@ class CoreWorker:
             lineage_released=lambda task_id: self.task_manager.forget_lineage(task_id),
             actor_out_of_scope=lambda actor_id: self.actor_submitter.actor_out_of_scope(
                 actor_id))
+        self.task_events = task_events = TaskEventBuffer(
+            address=address, node_id=env.node_id, worker_id=worker_id, endpoint=endpoint,
+            gcs_address=env.gcs_address, config=config)
         self.task_manager = task_manager = TaskManager(name=name, references=references,
                                                        outbox=outbox, tracer=tracer,
-                                                       config=config)
+                                                       config=config, events=task_events)
         self.getter = getter = ObjectGetter(
             address=address, endpoint=endpoint, references=references, outbox=outbox,
             store=env.object_store, node_manager_address=env.node_manager_address,
@@ -153,7 +159,7 @@ class CoreWorker:
             node_manager_address=env.node_manager_address, config=config,
             functions=functions, references=references, getter=getter,
             on_gpu_ids=env.on_gpu_ids, exit_process=env.exit_process,
-            cancel_children=self._cancel_children)
+            cancel_children=self._cancel_children, events=task_events)
         self.actor_host = ActorHost(nursery=nursery,
                                     run_sync_in_thread=env.run_sync_in_thread,
                                     name=name, worker_id=worker_id, tracer=tracer,
@@ -176,6 +182,7 @@ class CoreWorker:
 
     async def start(self) -> None:
         await self.endpoint.serve()
+        self.endpoint.nursery.start_soon(self.task_events.run)
         if self.mode == DRIVER:
             job = await self.gcs_call("register_job", self.address)
             self.job_id = JobID.from_int(job)
@@ -404,6 +411,10 @@ class CoreWorker:
         await self.references._register_borrows(refs)
 
     async def register_actor(self, actor: ActorSpec, holds: list) -> ActorInfo | None:
+        # Until the GCS hears of it, the state API shows the actor as
+        # DEPENDENCIES_UNREADY from this record of its constructor call.
+        self.task_events.task_state(actor.creation, "PENDING_ARGS_AVAIL", info=True,
+                                    actor_id=actor.actor_id)
         return await self.actor_submitter.register(actor, holds)
 
     async def kill_actor(self, actor_id: str, no_restart: bool) -> None:
@@ -488,6 +499,18 @@ class CoreWorker:
                     if child.spec.return_ids else None
                 if ref is not None:
                     await self.cancel_async(ref, force, True)
+
+    # ------------------------------------------------------- the state API
+
+    def handle_object_report(self, conn) -> dict:
+        """The objects this process references (``tray.util.state.list_objects``)."""
+        return object_report(references=self.references, task_manager=self.task_manager,
+                             store=self.env.object_store, node_id=self.node_id,
+                             mode=self.mode, worker_id=self.worker_id, address=self.address)
+
+    async def handle_flush_task_events(self, conn) -> None:
+        """Send the buffered task events now (the state API, before a query)."""
+        await self.task_events.flush()
 
     # ---------------------------------------------------------- membership
 

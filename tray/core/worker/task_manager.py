@@ -38,6 +38,7 @@ from ..serialization import SerializedObject, deserialize, serialize_error
 from ..task_spec import TaskSpec
 from .outbox import Outbox
 from .reference_counter import ReferenceCounter
+from .task_events import TaskEventBuffer
 
 PENDING_ARGS_AVAIL = "PENDING_ARGS_AVAIL"
 PENDING_NODE_ASSIGNMENT = "PENDING_NODE_ASSIGNMENT"
@@ -88,8 +89,11 @@ def spend_retry(task: PendingTask) -> None:
 
 class TaskManager:
     def __init__(self, *, name: str, references: ReferenceCounter, outbox: Outbox,
-                 tracer, config) -> None:
+                 tracer, config, events: TaskEventBuffer | None = None) -> None:
         self._name = name
+        # Every state a task enters is recorded here too (the state API's
+        # source; None or disabled: not recorded).
+        self._events = events if events is not None and events.enabled else None
         self._references = references
         self._outbox = outbox
         self._tracer = tracer
@@ -138,6 +142,8 @@ class TaskManager:
 
     def add(self, task: PendingTask) -> None:
         self.tasks[TaskID(task.spec.task_id)] = task
+        if self._events is not None:
+            self._events.task_state(task.spec, task.state, info=True)
 
     def get(self, task_id: TaskID) -> PendingTask | None:
         return self.tasks.get(task_id)
@@ -169,6 +175,8 @@ class TaskManager:
         assert not task.done, (task.spec.name, task.state, state)
         assert state in (PENDING_ARGS_AVAIL, PENDING_NODE_ASSIGNMENT, SUBMITTED_TO_WORKER), state
         task.state = state
+        if self._events is not None:
+            self._events.task_state(task.spec, state)
 
     def complete(self, task: PendingTask, results: list) -> None:
         """The task ran: record one TaskResult per return (a FailedResult
@@ -177,11 +185,18 @@ class TaskManager:
 
     def fail(self, task: PendingTask, error: BaseException | SerializedObject) -> None:
         """The task ended without results: every return raises ``error``."""
+        cause = error
         if not isinstance(error, SerializedObject):
             error = serialize_error(error)
-        self._finish(task, [FailedResult(error)] * task.spec.num_returns)
+        elif self._events is not None and not task.done:
+            try:  # (only to say why it failed; failures are the rare path)
+                cause = deserialize(error)
+            except Exception:  # noqa: BLE001 - an error that cannot be read back
+                cause = None
+        self._finish(task, [FailedResult(error)] * task.spec.num_returns, cause)
 
-    def _finish(self, task: PendingTask, results: list) -> None:
+    def _finish(self, task: PendingTask, results: list,
+                cause: BaseException | None = None) -> None:
         if task.done:
             return
         task.pushed_to = None
@@ -219,6 +234,9 @@ class TaskManager:
                 entry.submitted -= 1
                 references.maybe_release(oid, entry)
         self.forget_lineage(task_id)
+        if self._events is not None:
+            self._events.task_state(spec, task.state,
+                                    error=cause if isinstance(cause, BaseException) else None)
         self._tracer.record(self._name, "task_finished", task=task_id,
                             ok=task.state == FINISHED)
 

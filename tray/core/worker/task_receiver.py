@@ -38,6 +38,7 @@ from ..task_spec import ArgByValue, TaskSpec
 from .function_table import FunctionTable
 from .object_getter import ObjectGetter
 from .reference_counter import ReferenceCounter
+from .task_events import TaskEventBuffer
 
 # How long a worker that reached a function's max_calls lives on after its
 # last reply, so that the reply is out before the process ends.
@@ -83,6 +84,15 @@ def _is_cancellation(error: BaseException) -> bool:
     return False
 
 
+class _Traced(Exception):
+    """An exception's traceback as text (what the task events keep of it)."""
+
+
+def _traced(error: BaseException) -> BaseException:
+    text = "".join(traceback.format_exception(type(error), error, error.__traceback__))
+    return _Traced(text.rstrip())
+
+
 def _task_error(name: str, error: BaseException) -> SerializedObject:
     if isinstance(error, exceptions.TaskError):
         return serialize_error(error)  # an upstream failure: keep its story
@@ -98,8 +108,11 @@ class TaskReceiver:
     def __init__(self, *, address: str, name: str, endpoint: Endpoint, tracer, store,
                  node_id: str, node_manager_address: str, config, functions: FunctionTable,
                  references: ReferenceCounter, getter: ObjectGetter, on_gpu_ids,
-                 exit_process, cancel_children) -> None:
+                 exit_process, cancel_children, events: TaskEventBuffer | None = None) -> None:
         self._address = address
+        # RUNNING, the run's spans and its end are recorded here (None or
+        # disabled: not recorded).
+        self._events = events if events is not None and events.enabled else None
         self._name = name
         self._endpoint = endpoint
         self._tracer = tracer
@@ -197,6 +210,15 @@ class TaskReceiver:
 
     async def execute(self, spec: TaskSpec, context: TaskContext, load) -> TaskReply:
         """Run a task or actor call: its results, and whether it raised."""
+        events = self._events
+        if events is None:
+            return await self._execute(spec, context, load, None)
+        events.started(spec, context.actor_id.hex() if context.actor_id is not None else None)
+        reply = await self._execute(spec, context, load, events)
+        return reply
+
+    async def _execute(self, spec: TaskSpec, context: TaskContext, load,
+                       events: TaskEventBuffer | None) -> TaskReply:
         current_task.set(context)
         await greenback.ensure_portal()
         self._tracer.record(self._name, "task_started", task=spec.task_id, name=spec.name,
@@ -210,19 +232,30 @@ class TaskReceiver:
                 waits = not self._args_here(spec)
                 if waits:  # (for a pull, or for a lost argument to be made again)
                     self._getter.lend_cpu(True)
+                fetch_start = trio.current_time()
                 try:
                     args, kwargs = await self._resolve_args(spec)
                 finally:
                     if waits:
                         self._getter.lend_cpu(False)
-                if inspect.iscoroutinefunction(function):
-                    value = await function(*args, **kwargs)
-                else:
-                    value = function(*args, **kwargs)
+                run_start = trio.current_time()
+                if spec.args or spec.kwargs:
+                    self._span(events, spec, "task:fetch_args", fetch_start, run_start)
+                try:
+                    if inspect.iscoroutinefunction(function):
+                        value = await function(*args, **kwargs)
+                    else:
+                        value = function(*args, **kwargs)
+                finally:
+                    self._span(events, spec, "task:execute", run_start, trio.current_time())
                 values = _split_returns(value, spec.num_returns, spec.name)
             except _ArgumentError as failure:
+                if events is not None:
+                    events.ended(spec, failure.error)
                 return TaskReply(self._error_results(spec, serialize_error(failure.error)))
             except Exception as error:
+                if events is not None:
+                    events.ended(spec, _traced(error), "TASK_EXECUTION_EXCEPTION")
                 return TaskReply(self._error_results(spec, _task_error(spec.name, error)), True)
             except BaseException as error:
                 return await self._base_exception_reply(spec, error)
@@ -235,14 +268,28 @@ class TaskReceiver:
         if scope.cancelled_caught:
             error = exceptions.TaskCancelledError(f"task {spec.name} ({spec.task_id.hex()}) "
                                                   "was cancelled")
+            if events is not None:
+                events.ended(spec, error)
             return TaskReply(self._error_results(spec, serialize_error(error)))
+        store_start = trio.current_time()
         try:
             results = [await self._store_result(ObjectID(oid), value, spec.caller)
                        for oid, value in zip(spec.return_ids, values, strict=True)]
         except Exception as error:
+            if events is not None:
+                events.ended(spec, _traced(error), "TASK_EXECUTION_EXCEPTION")
             return TaskReply(self._error_results(spec, _task_error(spec.name, error)), True)
+        if events is not None:
+            self._span(events, spec, "task:store_outputs", store_start, trio.current_time())
+            events.ended(spec)
         self._tracer.record(self._name, "task_done", task=spec.task_id)
         return TaskReply(results)
+
+    @staticmethod
+    def _span(events: TaskEventBuffer | None, spec: TaskSpec, name: str, start: float,
+              end: float) -> None:
+        if events is not None:
+            events.span(spec, name, start, end)
 
     async def _base_exception_reply(self, spec: TaskSpec, error: BaseException) -> TaskReply:
         """User code raised a BaseException that is not an Exception. Ray's

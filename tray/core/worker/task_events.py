@@ -1,0 +1,263 @@
+"""Task events: what each process saw of each task attempt, batched to the GCS.
+
+The state API (``tray.util.state.list_tasks``), the timeline and the
+dashboard answer "what ran where, when, and why did it fail" from these.
+Two kinds of process see a task:
+
+* its **owner** (the process that called ``.remote()``) records every state
+  transition with Ray's names — ``PENDING_ARGS_AVAIL``,
+  ``PENDING_NODE_ASSIGNMENT``, ``SUBMITTED_TO_WORKER``, ``FINISHED``,
+  ``FAILED`` (with the error type and message) — and what the task is (its
+  name, type, job, actor, parent, resources);
+* its **executor** (the worker that ran it) records ``RUNNING`` and its own
+  ``FINISHED``/``FAILED``, where (node, worker, pid), and the spans of the
+  run (fetching the arguments, running the user's code, storing results).
+
+Why batched, and why here: Ray's design (its ``TaskEventBuffer``) and the
+issue's rule: never one message per event, never a poll of every process
+per query. Each process keeps one record per task attempt in a buffer and
+merges later transitions into it, so a task that goes through five states
+between two flushes costs one record. A timer (``task_events_flush_period_s``)
+sends the buffer to the GCS as one one-way message; the GCS merges the
+owner's and the executor's records of an attempt (``gcs/task_event_table``).
+Events are best effort: a batch sent while the GCS is away is lost (the
+state API then shows a task in an earlier state), never retried without end.
+
+Bounded: at most ``task_events_buffer_max`` attempts wait in a process's
+buffer; records of further attempts are dropped and counted (the count
+travels with the next batch and the state API shows it).
+
+Time: each process stamps events with its own loop clock (virtual in the
+simulator), and every batch says what that clock read when it was sent;
+the GCS moves the stamps onto its own clock (off by the message's latency,
+milliseconds on one machine). The core reads no wall clock, so turning the
+GCS's clock into dates is the state API's business, outside the core.
+
+Off switch: ``Config(task_events_enabled=False)`` or ``TRAY_TASK_EVENTS=0``
+in the environment of the processes (set before ``tray.init``): nothing is
+recorded or sent, and the state API says so instead of listing no tasks."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+import trio
+
+# Ray's names for why a task failed (its ErrorType), by tray's exception.
+_ERROR_TYPES = {
+    "TaskCancelledError": "TASK_CANCELLED",
+    "WorkerCrashedError": "WORKER_DIED",
+    "NodeDiedError": "NODE_DIED",
+    "ActorDiedError": "ACTOR_DIED",
+    "ActorPlacementGroupRemoved": "ACTOR_DIED",
+    "ActorUnavailableError": "ACTOR_UNAVAILABLE",
+    "OutOfMemoryError": "OUT_OF_MEMORY",
+    "ObjectLostError": "OBJECT_LOST",
+    "OwnerDiedError": "OWNER_DIED",
+    "ObjectReconstructionFailedError": "OBJECT_UNRECONSTRUCTABLE",
+    "ObjectStoreFullError": "OBJECT_STORE_FULL",
+    "TaskPlacementGroupRemoved": "TASK_PLACEMENT_GROUP_REMOVED",
+    "PendingCallsLimitExceeded": "PENDING_CALLS_LIMIT_EXCEEDED",
+    "GetTimeoutError": "GET_TIMEOUT",
+}
+
+# An error message longer than this is cut (a traceback of a deep recursion).
+ERROR_MESSAGE_MAX_CHARS = 8 * 1024
+
+NORMAL_TASK, ACTOR_TASK, ACTOR_CREATION_TASK = "NORMAL_TASK", "ACTOR_TASK", \
+    "ACTOR_CREATION_TASK"
+
+
+def error_type_of(error: BaseException) -> str:
+    """Ray's ErrorType name for an exception ending a task."""
+    for cls in type(error).__mro__:
+        found = _ERROR_TYPES.get(cls.__name__)
+        if found is not None:
+            return found
+    if type(error).__name__ == "TaskError" or any(
+            cls.__name__ == "TaskError" for cls in type(error).__mro__):
+        return "TASK_EXECUTION_EXCEPTION"
+    return type(error).__name__
+
+
+def error_message_of(error: BaseException) -> str:
+    text = str(error)
+    if len(text) > ERROR_MESSAGE_MAX_CHARS:
+        text = text[:ERROR_MESSAGE_MAX_CHARS] + f"... ({len(text)} characters)"
+    return text
+
+
+@dataclass
+class TaskAttemptEvents:
+    """What one process saw of one task attempt (merged with the others'
+    in the GCS). Times are this process's loop clock until the GCS moves
+    them onto its own."""
+    task_id: str  # hex
+    attempt: int
+    info: dict | None = None  # what the task is: name, type, job, actor, parent...
+    states: dict = field(default_factory=dict)  # state -> time it was entered
+    node_id: str | None = None  # where it ran (the executor's records)
+    worker_id: str | None = None
+    worker_pid: int | None = None
+    error_type: str | None = None
+    error_message: str | None = None
+    # Spans of the run, for the timeline: [(name, start, end)].
+    spans: list = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class TaskEventBatch:
+    """One flush: the records, how many were dropped since the last one,
+    and the sender's clock when it sent them."""
+    events: list  # [TaskAttemptEvents]
+    dropped: int
+    sender_now: float
+    sender: str
+
+
+@dataclass(frozen=True)
+class TaskEventBufferStatistics:
+    buffered: int  # task attempts waiting for the next flush
+    dropped: int  # task attempts dropped since the start (buffer full)
+    sent_batches: int
+
+
+def events_enabled(config) -> bool:
+    return bool(getattr(config, "task_events_enabled", True)) and \
+        os.environ.get("TRAY_TASK_EVENTS", "1") != "0"
+
+
+class TaskEventBuffer:
+    """This process's buffer of task events (see the module header)."""
+
+    def __init__(self, *, address: str, node_id: str | None, worker_id: str, endpoint,
+                 gcs_address: str, config) -> None:
+        self._address = address
+        self._node_id = node_id
+        self._worker_id = worker_id or address
+        self._endpoint = endpoint
+        self._gcs_address = gcs_address
+        self._period_s = config.task_events_flush_period_s
+        self._max = config.task_events_buffer_max
+        self.enabled = events_enabled(config)
+        self._events: dict[tuple[str, int], TaskAttemptEvents] = {}
+        self._dropped_unsent = 0
+        self.dropped = 0
+        self.sent_batches = 0
+        self._pid = os.getpid()
+
+    def statistics(self) -> TaskEventBufferStatistics:
+        return TaskEventBufferStatistics(len(self._events), self.dropped, self.sent_batches)
+
+    def _record_of(self, task_id: bytes, attempt: int) -> TaskAttemptEvents | None:
+        key = (task_id.hex(), attempt)
+        record = self._events.get(key)
+        if record is None:
+            if len(self._events) >= self._max:
+                self.dropped += 1
+                self._dropped_unsent += 1
+                return None
+            record = self._events[key] = TaskAttemptEvents(key[0], attempt)
+        return record
+
+    # ------------------------------------------------------------ the owner
+
+    def task_state(self, spec, state: str, *, error: BaseException | None = None,
+                   info: bool = False, actor_id: str | None = None) -> None:
+        """The owner saw ``spec``'s current attempt enter ``state`` (``actor_id``:
+        the actor whose constructor ``spec`` is)."""
+        if not self.enabled:
+            return
+        record = self._record_of(spec.task_id, spec.attempt)
+        if record is None:
+            return
+        record.states.setdefault(state, trio.current_time())
+        if info or record.info is None:
+            record.info = task_info(spec, actor_id)
+        if error is not None:
+            record.error_type = error_type_of(error)
+            record.error_message = error_message_of(error)
+
+    # --------------------------------------------------------- the executor
+
+    def started(self, spec, actor_id: str | None = None) -> None:
+        """This worker begins running ``spec`` (RUNNING); ``actor_id``: the
+        actor whose constructor (or method) it is."""
+        if not self.enabled:
+            return
+        record = self._record_of(spec.task_id, spec.attempt)
+        if record is None:
+            return
+        record.states.setdefault("RUNNING", trio.current_time())
+        record.node_id, record.worker_id, record.worker_pid = \
+            self._node_id, self._worker_id, self._pid
+        if record.info is None:
+            record.info = task_info(spec, actor_id)
+
+    def span(self, spec, name: str, start: float, end: float) -> None:
+        """A span of the run (``name``: ``task:fetch_args``, ``task:execute``...)."""
+        if not self.enabled:
+            return
+        record = self._events.get((spec.task_id.hex(), spec.attempt))
+        if record is not None and len(record.spans) < 16:
+            record.spans.append((name, start, end))
+
+    def ended(self, spec, error: BaseException | None = None,
+              error_type: str | None = None) -> None:
+        """This worker finished running ``spec`` (FAILED when it raised)."""
+        if not self.enabled:
+            return
+        record = self._record_of(spec.task_id, spec.attempt)
+        if record is None:
+            return
+        state = "FINISHED" if error is None and error_type is None else "FAILED"
+        record.states.setdefault(state, trio.current_time())
+        if error is not None:
+            record.error_type = error_type or error_type_of(error)
+            record.error_message = error_message_of(error)
+
+    # ---------------------------------------------------------------- flush
+
+    def take_batch(self) -> TaskEventBatch | None:
+        if not self._events and not self._dropped_unsent:
+            return None
+        events = list(self._events.values())
+        self._events = {}
+        batch = TaskEventBatch(events, self._dropped_unsent, trio.current_time(), self._address)
+        self._dropped_unsent = 0
+        return batch
+
+    async def flush(self) -> None:
+        """Send what is buffered to the GCS now (one one-way message)."""
+        batch = self.take_batch()
+        if batch is None:
+            return
+        self.sent_batches += 1
+        await self._endpoint.notify(self._gcs_address, "add_task_events", batch)
+
+    async def run(self) -> None:
+        """Flush every ``task_events_flush_period_s``, for the process's life."""
+        if not self.enabled:
+            return
+        while True:
+            await trio.sleep(self._period_s)
+            if self._events or self._dropped_unsent:
+                await self.flush()
+
+
+def task_info(spec, actor_id: str | None = None) -> dict:
+    """What a task is, in the state API's (Ray's) words. An actor's
+    constructor call carries no actor id in its spec: ``actor_id`` says it."""
+    if spec.actor_id is None and actor_id is None:
+        kind = NORMAL_TASK
+    elif spec.method is None:
+        kind = ACTOR_CREATION_TASK
+    else:
+        kind = ACTOR_TASK
+    strategy = spec.strategy
+    return {"name": spec.name, "type": kind, "job_id": spec.job_id,
+            "actor_id": spec.actor_id or actor_id, "parent_task_id": spec.parent_task_id.hex(),
+            "required_resources": dict(spec.resources),
+            "placement_group_id": getattr(strategy, "placement_group_id", None),
+            "func_or_class_name": spec.name, "owner": spec.caller}
