@@ -128,6 +128,8 @@ class SimCluster:
         self.node_resources = node_resources
         self.object_store_bytes = object_store_memory or DEFAULT_OBJECT_STORE_BYTES
         self.worker_start_delay_s = worker_start_delay_s
+        # Machines added at runtime (add_node) with resources of their own.
+        self._machine_resources: dict[int, dict] = {}
         self._node_ids = [NodeID.from_random(self._rng(f"node-id-{i}")).hex()
                           for i in range(num_nodes)]
         self._generation = [0] * num_nodes  # restarts of each machine's node
@@ -375,7 +377,7 @@ class SimCluster:
     async def _node_main(self, process: SimProcess, nursery: trio.Nursery) -> None:
         index = process.node_index
         env = self._env(process.address, index, spawner=SimSpawner(self, index),
-                        resources=self.node_resources,
+                        resources=self._machine_resources.get(index, self.node_resources),
                         exit_process=lambda: self._fence_node(index),
                         wait_for_gcs_s=HANG_TIMEOUT_S, read_memory=self.memory[index].snapshot)
         process.component = NodeManager(env, nursery)
@@ -412,6 +414,39 @@ class SimCluster:
         node = self.processes.get(f"n{node_index}/raylet")
         if node is not None and node.alive and node.component is not None:
             node.component.worker_process_exited(worker_id, exit_code)
+
+    # ------------------------------------------------------ nodes at runtime
+    # For the autoscaler's simulated provider (tray/autoscaler/providers.py).
+
+    def add_node(self, resources: dict | None = None) -> str:
+        """Start a node on a new machine and return its id (it registers
+        with the GCS shortly after). ``resources`` replace the cluster's
+        node resources for this machine (``memory`` is added as usual)."""
+        return self._apply("add_node", lambda: self._add_node_now(resources))
+
+    def _add_node_now(self, resources: dict | None) -> str:
+        index = self.num_nodes
+        self.num_nodes += 1
+        node_id = NodeID.from_random(self._rng(f"node-id-{index}")).hex()
+        self._node_ids.append(node_id)
+        self._generation.append(0)
+        self.stores.append(MemoryObjectStore(self.object_store_bytes))
+        self.memory.append(SimulatedMemory(DEFAULT_MACHINE_MEMORY_BYTES))
+        if resources is not None:
+            self._machine_resources[index] = {
+                "memory": float(DEFAULT_NODE_MEMORY_BYTES),
+                **{name: float(amount) for name, amount in resources.items()}}
+        self.trace.record("cluster", "add_node", node=node_id)
+        self._nursery.start_soon(self._start_process, f"node-{index}", f"n{index}/raylet",
+                                 index, self._node_main)
+        return node_id
+
+    def remove_node(self, node_id: str) -> None:
+        """Stop a node for good (the autoscaler terminating its machine)."""
+        index = self._index_of(node_id)
+        if index == 0:
+            raise ValueError("node 0 hosts the GCS and the driver and cannot be removed")
+        self._apply("remove_node", lambda: self._kill_node_now(index, None, "autoscaler"))
 
     # ------------------------------------------------------------ fault API
     # Callable from the driver's code (between tray calls) and from inside

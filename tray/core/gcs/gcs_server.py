@@ -25,6 +25,7 @@ import trio
 
 from ..rpc import Endpoint
 from .actor_manager import ActorManager
+from .demand import DemandTable
 from .kv_store import KvStore
 from .node_table import NodeTable
 from .placement_group_manager import PlacementGroupManager
@@ -53,10 +54,13 @@ class GcsServer:
         self.node_table.on_node_dead = self._node_dead
         self.placement_groups.on_removed = self.actor_manager.placement_group_removed
         self.kv = KvStore(env.storage, env.tracer)
+        # What the cluster waits for, for the autoscaler (demand.py).
+        self.demand = DemandTable(nodes=self.node_table, actors=self.actor_manager,
+                                  placement_groups=self.placement_groups, tracer=env.tracer)
         self.task_events = TaskEventTable(config=env.config, tracer=env.tracer,
                                           storage=env.storage)
         for component in (self.node_table, self.actor_manager, self.placement_groups,
-                          self.kv, self.task_events):
+                          self.kv, self.demand, self.task_events):
             for attribute in dir(component):
                 if attribute.startswith("handle_"):
                     method = attribute[len("handle_"):]
@@ -71,6 +75,7 @@ class GcsServer:
         self.actor_manager.validate_state()
         self.placement_groups.validate_state()
         self.task_events.validate_state()
+        self.demand.validate_state()
 
     async def run(self) -> None:
         await self.endpoint.serve()

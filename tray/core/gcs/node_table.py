@@ -112,6 +112,12 @@ class NodeTable:
         node = self.nodes.get(node_id)
         return None if node is None else node.address
 
+    def handle_node_removed(self, conn, node_id: str, reason: str) -> None:
+        """The autoscaler terminated this node: it is dead now, not a
+        heartbeat timeout later (its work was drained first)."""
+        if node_id in self.nodes:
+            self.mark_node_dead(node_id, reason)
+
     async def death_detector(self) -> None:
         while True:
             await trio.sleep(self._config.heartbeat_period_s)

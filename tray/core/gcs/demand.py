@@ -1,0 +1,143 @@
+"""The GCS's demand table: what the cluster waits for, for the autoscaler.
+
+Ray's autoscaler reads "load metrics" from the GCS: the resource shapes of
+everything that waits, and how busy each node is. tray's GCS keeps the same
+picture from four sources, none of them polled per query:
+
+  * each node's lease manager reports (``report_demand``, a ``NodeDemand``)
+    the shapes queued at it and the shapes it answered "infeasible" to,
+    when that changes, at its heartbeat cadence;
+  * pending actors the actor manager could not send to any node (those
+    waiting in a node's queue are already in that node's report);
+  * bundles of placement groups that are pending or being rescheduled, as
+    a gang: a group's bundles must be placed together (``strategy`` kept);
+  * ``tray.autoscaler.sdk.request_resources``: a standing request the
+    cluster must be able to hold at once (replaced by the next call, as in
+    Ray; an empty call withdraws it).
+
+``get_cluster_load`` hands the autoscaler all of it with the nodes' totals,
+free resources and whether each runs anything (``ClusterLoad``). A node
+that reported nothing yet counts as busy: the autoscaler must never remove
+a node it knows nothing about.
+
+Bounds: one report per live node (dead nodes' reports are dropped when the
+autoscaler reads), ``DEMAND_SHAPES_MAX`` shapes per report (the node
+truncates), ``REQUESTED_BUNDLES_MAX`` bundles per explicit request, and at
+most ``PENDING_GROUPS_MAX`` placement groups and ``PENDING_ACTORS_MAX``
+actors read per query (the rest wait for a later round)."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from .. import scheduling
+from ..messages import PENDING_CREATION, PG_PENDING, PG_RESCHEDULING, RESTARTING
+
+logger = logging.getLogger("tray.gcs")
+
+REQUESTED_BUNDLES_MAX = 10_000
+PENDING_GROUPS_MAX = 1_000
+PENDING_ACTORS_MAX = 10_000
+
+
+@dataclass(frozen=True)
+class NodeLoad:
+    node_id: str
+    address: str
+    total: dict
+    available: dict
+    alive: bool
+    leases: int  # -1: never reported
+    bundles: int
+
+
+@dataclass(frozen=True)
+class ClusterLoad:
+    """What the autoscaler decides on (see the module header)."""
+    nodes: tuple  # NodeLoad, by node id
+    shapes: tuple  # (resources dict, count): queued and infeasible requests, actors
+    placement_groups: tuple  # (pg id, strategy, bundles list) still to be placed
+    requested: tuple  # bundles of request_resources (each a dict)
+    shapes_dropped: int = 0
+
+
+class DemandTable:
+    def __init__(self, *, nodes, actors=None, placement_groups=None, tracer=None) -> None:
+        self._nodes = nodes
+        self._actors = actors
+        self._placement_groups = placement_groups
+        self._tracer = tracer
+        # node id -> its last NodeDemand (a lease_manager.NodeDemand).
+        self.reports: dict = {}
+        self.requested: tuple = ()
+
+    def validate_state(self) -> None:
+        for node_id, report in self.reports.items():
+            assert report.node_id == node_id, node_id
+        assert len(self.requested) <= REQUESTED_BUNDLES_MAX, len(self.requested)
+
+    def handle_report_demand(self, conn, demand) -> None:
+        node = self._nodes.nodes.get(demand.node_id)
+        if node is None or not node.alive:
+            return  # a report from a node declared dead: its work is elsewhere
+        self.reports[demand.node_id] = demand
+
+    def handle_request_resources(self, conn, bundles: list) -> None:
+        if len(bundles) > REQUESTED_BUNDLES_MAX:
+            raise ValueError(f"request_resources takes at most {REQUESTED_BUNDLES_MAX} "
+                             f"bundles, got {len(bundles)}")
+        self.requested = tuple(scheduling.normalize_resources(bundle) for bundle in bundles)
+        if self._tracer is not None:
+            self._tracer.record("gcs", "resources_requested", bundles=len(self.requested))
+
+    def handle_get_cluster_load(self, conn) -> ClusterLoad:
+        return self.cluster_load()
+
+    def cluster_load(self) -> ClusterLoad:
+        nodes = []
+        for node_id, node in sorted(self._nodes.nodes.items()):
+            report = self.reports.get(node_id)
+            if not node.alive:
+                self.reports.pop(node_id, None)
+                continue
+            nodes.append(NodeLoad(node_id, node.address, dict(node.resources),
+                                  dict(node.available), node.alive,
+                                  -1 if report is None else report.leases,
+                                  0 if report is None else report.bundles))
+        counts: dict[tuple, int] = {}
+        waiting_actors: set = set()
+        dropped = 0
+        for _node_id, report in sorted(self.reports.items()):
+            for key, count in report.shapes:
+                counts[key] = counts.get(key, 0) + count
+            waiting_actors.update(report.actors_waiting)
+            dropped += report.shapes_dropped
+        if self._actors is not None:
+            seen = 0
+            for actor_id, actor in sorted(self._actors.actors.items()):
+                if actor.state not in (PENDING_CREATION, RESTARTING) or \
+                        actor_id in waiting_actors or \
+                        actor.spec.strategy.kind == "PLACEMENT_GROUP":
+                    continue
+                seen += 1
+                if seen > PENDING_ACTORS_MAX:
+                    break
+                key = tuple(sorted(scheduling.normalize_resources(
+                    actor.spec.resources).items()))
+                counts[key] = counts.get(key, 0) + 1
+        groups = []
+        if self._placement_groups is not None:
+            for pg_id, group in sorted(self._placement_groups.groups.items()):
+                if group.state not in (PG_PENDING, PG_RESCHEDULING):
+                    continue
+                if len(groups) >= PENDING_GROUPS_MAX:
+                    break
+                missing = [dict(bundle) for index, bundle in enumerate(group.spec.bundles)
+                           if index not in group.bundle_nodes]
+                if missing:
+                    groups.append((pg_id, group.spec.strategy, missing))
+        shapes = tuple((dict(key), count) for key, count in
+                       sorted(counts.items(), key=lambda item: (-item[1], item[0])) if key)
+        return ClusterLoad(tuple(nodes), shapes, tuple(groups),
+                           tuple(dict(bundle) for bundle in self.requested), dropped)
