@@ -198,11 +198,10 @@ def test_job_config_setters_and_json():
 
 
 @pytest.mark.parametrize("config,named", [
-    (JobConfig(runtime_env={"pip": ["requests"]}), "runtime_env"),
     (JobConfig(jvm_options=["-Xmx1g"]), "jvm_options"),
     (JobConfig(code_search_path=["/opt/code"]), "code_search_path"),
     (JobConfig(default_actor_lifetime="detached"), "default_actor_lifetime"),
-], ids=["runtime_env", "jvm_options", "code_search_path", "detached"])
+], ids=["jvm_options", "code_search_path", "detached"])
 def test_job_config_fields_tray_does_not_support_are_refused(config, named):
     with pytest.raises(NotImplementedError, match=named):
         tray.init(backend="sim", job_config=config)

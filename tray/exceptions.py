@@ -216,3 +216,19 @@ __all__ = [
     "PendingCallsLimitExceeded", "TaskPlacementGroupRemoved", "ActorPlacementGroupRemoved",
     "RayError", "RayTaskError", "RayActorError",
 ]
+
+
+class RuntimeEnvSetupError(TrayError):
+    """A task's or actor's runtime_env could not be set up on its node (a
+    package missing from the cluster, a failed pip install, a setup over
+    ``setup_timeout_seconds``); the message carries the cause (pip's error)."""
+
+    def __init__(self, message: str = "") -> None:
+        super().__init__(message)
+        self.message = message
+
+    def __reduce__(self):
+        return (RuntimeEnvSetupError, (self.message,))
+
+
+__all__.append("RuntimeEnvSetupError")

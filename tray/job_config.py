@@ -6,11 +6,13 @@ same object and honours what it supports, as Ray does:
 * ``ray_namespace`` is the job's namespace (``init(namespace=...)``, when
   given, wins, as in Ray);
 * ``metadata`` is kept (``set_metadata`` adds to it) and is opaque to tray;
-* ``default_actor_lifetime="non_detached"`` (the default) is accepted.
+* ``default_actor_lifetime="non_detached"`` (the default) is accepted;
+* ``runtime_env`` is the job's runtime environment (``tray.runtime_env``),
+  checked when set; ``init(runtime_env=...)``, when given, replaces it.
 
 What tray does not support raises NotImplementedError at ``init``, naming
 the field, rather than being accepted and ignored: a non-empty
-``runtime_env`` (as the task and actor option), ``jvm_options`` and
+``jvm_options`` and
 ``code_search_path`` (tray runs Python only; workers import what the
 driver can import), and ``default_actor_lifetime="detached"``.
 """
@@ -53,6 +55,9 @@ class JobConfig:
     def set_runtime_env(self, runtime_env: dict | None, validate: bool = False) -> None:
         if runtime_env is not None and not isinstance(runtime_env, dict):
             raise TypeError(f"runtime_env must be a dict, got {type(runtime_env).__name__}")
+        from .runtime_env import validate as validate_runtime_env
+
+        validate_runtime_env(runtime_env)
         self.runtime_env = dict(runtime_env or {})
 
     def set_ray_namespace(self, ray_namespace: str) -> None:
@@ -82,9 +87,6 @@ class JobConfig:
     def check_supported(self) -> None:
         """Raise NotImplementedError for what tray would otherwise ignore."""
         unsupported = []
-        if self.runtime_env:
-            unsupported.append("runtime_env (runtime environments are not supported yet: "
-                               "install what tasks need on every node)")
         if self.jvm_options:
             unsupported.append("jvm_options (tray runs Python only)")
         if self.code_search_path:

@@ -149,7 +149,8 @@ def _context_of(runtime) -> TrayContext:
 
 def init(address: str | None = None, *, backend: str | None = None, num_cpus=None,
          num_gpus=None, resources: dict | None = None, namespace: str | None = None,
-         ignore_reinit_error: bool = False, job_config=None, **backend_options):
+         ignore_reinit_error: bool = False, job_config=None, runtime_env: dict | None = None,
+         **backend_options):
     """Start (or connect to) a cluster and make this process its driver;
     returns a ``TrayContext``.
 
@@ -157,7 +158,9 @@ def init(address: str | None = None, *, backend: str | None = None, num_cpus=Non
     ``backend="sim"`` runs a simulated cluster in this process on virtual
     time (options: ``seed``, ``num_nodes``, fault settings). ``job_config``
     is a ``tray.job_config.JobConfig``; ``namespace`` overrides its
-    ``ray_namespace``, as in Ray."""
+    ``ray_namespace``, as in Ray. ``runtime_env`` is the job's runtime
+    environment (``tray.runtime_env``), inherited by its tasks and actors; it
+    replaces ``job_config``'s, as in Ray."""
     if _global_state["runtime"] is not None:
         if ignore_reinit_error:
             return _context_of(_global_state["runtime"])
@@ -184,6 +187,11 @@ def init(address: str | None = None, *, backend: str | None = None, num_cpus=Non
         job_config.check_supported()
         if namespace is None:
             namespace = job_config.ray_namespace
+        if runtime_env is None:
+            runtime_env = job_config.runtime_env or None
+    from .. import runtime_env as runtime_envs
+
+    runtime_envs.validate(runtime_env)
     module_name, _, function_name = _backends[backend].partition(":")
     start = getattr(importlib.import_module(module_name), function_name)
     runtime = start(address=address, num_cpus=num_cpus, num_gpus=num_gpus,
@@ -192,7 +200,51 @@ def init(address: str | None = None, *, backend: str | None = None, num_cpus=Non
     runtime.driver.driver_context.namespace = runtime.namespace
     _global_state["runtime"] = runtime
     _global_state["driver"] = runtime.driver
+    try:
+        _set_job_runtime_env(runtime, runtime_env)
+    except BaseException:
+        shutdown()
+        raise
     return _context_of(runtime)
+
+
+def _set_job_runtime_env(runtime, runtime_env: dict | None) -> None:
+    """Pack and store the job's runtime_env now (a missing working_dir
+    fails ``init``), and make it what this driver's tasks inherit."""
+    from ..runtime_env import context
+
+    resolved = _resolve_runtime_env(runtime.driver, runtime_env) if runtime_env else {}
+    context.set_process_env(resolved)
+
+
+def _resolve_runtime_env(worker, runtime_env: dict) -> dict:
+    """A runtime_env as tasks carry it (``tray.runtime_env.resolve``), its
+    packages stored in this cluster's GCS. The simulator refuses pip."""
+    from ..runtime_env import resolve
+
+    def upload(key: str, data: bytes) -> None:
+        _block(worker, worker.gcs_call, "kv_put", key, data, False)
+
+    resolved = resolve(runtime_env, upload)
+    runtime = _global_state["runtime"]
+    if resolved.get("pip") and runtime is not None and runtime.info.get("backend") == "sim":
+        raise ValueError("runtime_env['pip'] is not supported in the simulator "
+                         "(backend='sim'): it cannot install packages into simulated "
+                         "workers; test pip environments on the local backend")
+    return resolved
+
+
+def _task_runtime_env(worker, options: dict) -> dict | None:
+    """The runtime_env a task or actor created here runs in: what the
+    submitting code runs in (the job's, or its task's), with the option's
+    keys over it (Ray's merge rule)."""
+    from ..runtime_env import current, merge
+
+    parent = current()
+    child = options.get("runtime_env")
+    if not child:
+        return parent or None
+    return _resolve_runtime_env(worker, merge(parent, child)) or None
 
 
 # Ray starts a local cluster on the first call that needs one; so does tray,
@@ -239,6 +291,9 @@ def shutdown() -> None:
     runtime = _global_state["runtime"]
     if runtime is None:
         return
+    from ..runtime_env import context
+
+    context.set_process_env({})
     try:
         runtime.shutdown()
     finally:
@@ -355,9 +410,12 @@ class RemoteFunction:
         num_returns = options.get("num_returns", 1)
         max_retries = options.get("max_retries")
 
+        runtime_env = _task_runtime_env(worker, options)
+
         def submit():
             worker.export_function(function_id, blob)
             return worker.submit_task(
+                runtime_env=runtime_env,
                 name=options.get("name") or getattr(self._function, "__qualname__", "task"),
                 function_id=function_id, args=args, kwargs=kwargs,
                 num_returns=num_returns, resources=opts.resources_of(options, 1.0),
@@ -508,9 +566,12 @@ class ActorClass:
                                  f"declare (concurrency_groups={groups})")
         is_async = any(inspect.iscoroutinefunction(member) for _, member in
                        inspect.getmembers(self._cls, inspect.isfunction))
+        runtime_env = _task_runtime_env(worker, options)
+
         def prepare():
             worker.export_function(function_id, blob)
             return worker.prepare_actor(
+                runtime_env=runtime_env,
                 class_name=self._cls.__name__, function_id=function_id, args=args,
                 kwargs=kwargs, resources=opts.resources_of(options, 0.0),
                 strategy=opts.to_strategy(options.get("scheduling_strategy")),

@@ -90,6 +90,9 @@ class LeaseRequest:
     # Its task may run again if its worker dies (max_retries != 0): the
     # memory monitor kills retriable work first.
     retriable: bool = True
+    # The task's runtime_env hash: its worker must be set up for that env
+    # (tray.runtime_env); "" for none.
+    runtime_env_hash: str = ""
 
 
 @dataclass(frozen=True, slots=True)

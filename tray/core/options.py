@@ -30,8 +30,6 @@ ACCELERATOR_REQUEST = 0.001
 
 # Ray's options that tray rejects for now, and why.
 NOT_YET = {
-    "runtime_env": "runtime environments are not supported yet: install what tasks need "
-                   "on every node (see README, 'Not yet')",
     "_metadata": "_metadata is Ray-internal and not supported",
 }
 METHOD_NOT_YET = {
@@ -79,6 +77,11 @@ def validate(options: dict, allowed: set[str], what: str, *, in_options: bool = 
     for name in ("runtime_env", "_metadata"):
         if options.get(name) is not None and not isinstance(options[name], dict):
             raise _wrong_type(name, options[name], "a dict")
+    if options.get("runtime_env") is not None:
+        # Keys and types now; whether its paths exist when it is first used.
+        from ..runtime_env import validate as validate_runtime_env
+
+        validate_runtime_env(options["runtime_env"])
     not_yet = dict(NOT_YET, **(METHOD_NOT_YET if allowed is METHOD_OPTIONS else {}))
     for name, reason in not_yet.items():
         if options.get(name) not in (None, False, {}):

@@ -62,6 +62,18 @@ class TaskSpec:
     seq: int = 0
     floor: int = 0
     concurrency_group: str = ""  # "" : the actor's default group
+    # Normal tasks and actor creations: the runtime_env, resolved (local
+    # paths already packed into package URIs, see tray.runtime_env), and
+    # its hash, which names the worker pool it runs in on its node ("" for
+    # none). Actor calls carry none: they run in their actor's.
+    runtime_env: dict | None = None
+    runtime_env_hash: str = ""
+
+    def __post_init__(self) -> None:
+        if self.runtime_env and not self.runtime_env_hash:
+            from ..runtime_env import env_hash
+
+            self.runtime_env_hash = env_hash(self.runtime_env)
 
     def ref_args(self) -> list[ArgByRef]:
         """The by-reference arguments, positional then keyword."""

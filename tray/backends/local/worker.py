@@ -22,6 +22,9 @@ from ...core.config import DEFAULT_CONFIG
 from ...core.context import current_worker
 from ...core.interfaces import NullTracer, ProcessEnv
 from ...core.worker.core_worker import WORKER, CoreWorker
+from ...exceptions import RuntimeEnvSetupError
+from ...runtime_env import context as runtime_env_context
+from ...runtime_env import setup as runtime_env_setup
 from ...transports.tcp import TcpTransport, inert_after_fork
 from .memory import config_from_environ
 from .session import Session, free_port
@@ -53,6 +56,11 @@ _started_with = {name: os.environ.get(name) for name in ("OMP_NUM_THREADS",
                                                           "CUDA_VISIBLE_DEVICES")}
 
 
+def _before_task(gpu_ids: list, spec, args, cache_dir: str) -> None:
+    _apply_runtime_env(spec, cache_dir)
+    _task_environment(gpu_ids, spec, args.node_gpus)
+
+
 def _task_environment(gpu_ids: list, spec, node_gpus: float) -> None:
     """Before a task or actor call runs, as Ray's workers do:
 
@@ -79,6 +87,45 @@ def _task_environment(gpu_ids: list, spec, node_gpus: float) -> None:
     os.environ["OMP_NUM_THREADS"] = str(max(int(math.floor(cpus)), 1))
 
 
+# The runtime_env this process was set up for (its hash), by its first
+# task or actor creation; None before. Its node leases it for that env only.
+_runtime_env = {"hash": None}
+
+
+def _apply_runtime_env(spec, cache_dir: str) -> None:
+    """Set this process up for the task's runtime_env before its user code
+    runs, once: packages fetched and unpacked (once per node), a pip env
+    built (once per node), then ``env_vars`` into ``os.environ``, the
+    working_dir as cwd and first ``sys.path`` entry, py_modules and the
+    pip env's site-packages after it. A failure raises
+    ``RuntimeEnvSetupError`` (the task fails with it) and leaves the process
+    as it was, so the next task of the env tries again."""
+    if spec.method is not None or _runtime_env["hash"] == spec.runtime_env_hash:
+        return  # an actor call (its actor's env), or set up already
+    if _runtime_env["hash"] is not None:
+        raise RuntimeEnvSetupError(
+            f"this worker is set up for runtime_env {_runtime_env['hash'] or '(none)'}, not "
+            f"{spec.runtime_env_hash or '(none)'}: its node leased it for the wrong env")
+    env = spec.runtime_env or {}
+    if env:
+        worker = current_worker.get()
+
+        async def fetch(key: str):
+            return await worker.gcs_call("kv_get", key)
+
+        prepared = greenback.await_(
+            runtime_env_setup.prepare_with_timeout(env, cache_dir, fetch))
+        os.environ.update(prepared.env_vars)
+        for name in ("OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES"):
+            if name in prepared.env_vars:  # the user's value wins, as if set at start
+                _started_with[name] = prepared.env_vars[name]
+        sys.path[:0] = [path for path in prepared.sys_path if path not in sys.path]
+        if prepared.cwd is not None:
+            os.chdir(prepared.cwd)
+    runtime_env_context.set_process_env(env)
+    _runtime_env["hash"] = spec.runtime_env_hash
+
+
 async def run_worker(args) -> None:
     session = Session(args.session)
     if args.listen_ip:
@@ -86,6 +133,7 @@ async def run_worker(args) -> None:
     else:
         address = session.address(f"worker-{args.worker_id[:12]}")
     store = ShmObjectStore(args.store_dir, args.object_store_bytes, args.spill_dir)
+    cache_dir = session.path("runtime_resources")
     # A child forked inside a task must not write or free its parent's objects.
     inert_after_fork(store, "put", "delete")
     env = ProcessEnv(
@@ -94,7 +142,7 @@ async def run_worker(args) -> None:
         object_store=store,
         gcs_address=args.gcs, node_manager_address=args.node_manager,
         exit_process=lambda: os._exit(1),
-        on_gpu_ids=lambda gpu_ids, spec: _task_environment(gpu_ids, spec, args.node_gpus),
+        on_gpu_ids=lambda gpu_ids, spec: _before_task(gpu_ids, spec, args, cache_dir),
         run_sync_in_thread=_run_sync_in_thread)
     async with trio.open_nursery() as nursery:
         worker = CoreWorker(env, WORKER, nursery, worker_id=args.worker_id)

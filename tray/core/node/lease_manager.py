@@ -249,7 +249,8 @@ class LeaseManager:
         if waiter.withdrawn:
             return Infeasible(waiter.withdrawn)
         try:
-            worker = await self._pool.take_worker(gpu=resources.get("GPU", 0.0) > 0)
+            worker = await self._pool.take_worker(gpu=resources.get("GPU", 0.0) > 0,
+                                                  runtime_env_hash=request.runtime_env_hash)
         except BaseException:
             self.release_lease(waiter.lease_id, worker_ok=True)
             raise

@@ -10,7 +10,11 @@ simulated process) and registers when ready. Each worker is in one state:
 A worker that ran a task with GPUs only ever runs tasks with GPUs, and one
 that ran a CPU-only task only CPU-only tasks (``WorkerInfo.gpu``), as in
 Ray: state a GPU library left in a process (a CUDA context, memory it
-holds) stays out of CPU-only work, and the reverse.
+holds) stays out of CPU-only work, and the reverse. In the same way a
+worker belongs to the runtime_env of its first lease
+(``WorkerInfo.runtime_env_hash``, from the lease request): its process was
+set up for that env (code on ``sys.path``, cwd, environment variables, a pip
+env's packages) and runs only tasks and actors of that env.
 
 Idle workers beyond one per CPU (or the prestart count) are stopped after
 ``idle_worker_timeout_s``. At most ``workers_per_node_max`` live at once: a
@@ -47,6 +51,9 @@ class WorkerInfo:
     # Set by its first lease: True once it ran work with GPUs, False once
     # it ran CPU-only work; None while it has run nothing.
     gpu: bool | None = None
+    # Set by its first lease too: the hash of the runtime_env it is set up
+    # for ("" : none); None while it has run nothing.
+    runtime_env_hash: str | None = None
 
 
 @dataclass(frozen=True)
@@ -141,10 +148,14 @@ class WorkerPool:
         logger.debug("starting worker %s", worker_id[:8])
         self._spawner.start_worker(worker_id, {})
 
-    async def take_worker(self, gpu: bool = False) -> WorkerInfo:
-        """An idle worker fit for work with (``gpu``) or without GPUs,
-        starting one if none is; waits for it, and, at
-        ``workers_per_node_max`` live workers, for one to be free.
+    async def take_worker(self, gpu: bool = False, runtime_env_hash: str = "") -> WorkerInfo:
+        """An idle worker fit for work with (``gpu``) or without GPUs, in the
+        runtime_env named by ``runtime_env_hash``, starting one if none is;
+        waits for it, and, at ``workers_per_node_max`` live workers, for one
+        to be free (an idle worker of another kind or env is stopped to make
+        room). Workers are pooled per runtime_env as in Ray: one set up for
+        an env (its code on ``sys.path``, its packages imported) never runs
+        a task of another.
 
         One worker starts at a time: on a small machine, workers starting
         together slow each other (and everything else) down, while leases
@@ -155,9 +166,11 @@ class WorkerPool:
         while True:
             for worker_id in self.idle:
                 worker = self.workers[worker_id]
-                if worker.state == "idle" and (worker.gpu is None or worker.gpu == gpu):
+                if worker.state == "idle" and (worker.gpu is None or worker.gpu == gpu) and \
+                        worker.runtime_env_hash in (None, runtime_env_hash):
                     self.idle.remove(worker_id)
                     worker.gpu = gpu
+                    worker.runtime_env_hash = runtime_env_hash
                     return worker
             if self.failed_worker_starts >= self._config.worker_start_failures_max:
                 raise exceptions.TrayError(
@@ -166,11 +179,12 @@ class WorkerPool:
             starting = [w for w in self.workers.values() if w.state == "starting"]
             if not starting:
                 if self.live_count() >= self._config.workers_per_node_max and self.idle:
-                    # Only idle workers of the other kind (GPU or not): one
-                    # makes room for a worker of this kind.
+                    # Only idle workers of another kind (GPU or not, or
+                    # another runtime_env): one makes room for this kind.
                     unfit = self.workers[self.idle[0]]
                     self._spawner.kill_worker(unfit.worker_id)
-                    self.worker_died(unfit, "idle, of the other kind (GPU or CPU-only)")
+                    self.worker_died(unfit, "idle, of another kind (GPU or CPU-only, or "
+                                            "another runtime_env)")
                 if self.live_count() < self._config.workers_per_node_max:
                     self.start_worker()
                 elif not warned:

@@ -328,7 +328,8 @@ class CoreWorker:
                     retry_exceptions, actor: ActorState | None = None, method: str | None = None,
                     max_task_retries: int = 0, max_pending_calls: int = -1,
                     concurrency_group: str = "",
-                    actor_ref: ObjectRef | None = None) -> list[ObjectRef]:
+                    actor_ref: ObjectRef | None = None,
+                    runtime_env: dict | None = None) -> list[ObjectRef]:
         """Build a task and start submitting it; returns its refs at once."""
         context = self.current_context()
         if actor is not None:
@@ -349,7 +350,8 @@ class CoreWorker:
                         kwargs=packed_kwargs, num_returns=num_returns,
                         return_ids=[oid.binary() for oid in return_ids], caller=self.address,
                         resources=resources, strategy=strategy, max_retries=max_retries,
-                        retry_exceptions=retry_exceptions, parent_task_id=context.task_id.binary())
+                        retry_exceptions=retry_exceptions, parent_task_id=context.task_id.binary(),
+                        runtime_env=runtime_env)
         if actor is not None:
             spec.actor_id = actor.actor_id
             spec.method = method
@@ -372,7 +374,8 @@ class CoreWorker:
 
     def prepare_actor(self, *, class_name: str, function_id: str, args: tuple, kwargs: dict,
                       resources: dict, strategy: Strategy, options: dict, namespace: str,
-                      method_meta: dict, is_async: bool) -> tuple[ActorSpec, list]:
+                      method_meta: dict, is_async: bool,
+                      runtime_env: dict | None = None) -> tuple[ActorSpec, list]:
         """The actor's spec, and the argument refs its creation holds."""
         context = self.current_context()
         strategy = _captured(context, strategy)
@@ -385,7 +388,7 @@ class CoreWorker:
                             name=f"{class_name}.__init__", function_id=function_id,
                             args=packed_args, kwargs=packed_kwargs, num_returns=0, return_ids=[],
                             caller=self.address, resources=resources, strategy=strategy,
-                            parent_task_id=context.task_id.binary())
+                            parent_task_id=context.task_id.binary(), runtime_env=runtime_env)
         actor = ActorSpec(
             actor_id=actor_id.hex(), class_name=class_name, name=options.get("name"),
             namespace=namespace, get_if_exists=bool(options.get("get_if_exists")),

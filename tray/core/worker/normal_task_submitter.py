@@ -95,7 +95,9 @@ def class_key(spec: TaskSpec) -> tuple:
     # Whether its tasks are retried is part of the class: a lease says so to
     # its node (whose memory monitor kills retriable work first), and all the
     # tasks a lease runs must agree with it.
-    return (tuple(sorted(spec.resources.items())), spec.strategy, spec.max_retries != 0)
+    # So is its runtime_env: a worker set up for one env runs no other.
+    return (tuple(sorted(spec.resources.items())), spec.strategy, spec.max_retries != 0,
+            spec.runtime_env_hash)
 
 
 class NormalTaskSubmitter:
@@ -216,7 +218,8 @@ class NormalTaskSubmitter:
                 hops = self._config.spillback_hops_max
             request = LeaseRequest(resources=spec.resources, strategy=spec.strategy,
                                    owner=self._address, hops=hops,
-                                   retriable=spec.max_retries != 0)
+                                   retriable=spec.max_retries != 0,
+                                   runtime_env_hash=spec.runtime_env_hash)
             try:
                 reply = await self._endpoint.call(manager, "request_lease", request)
             except PeerDisconnected:
