@@ -91,6 +91,12 @@ def _exit(code: int) -> None:
               help="(head) TLS 1.3 between all processes on TCP, with certificates derived "
                    "from the token; on by default when --node-ip is not a loopback address "
                    "(needs the cryptography package: tray[tls])")
+@click.option("--include-dashboard/--no-include-dashboard", default=True,
+              help="(head) serve the dashboard and /metrics (default: on)")
+@click.option("--dashboard-host", default="127.0.0.1", show_default=True,
+              help="(head) the dashboard's IP; 0.0.0.0 opens it to the network")
+@click.option("--dashboard-port", type=int, default=None,
+              help="(head) the dashboard's port (default 8265, or a free one when taken)")
 def start(**options) -> int:
     """Start a node of a cluster in the background."""
     if options["head"] == (options["address"] is not None):
@@ -255,9 +261,26 @@ def _start(args) -> int:
               f"tray start --address {address} --node-ip <that machine's IP>")
         print(f"    (or copy {session.path('token')} there, mode 0600, and pass --token-file)")
         print(f"  In a driver:               tray.init(address=\"{address}\")  (or \"auto\")")
+        if args.include_dashboard:
+            _start_dashboard(args, session, gcs, node.pid)
     else:
         print(f"Started node {info['node_id']}, joined the cluster at {address}.")
     return 0
+
+
+def _start_dashboard(args, session: Session, gcs: str, head_pid: int) -> None:
+    """The dashboard, following the head node: it exits when the node does."""
+    from .. import dashboard
+
+    try:
+        port = dashboard.choose_port(args.dashboard_host, args.dashboard_port)
+        _, url = dashboard.start_dashboard(gcs_address=gcs, session_dir=session.directory,
+                                           host=args.dashboard_host, port=port,
+                                           follow_pid=head_pid)
+    except (OSError, ValueError) as error:
+        print(f"tray start: the dashboard did not start: {error}", file=sys.stderr)
+        return
+    print(f"  Dashboard:                 {url}")
 
 
 def _join_target(args) -> tuple[str, bytes]:

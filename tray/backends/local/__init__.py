@@ -198,7 +198,8 @@ def _start_node(session: Session, index: int, gcs: str, *, cpus, gpus, resources
 
 def start(*, address=None, num_cpus=None, num_gpus=None, resources=None,
           object_store_memory: int | None = None, num_nodes: int = 1,
-          **unknown) -> LocalRuntime:
+          include_dashboard: bool | None = None, dashboard_host: str = "127.0.0.1",
+          dashboard_port: int | None = None, **unknown) -> LocalRuntime:
     if unknown:
         raise ValueError(f"unknown option(s) for the local backend: "
                          f"{', '.join(sorted(unknown))}")
@@ -235,7 +236,32 @@ def start(*, address=None, num_cpus=None, num_gpus=None, resources=None,
         session.remove()
         raise
     atexit.register(runtime.shutdown)
+    if include_dashboard is not False:
+        _start_dashboard(runtime, session, head_info, dashboard_host, dashboard_port,
+                         required=bool(include_dashboard))
     return runtime
+
+
+def _start_dashboard(runtime, session, head_info, host, port, *, required: bool) -> None:
+    """Spawn the dashboard (tray/dashboard) and print its URL, without
+    waiting for it: ``init()`` stays as fast. It follows this driver: it
+    exits when the driver's process does. A failure to start it is only a
+    warning, unless the user asked for it (``include_dashboard=True``)."""
+    from ... import dashboard
+
+    try:
+        port = dashboard.choose_port(host, port)
+        process, url = dashboard.start_dashboard(
+            gcs_address=head_info["gcs_address"], session_dir=session.directory, host=host,
+            port=port, follow_pid=os.getpid())
+    except (OSError, ValueError) as error:
+        if required:
+            raise
+        print(f"tray: the dashboard did not start: {error}", file=sys.stderr)
+        return
+    runtime.nodes.append(process)  # stopped with the nodes at shutdown
+    runtime.info["webui_url"] = url.removeprefix("http://")  # as Ray's: host:port
+    print(f"tray: view the dashboard at {url}", file=sys.stderr)
 
 
 # ======================================================= joining a cluster

@@ -1,0 +1,289 @@
+"""The dashboard on a live local cluster, seen through headless Chromium
+(Debian's ``chromium`` driven by playwright, no downloaded browser), its
+JSON twins, ``/metrics`` and its lifecycle (``include_dashboard=False``,
+``tray start --head``/``tray stop``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+import tray
+from tray.backends.local.session import free_port
+from tray.dashboard.data import ClusterReader
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu",
+                  "--disable-background-networking", "--disable-component-update",
+                  "--disable-sync", "--no-first-run"]
+SCREENSHOT_DIR = os.environ.get("TRAY_DASHBOARD_SCREENSHOTS")
+
+
+def _get(url: str, timeout_s: float = 10.0) -> str:
+    with urllib.request.urlopen(url, timeout=timeout_s) as response:
+        return response.read().decode()
+
+
+def _wait_until(check, what: str, timeout_s: float = 30.0):
+    deadline = time.monotonic() + timeout_s
+    last = None
+    while time.monotonic() < deadline:
+        try:
+            value = check()
+            if value:
+                return value
+        except OSError as error:  # not serving yet
+            last = error
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what} (last error: {last})")
+
+
+@pytest.fixture
+def live_cluster():
+    """(One cluster for every check of the pages: the suite's autouse
+    teardown ends a cluster after each test.) A local cluster with finished tasks, a failed task, a live named
+    actor that printed to its log, and a killed actor."""
+    context = tray.init(num_cpus=2, dashboard_port=free_port())
+    try:
+        url = "http://" + context["webui_url"]
+
+        @tray.remote
+        def square(x):
+            return x * x
+
+        @tray.remote(max_retries=0)
+        def explode():
+            raise ValueError("the dashboard must show this failure")
+
+        @tray.remote
+        class Greeter:
+            def greet(self, name):
+                print(f"hello {name} from the greeter's log")
+                return f"hello {name}"
+
+        @tray.remote
+        class Doomed:
+            def ping(self):
+                return "pong"
+
+        assert tray.get([square.remote(i) for i in range(6)]) == [0, 1, 4, 9, 16, 25]
+        with pytest.raises(ValueError):
+            tray.get(explode.remote())
+        greeter = Greeter.options(name="front-desk").remote()
+        assert tray.get(greeter.greet.remote("ada")) == "hello ada"
+        doomed = Doomed.remote()
+        assert tray.get(doomed.ping.remote()) == "pong"
+        tray.kill(doomed)
+
+        def settled():
+            tasks = json.loads(_get(url + "/api/tasks"))["tasks"]
+            actors = json.loads(_get(url + "/api/actors"))
+            failed = [t for t in tasks if t["state"] == "FAILED"]
+            squares = [t for t in tasks if t["func_or_class_name"] and "square" in
+                       t["func_or_class_name"] and t["state"] == "FINISHED"]
+            dead = [a for a in actors if a["class_name"] == "Doomed" and a["state"] == "DEAD"]
+            return failed and len(squares) == 6 and dead
+        _wait_until(settled, "the task events and the killed actor to reach the dashboard")
+        yield url, context, greeter
+    finally:
+        tray.shutdown()
+
+
+# The browser runs in a process of its own: playwright's sync API drives
+# asyncio, which trio-asyncio (imported once a cluster runs async actors)
+# has taken over in this one.
+_BROWSER_SCRIPT = r"""
+import json, os, sys
+from playwright.sync_api import sync_playwright
+spec = json.load(sys.stdin)
+out = []
+with sync_playwright() as playwright:
+    browser = playwright.chromium.launch(executable_path=spec["chromium"], args=spec["flags"],
+                                         headless=True)
+    for visit in spec["visits"]:
+        page = browser.new_page(viewport={"width": 1400, "height": 900})
+        response = page.goto(spec["url"] + visit["path"], wait_until="load", timeout=30000)
+        if spec["screenshots"]:
+            page.screenshot(path=os.path.join(spec["screenshots"], visit["name"] + ".png"),
+                            full_page=True)
+        result = {"status": response.status, "text": page.inner_text("body"),
+                  "rows": [row.inner_text() for row in page.query_selector_all("tr")]}
+        if visit.get("click"):
+            page.click(visit["click"])
+            page.wait_for_load_state("load")
+            result["clicked_text"] = page.inner_text("body")
+        out.append(result)
+        page.close()
+    browser.close()
+json.dump(out, sys.stdout)
+"""
+
+
+def _in_chromium(url: str, visits: list[dict]) -> dict:
+    """Each visit's page as headless Chromium rendered it: its text, its
+    table rows, and (with ``click``) the text of the page a click led to."""
+    if not os.path.exists(CHROMIUM):
+        pytest.skip("Debian's chromium is not installed (apt-get install -y chromium)")
+    pytest.importorskip("playwright.sync_api")
+    spec = {"chromium": CHROMIUM, "flags": CHROMIUM_FLAGS, "url": url, "visits": visits,
+            "screenshots": SCREENSHOT_DIR}
+    done = subprocess.run([sys.executable, "-c", _BROWSER_SCRIPT], input=json.dumps(spec),
+                          capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads(done.stdout)
+    for visit, result in zip(visits, results, strict=True):
+        assert result["status"] == 200, visit
+    return {visit["name"]: result for visit, result in zip(visits, results, strict=True)}
+
+
+def test_the_dashboard_shows_the_live_cluster(live_cluster):
+    _every_page_shows_the_live_cluster_in_chromium(live_cluster)
+    _timeline_json_is_a_chrome_trace_with_a_track_per_worker(live_cluster)
+    _metrics_endpoint_has_ray_names_and_live_values(live_cluster)
+    _a_log_name_outside_the_session_is_refused(live_cluster)
+
+
+def _every_page_shows_the_live_cluster_in_chromium(live_cluster):
+    url, context, _ = live_cluster
+    pages = _in_chromium(url, [
+        {"name": "overview", "path": "/"},
+        {"name": "actors", "path": "/actors",
+         "click": "tr:has-text('front-desk') >> a:has-text('out')"},
+        {"name": "tasks", "path": "/tasks"},
+        {"name": "objects", "path": "/objects"},
+        {"name": "logs", "path": "/logs"},
+        {"name": "timeline", "path": "/timeline"},
+        {"name": "jobs", "path": "/jobs"}])
+
+    text = pages["overview"]["text"]
+    assert "1 live node(s)" in text
+    assert context["node_id"][:16] in text
+    assert "CPU" in text and "Object store" in text
+
+    rows = pages["actors"]["rows"]
+    greeter = [r for r in rows if "Greeter" in r]
+    doomed = [r for r in rows if "Doomed" in r]
+    assert greeter and "front-desk" in greeter[0] and "ALIVE" in greeter[0]
+    assert doomed and "DEAD" in doomed[0] and "kill" in doomed[0].lower()
+    # The greeter's log is one click away and holds what it printed.
+    assert "hello ada from the greeter's log" in pages["actors"]["clicked_text"]
+
+    text = pages["tasks"]["text"]
+    assert "Failures (1)" in text
+    assert "the dashboard must show this failure" in text
+    assert "ValueError" in text and "Traceback" in text
+    square = [r for r in pages["tasks"]["rows"] if r.split("\t")[0].endswith("square")]
+    assert square and square[0].split("\t")[-1].strip() == "6", square  # 6 FINISHED in all
+
+    assert "Object store per node" in pages["objects"]["text"]
+    assert context["node_id"][:16] in pages["objects"]["text"]
+    assert "logs/worker-" in pages["logs"]["text"]
+    assert "Download the timeline" in pages["timeline"]["text"]
+    assert "Jobs" in pages["jobs"]["text"]
+
+
+def _timeline_json_is_a_chrome_trace_with_a_track_per_worker(live_cluster):
+    url, _, _ = live_cluster
+    events = json.loads(_get(url + "/api/timeline"))
+    squares = [e for e in events if "square" in e["name"]]
+    assert len(squares) == 6
+    for event in squares:
+        assert event["ph"] == "X" and event["dur"] >= 1 and event["ts"] > 0
+        assert event["pid"].startswith("node:") and event["tid"].startswith("worker:")
+
+
+def _metrics_endpoint_has_ray_names_and_live_values(live_cluster):
+    url, context, _ = live_cluster
+    families = {f.name: f for f in text_string_to_metric_families(_get(url + "/metrics"))}
+    tasks = {(s.labels["State"], s.labels["Name"]): s.value
+             for s in families["ray_tasks"].samples}
+    assert tasks[("FAILED", next(n for (_, n) in tasks if "explode" in n))] == 1
+    assert sum(v for (state, name), v in tasks.items()
+               if state == "FINISHED" and "square" in name) == 6
+    actors = {(s.labels["State"], s.labels["Name"]): s.value
+              for s in families["ray_actors"].samples}
+    assert actors[("ALIVE", "Greeter")] == 1 and actors[("DEAD", "Doomed")] == 1
+    cpu = {s.labels["State"]: s.value for s in families["ray_resources"].samples
+           if s.labels["Name"] == "CPU" and s.labels["NodeId"] == context["node_id"]}
+    assert cpu["USED"] + cpu["AVAILABLE"] == 2
+    assert families["ray_cluster_active_nodes"].samples[0].value == 1
+    counts = [s for s in families["tray_task_duration_seconds"].samples
+              if s.name.endswith("_count")]
+    assert counts and counts[0].value >= 7
+    assert "ray_object_store_memory" in families
+
+
+def _a_log_name_outside_the_session_is_refused(live_cluster):
+    url, context, _ = live_cluster
+    page = _get(url + "/logs/view?name=../token")
+    assert "No log file" in page
+    reader = ClusterReader(context["gcs_address"], b"unused", context["session_dir"])
+    assert os.path.exists(os.path.join(context["session_dir"], "token"))
+    with pytest.raises(FileNotFoundError):
+        reader.read_log("token")
+    with pytest.raises(FileNotFoundError):
+        reader.read_log("../etc/passwd.log")
+
+
+def test_include_dashboard_false_starts_none():
+    context = tray.init(num_cpus=1, include_dashboard=False)
+    try:
+        assert context["webui_url"] is None
+        session = context["session_dir"]
+        assert not os.path.exists(os.path.join(session, "dashboard.log"))
+    finally:
+        tray.shutdown()
+
+
+def test_tray_start_head_serves_the_dashboard_until_stop(tmp_path):
+    root = tmp_path / "sessions"
+    env = {**os.environ, "TRAY_SESSION_ROOT": str(root)}
+    env.pop("TRAY_CLUSTER_TOKEN", None)
+    dashboard_port = free_port()
+
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "tray.scripts.cli", *args], env=env,
+                              capture_output=True, text=True, timeout=120)
+    started = cli("start", "--head", "--port", str(free_port()), "--num-cpus", "1",
+                  "--dashboard-port", str(dashboard_port))
+    try:
+        assert started.returncode == 0, started.stderr
+        url = f"http://127.0.0.1:{dashboard_port}"
+        assert f"Dashboard:                 {url}" in started.stdout
+        page = _wait_until(lambda: _get(url + "/"), "the dashboard to serve")
+        assert "1 live node(s)" in page
+        # The job API is mounted and wants the token.
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            _get(url + "/api/jobs/")
+        assert refused.value.code == 401
+    finally:
+        stopped = cli("stop")
+    assert stopped.returncode == 0
+
+    def gone():
+        try:
+            _get(url + "/api/healthz", timeout_s=1)
+        except OSError:
+            return True
+        return False
+    _wait_until(gone, "the dashboard to exit with its head node", timeout_s=15)
+
+
+def test_a_busy_dashboard_port_is_named():
+    from tray import dashboard
+
+    with __import__("socket").socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+        sock.listen()
+        with pytest.raises(ValueError, match=f"dashboard port {port} .* busy"):
+            dashboard.choose_port("127.0.0.1", port)
+        assert dashboard.choose_port("127.0.0.1", None) != port
+

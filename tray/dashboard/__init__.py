@@ -1,0 +1,69 @@
+"""tray's dashboard: a web page and a Prometheus endpoint on the head node.
+
+One process per cluster (``python -m tray.dashboard``, see ``server.py``),
+started by ``tray start --head`` and, in the background, by the local
+backend's ``tray.init()``: the driver only spawns it (a few milliseconds)
+and prints its URL, it never waits for it, so ``init()`` is no slower. The
+process holds the port at once and imports the web stack only when the
+first client connects (``_lazy.py``), so a cluster nobody looks at pays a
+bare Python start-up for it.
+It binds 127.0.0.1 unless told otherwise and Ray's port 8265 when that
+port is free (the next free one otherwise: two clusters on one machine
+each get a dashboard)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+
+from .server import DEFAULT_PORT, INFO_FILE
+
+# The first stage (see _lazy.py): holds the port; the server starts on first use.
+_LAZY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_lazy.py")
+
+__all__ = ["DEFAULT_PORT", "INFO_FILE", "choose_port", "start_dashboard"]
+
+
+def _port_free(host: str, port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def choose_port(host: str, port: int | None) -> int:
+    """``port`` when given (busy: a ``ValueError`` saying so); else 8265, or
+    a free port when 8265 is taken."""
+    if port is not None:
+        if not _port_free(host, port):
+            raise ValueError(f"the dashboard port {port} on {host} is busy; choose another "
+                             "with --dashboard-port")
+        return port
+    if _port_free(host, DEFAULT_PORT):
+        return DEFAULT_PORT
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def start_dashboard(*, gcs_address: str, session_dir: str, host: str, port: int,
+                    follow_pid: int, log_path: str | None = None) -> tuple[subprocess.Popen, str]:
+    """Spawn the dashboard process; returns it and its URL at once (it
+    serves a moment later). The token comes from the session directory,
+    never the command line."""
+    command = [sys.executable, "-P", _LAZY, "--gcs", gcs_address,
+               "--session", session_dir, "--host", host, "--port", str(port),
+               "--follow-pid", str(follow_pid)]
+    env = {key: value for key, value in os.environ.items() if key != "TRAY_CLUSTER_TOKEN"}
+    log = open(log_path or os.path.join(session_dir, "dashboard.log"), "ab")
+    try:
+        process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                   start_new_session=True, env=env)
+    finally:
+        log.close()
+    shown_host = "127.0.0.1" if host in ("0.0.0.0", "") else host
+    return process, f"http://{shown_host}:{port}"
