@@ -146,3 +146,36 @@ def test_actor_calls_that_stop_retrying_are_caught_within_15_seeds(monkeypatch):
 
     monkeypatch.setattr(ActorTaskSubmitter, "submit", no_retries)
     _first_failure(range(15), "restarts", "worker_crash", "unlimited-retries-never-give-up")
+
+
+def test_tasks_that_stop_retrying_on_worker_death_are_caught_within_12_seeds(monkeypatch):
+    # Issue 12: "a runtime that stopped retrying on worker death would pass
+    # most seeds". A task with a finite budget that fails at its first
+    # crash is caught by the budget check, not only unlimited ones.
+    original = CoreWorker.submit_task
+
+    def stingy(self, **kwargs):
+        refs = original(self, **kwargs)
+        if kwargs.get("actor") is None:
+            task = self.task_manager.get(refs[0].task_id()) if refs else None
+            if task is not None and task.retries_left > 0:
+                task.retries_left = 0
+        return refs
+
+    monkeypatch.setattr(CoreWorker, "submit_task", stingy)
+    result = _first_failure(range(12), "mixed", "chaos", "gives-up-only-when-the-budget-is-spent")
+    assert "gave up after 0 retries" in result.message
+
+
+def test_actors_that_stop_restarting_early_are_caught_within_5_seeds(monkeypatch):
+    original = ActorManager._actor_failed
+
+    def no_restarts(self, actor, reason):
+        if actor.spec.max_restarts > 0:
+            actor.restarts = actor.spec.max_restarts  # the budget "spent" at the first crash
+        return original(self, actor, reason)
+
+    monkeypatch.setattr(ActorManager, "_actor_failed", no_restarts)
+    result = _first_failure(range(5), "actors", "chaos", "gives-up-only-when-the-budget-is-spent")
+    assert "after 0 restarts" in result.message
+

@@ -25,6 +25,7 @@ from __future__ import annotations
 import gc
 import json
 import random
+import re
 import time
 import traceback
 from dataclasses import asdict, dataclass, field, replace
@@ -131,6 +132,12 @@ class Expectation:
     # max_restarts=-1 and max_task_retries=-1): no fault may make it give up
     # (GIVING_UP_ERRORS), only take longer.
     unlimited: bool = False
+    # The finite budget of the work behind this ref: a task's max_retries, or
+    # an actor's max_restarts for its calls (None: not known or unlimited).
+    # Giving up (GIVING_UP_ERRORS) needs the budget spent: so many retries
+    # of the task that gave up, or restarts of the actor (``actor``: its id).
+    budget: int | None = None
+    actor: str | None = None
 
 
 class Program:
@@ -152,6 +159,11 @@ class Program:
         self.actors: list = []
         self.placement_groups: list = []  # removed at quiescence
         self.laters: list = []
+        self.max_restarts: dict[str, int] = {}  # actor key -> its finite max_restarts
+        # From the trace once the faults stopped (None: it kept too few
+        # events to say): retries spent per task and restarts per actor
+        # (hex ids), and the actors killed on purpose.
+        self.spent: Spent | None = None
         self._keys = 0
         self._retries = 0
 
@@ -167,9 +179,19 @@ class Program:
         return self._retries
 
     def expect(self, ref, expected, *, label: str, app_retries: bool = False,
-               unlimited: bool = False, **_details) -> None:
-        """``_details`` (actor_call=True, nested=True, ...) only document the call site."""
-        self.expectations.append(Expectation(ref, expected, label, app_retries, unlimited))
+               unlimited: bool = False, retries: int | None = None,
+               max_restarts: int | None = None, actor=None, **_details) -> None:
+        """Record the model's answer for ``ref``. ``retries`` (the
+        max_retries every task behind it has at least), or ``max_restarts``
+        with the ``actor`` handle for a call, give the finite budget that
+        must be spent before it may fail for a crash; ``_details``
+        (actor_call=True, nested=True, ...) only document the call site."""
+        budget = retries if retries is not None else max_restarts
+        if budget is not None and budget < 0:
+            budget = None
+        actor_id = str(actor._actor_id) if actor is not None else None
+        self.expectations.append(Expectation(ref, expected, label, app_retries, unlimited,
+                                             budget, actor_id))
 
     def error(self, error_class: type) -> ExpectError:
         return ExpectError(error_class)
@@ -182,6 +204,11 @@ class Program:
     def actor_call(self, actor_key: str, caller: str, seq: int, max_task_retries: int) -> None:
         limit = -1 if max_task_retries < 0 else 1 + max_task_retries
         self.actor_calls.setdefault(actor_key, {})[(caller, seq)] = limit
+
+    def actor_restarts(self, actor_key: str, max_restarts: int) -> None:
+        """The actor may come back at most ``max_restarts`` times."""
+        if max_restarts >= 0:
+            self.max_restarts[actor_key] = max_restarts
 
     def exact_executions(self, key: str, count: int) -> None:
         self.exact[key] = count
@@ -250,6 +277,7 @@ def _check_error(program: Program, expectation: Expectation, error: BaseExceptio
                                  f"{where}: got the error {type(error).__name__}: {text[:600]}\n"
                                  "its task or actor retries and restarts without limit, so no "
                                  "fault may fail it")
+    _check_budget_spent(program, expectation, error, where)
     if program.kills and _is_fault_error(error):
         return
     if program.kills and expectation.app_retries and \
@@ -282,6 +310,17 @@ def _check_executions(program: Program, ledger: workloads.Ledger) -> None:
                     "actor-call-executes-at-most-1+max_task_retries",
                     f"actor {actor_key}: call #{seq} from {caller} executed {count} times; "
                     f"max_task_retries allows {limit}")
+    for actor_key, max_restarts in sorted(program.max_restarts.items()):
+        # A constructor that ran on a worker that died before the actor was
+        # ALIVE is a rescheduled creation, not a restart: count the
+        # incarnations that served calls.
+        served = {incarnation for incarnation, _, _ in ledger.actor_log.get(actor_key, [])}
+        if len(served) > 1 + max_restarts:
+            raise InvariantViolation(
+                "actor-restarts-at-most-max_restarts",
+                f"actor {actor_key} served calls in {len(served)} incarnations "
+                f"{sorted(served)}; max_restarts={max_restarts} allows {1 + max_restarts}")
+    for actor_key in sorted(program.actor_calls):
         last: dict = {}
         for incarnation, caller, seq in ledger.actor_log.get(actor_key, []):
             previous = last.get((incarnation, caller))
@@ -552,7 +591,64 @@ def _run_seed(seed, workload, faults, trace_path, config, started,
     return result
 
 
+@dataclass
+class Spent:
+    """What the trace says was spent, by hex id."""
+
+    retries: dict  # task -> retries spent (worker deaths and exceptions, not memory kills)
+    restarts: dict  # actor -> restarts
+    killed: set  # actors killed by tray.kill
+
+
+def spent(cluster) -> Spent | None:
+    trace = cluster.trace
+    if trace.event_count > len(trace.events):
+        return None
+    result = Spent({}, {}, set())
+    for event in trace.events:
+        name = event["event"]
+        if name == "task_retry" and event.get("reason") != "out of memory":
+            result.retries[event["task"]] = result.retries.get(event["task"], 0) + 1
+        elif name == "actor_restarting":
+            result.restarts[event["actor"]] = result.restarts.get(event["actor"], 0) + 1
+        elif name == "actor_kill":
+            result.killed.add(event["actor"])
+    return result
+
+
+_GAVE_UP_TASK = re.compile(r"running task \S+ \(([0-9a-f]+)\)")
+
+
+def _check_budget_spent(program: Program, expectation: Expectation, error: BaseException,
+                        where: str) -> None:
+    """A crash may fail work with a finite budget only once the budget is
+    spent: the task that gave up (named in the error) retried ``budget``
+    times, the actor restarted ``max_restarts`` times (or was killed)."""
+    cause, ledger = _cause(error), program.spent
+    if expectation.budget is None or ledger is None:
+        return
+    if isinstance(cause, exceptions.WorkerCrashedError):
+        match = _GAVE_UP_TASK.search(str(cause))
+        if match is None:
+            return
+        used = ledger.retries.get(match.group(1), 0)
+        what = f"task {match.group(1)} gave up after {used} retries"
+    elif isinstance(cause, exceptions.ActorDiedError) and expectation.actor is not None:
+        if expectation.actor in ledger.killed:
+            return
+        used = ledger.restarts.get(expectation.actor, 0)
+        what = f"its actor died for good after {used} restarts"
+    else:
+        return
+    if used < expectation.budget:
+        raise InvariantViolation(
+            "gives-up-only-when-the-budget-is-spent",
+            f"{where}: got the error {type(error).__name__}: {str(error)[:600]}\n"
+            f"{what}, and its budget is {expectation.budget}")
+
+
 def _liveness_and_values(cluster, program: Program) -> None:
+    program.spent = spent(cluster)
     deadline = cluster.clock.current_time() + LIVENESS_S
     for expectation in list(program.expectations):
         remaining = max(0.0, deadline - cluster.clock.current_time())

@@ -265,7 +265,7 @@ def dag(program) -> None:
         for i in range(n):
             ref = fn(add).remote(program.key(f"chain{i + 1}"), ref, i)
             value += i
-        program.expect(ref, value, label=f"chain of {n}")
+        program.expect(ref, value, label=f"chain of {n}", retries=retries)
     elif shape == "tree":
         n = rng.randint(2, 12)
         refs = [fn(leaf).remote(program.key(f"tree-leaf{i}"), i, rng.random() * 0.05)
@@ -275,20 +275,20 @@ def dag(program) -> None:
             a, b = refs.pop(0), refs.pop(0)
             refs.append(fn(add).remote(program.key("tree-add"), a, b))
             values.append(values.pop(0) + values.pop(0))
-        program.expect(refs[0], values[0], label=f"tree of {n}")
+        program.expect(refs[0], values[0], label=f"tree of {n}", retries=retries)
     elif shape == "fan":
         n = rng.randint(2, 10)
         refs = [fn(leaf).remote(program.key(f"fan{i}"), i, rng.random() * 0.05) for i in range(n)]
         total = fn(fan_in).remote(program.key("fan-in"), *refs)
-        program.expect(total, sum(i * i for i in range(n)), label="fan-in")
+        program.expect(total, sum(i * i for i in range(n)), label="fan-in", retries=retries)
         for i, ref in enumerate(refs):
-            program.expect(ref, i * i, label=f"fan-out {i}")
+            program.expect(ref, i * i, label=f"fan-out {i}", retries=retries)
     else:
         top = fn(leaf).remote(program.key("diamond-top"), 3)
         left = fn(add).remote(program.key("diamond-left"), top, 1)
         right = fn(add).remote(program.key("diamond-right"), top, 2)
         bottom = fn(add).remote(program.key("diamond-bottom"), left, right)
-        program.expect(bottom, (9 + 1) + (9 + 2), label="diamond")
+        program.expect(bottom, (9 + 1) + (9 + 2), label="diamond", retries=retries)
 
 
 def nested(program) -> None:
@@ -324,23 +324,24 @@ def objects(program) -> None:
     strategy = rng.choice(["DEFAULT", "SPREAD"])
     made = make_array.options(max_retries=retries, scheduling_strategy=strategy).remote(
         program.key("make"), size, fill + 1)
-    program.expect(made, ("array", size, fill + 1), label="made array")
+    program.expect(made, ("array", size, fill + 1), label="made array", retries=retries)
     # One result nobody else reads: its only copy is where it ran.
     lonely = make_array.options(max_retries=retries, scheduling_strategy="SPREAD").remote(
         program.key("lonely"), size, fill + 2)
-    program.expect(lonely, ("array", size, fill + 2), label="lonely array")
+    program.expect(lonely, ("array", size, fill + 2), label="lonely array", retries=retries)
     total = array_sum.options(max_retries=retries).remote(program.key("sum"), put_ref)
-    program.expect(total, size * fill, label="sum of put")
+    program.expect(total, size * fill, label="sum of put", retries=retries)
     total2 = array_sum.options(max_retries=retries).remote(program.key("sum2"), made)
-    program.expect(total2, size * (fill + 1), label="sum of result")
+    program.expect(total2, size * (fill + 1), label="sum of result", retries=retries)
     if rng.random() < 0.5:
         # A borrower: an actor keeps a ref the driver then drops.
         holder = program.actor(Holder.options(max_restarts=0))
         boxed = tray.put(np.full(size, 2.0))
-        program.expect(holder.hold.remote([boxed]), True, actor_call=True, label="hold")
+        program.expect(holder.hold.remote([boxed]), True, actor_call=True, label="hold",
+                       max_restarts=0)
         del boxed
         program.later(lambda: program.expect(holder.read.remote(), size * 2.0, actor_call=True,
-                                             label="borrowed read"))
+                                             label="borrowed read", max_restarts=0))
 
 
 def wait_loop(program) -> None:
@@ -356,9 +357,9 @@ def wait_loop(program) -> None:
         if not ready:
             break
         for ref in ready:
-            program.expect(ref, expected[ref], label="wait loop", unlimited=retries < 0)
+            program.expect(ref, expected[ref], label="wait loop", unlimited=retries < 0, retries=retries)
     for ref in pending:
-        program.expect(ref, expected[ref], label="wait loop (late)", unlimited=retries < 0)
+        program.expect(ref, expected[ref], label="wait loop (late)", unlimited=retries < 0, retries=retries)
 
 
 def actors(program) -> None:
@@ -374,6 +375,7 @@ def actors(program) -> None:
     if style == "detached":
         options["lifetime"] = "detached"
     account = program.actor(Account.options(**options), key)
+    program.actor_restarts(key, restarts)
     if style != "plain":
         account = tray.get_actor(options["name"])
     state_safe = restarts == 0  # restarted actors lose their balance
@@ -390,7 +392,8 @@ def actors(program) -> None:
         ref = account.deposit.remote("driver", seq, arg)
         running += amount
         program.expect(ref, running if state_safe and callers == 1 else program.ANY_INT,
-                       actor_call=True, max_task_retries=task_retries, label="deposit")
+                       actor_call=True, max_task_retries=task_retries, label="deposit",
+                       max_restarts=restarts, actor=account)
         program.actor_call(key, "driver", seq, task_retries)
     amounts_total += sum(driver_amounts)
     for c in range(1, callers):
@@ -405,10 +408,11 @@ def actors(program) -> None:
     program.actor_call(key, "driver", len(driver_amounts), task_retries)
     if callers == 1:
         program.expect(final, amounts_total if state_safe else program.ANY_INT, actor_call=True,
-                       max_task_retries=task_retries, label="final balance")
+                       max_task_retries=task_retries, label="final balance",
+                       max_restarts=restarts, actor=account)
     else:
         program.expect(final, program.ANY_INT, actor_call=True, max_task_retries=task_retries,
-                       label="balance")
+                       label="balance", max_restarts=restarts, actor=account)
 
 
 def restarts(program) -> None:
@@ -485,9 +489,11 @@ def retries(program) -> None:
     key = program.key("flaky", retries=max_retries)
     ref = flaky.options(max_retries=max_retries, retry_exceptions=True).remote(key, failures)
     if failures <= max_retries:
-        program.expect(ref, failures + 1, label="flaky succeeds", app_retries=True)
+        program.expect(ref, failures + 1, label="flaky succeeds", app_retries=True,
+                       retries=max_retries)
     else:
-        program.expect(ref, program.error(FlakyError), label="flaky fails", app_retries=True)
+        program.expect(ref, program.error(FlakyError), label="flaky fails", app_retries=True,
+                       retries=max_retries)
     if not program.kills:
         program.exact_executions(key, min(failures, max_retries) + 1)
 
@@ -512,9 +518,9 @@ def returns(program) -> None:
     retries = program.task_retries()
     x = rng.randint(1, 50)
     a, b, c = triple.options(max_retries=retries).remote(program.key("triple"), x)
-    program.expect(b, x + 1, label="second of three returns")
-    program.expect(a, x, label="first of three returns")
-    program.expect(c, [x, x], label="third of three returns")
+    program.expect(b, x + 1, label="second of three returns", retries=retries)
+    program.expect(a, x, label="first of three returns", retries=retries)
+    program.expect(c, [x, x], label="third of three returns", retries=retries)
     splitter = program.actor(Splitter.options(max_restarts=-1, max_task_retries=-1,
                                               num_cpus=0), program.key("splitter", retries=-1))
     for i in range(rng.randint(1, 4)):
@@ -525,7 +531,7 @@ def returns(program) -> None:
                        unlimited=True)
     n = rng.randint(1, 4)
     outer = make_refs.options(max_retries=retries).remote(program.key("make refs"), n)
-    program.expect(outer, program.ANY_LIST, label="refs inside a result")
+    program.expect(outer, program.ANY_LIST, label="refs inside a result", retries=retries)
 
     def read_inner() -> None:
         # After the faults: the inner refs' owner is the worker that made
@@ -536,10 +542,10 @@ def returns(program) -> None:
         except Exception:  # noqa: BLE001 - checked as the expectation of `outer`
             return
         for i, ref in enumerate(inner):
-            program.expect(ref, i * 10, label=f"ref {i} inside a result")
+            program.expect(ref, i * 10, label=f"ref {i} inside a result", retries=retries)
         total = sum_boxed.options(max_retries=retries).remote(program.key("sum boxed"),
                                                               list(inner))
-        program.expect(total, sum(i * 10 for i in range(n)), label="borrowed refs summed")
+        program.expect(total, sum(i * 10 for i in range(n)), label="borrowed refs summed", retries=retries)
     program.later(read_inner)
 
 
@@ -576,7 +582,7 @@ def gpus(program) -> None:
     for i in range(rng.randint(2, 8)):
         ref = on_gpu.options(max_retries=retries).remote(program.key(f"gpu{i}"),
                                                          rng.random() * 0.2)
-        program.expect(ref, 1, label=f"GPU task {i}")
+        program.expect(ref, 1, label=f"GPU task {i}", retries=retries)
 
 
 def check_gpu_exclusive(ledger: Ledger) -> str | None:
