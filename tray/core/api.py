@@ -975,6 +975,19 @@ class RuntimeContext:
     def namespace(self) -> str:
         return _namespace()
 
+    @property
+    def runtime_env(self) -> dict:
+        """The runtime_env the running code is in, resolved (Ray's
+        ``RuntimeContext.runtime_env``): local paths are package URIs."""
+        from ..runtime_env import current
+
+        return current()
+
+    def get_runtime_env_string(self) -> str:
+        import json
+
+        return json.dumps(self.runtime_env, sort_keys=True)
+
     job_id = property(get_job_id)
     node_id = property(get_node_id)
     task_id = property(get_task_id)

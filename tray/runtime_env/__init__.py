@@ -316,12 +316,13 @@ def upload_package(package: Package, upload) -> str:
 
 
 def package_working_dir(path, excludes: list[str] | tuple = (), *,
-                        max_size_bytes: int = DEFAULT_MAX_PACKAGE_BYTES) -> str:
+                        max_size_bytes: int | None = None) -> str:
     """Pack the directory (or ``.zip``) ``path`` and store it in the cluster
     this process is connected to (``tray.init`` first); returns the URI to
     put in ``runtime_env["working_dir"]``. The same files give the same URI
     and are stored once. ``ValueError`` for a missing path or one over
-    ``max_size_bytes`` (naming its largest files)."""
+    ``max_size_bytes`` (default: ``TRAY_RUNTIME_ENV_MAX_PACKAGE_BYTES``, else
+    100 MiB), naming its largest files."""
     package = pack_directory(path, excludes, max_size_bytes=max_size_bytes)
     return upload_package(package, _cluster_upload())
 

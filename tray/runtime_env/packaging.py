@@ -17,7 +17,8 @@ shell wildcards (``fnmatch``; ``*`` may cross ``/`` in anchored patterns).
 As Ray does, ``.git`` is not excluded unless asked, and a ``.gitignore`` is
 not read.
 
-A directory over ``max_size_bytes`` (100 MiB by default; Ray's limit is
+A directory over ``max_size_bytes`` (100 MiB by default, or
+``TRAY_RUNTIME_ENV_MAX_PACKAGE_BYTES``; Ray's limit is
 larger, but the package travels in one message to the GCS and sits in its
 memory) is refused before any byte is uploaded, with the largest files
 named so the user knows what to exclude."""
@@ -101,8 +102,14 @@ def _too_big(what: str, path: str, total: int, limit: int, sizes: list[tuple[int
         f"large data in the object store or shared storage")
 
 
+def max_package_bytes() -> int:
+    """The package size limit: ``TRAY_RUNTIME_ENV_MAX_PACKAGE_BYTES`` in the
+    packing process's environment, else 100 MiB."""
+    return int(os.environ.get("TRAY_RUNTIME_ENV_MAX_PACKAGE_BYTES", DEFAULT_MAX_PACKAGE_BYTES))
+
+
 def pack_directory(path: str, excludes: list[str] | tuple = (), *,
-                   max_size_bytes: int = DEFAULT_MAX_PACKAGE_BYTES,
+                   max_size_bytes: int | None = None,
                    what: str = "working_dir", include_parent: bool = False) -> Package:
     """Zip ``path`` (a directory, or an existing ``.zip`` file, taken as is)
     into a content-named ``Package``; nothing is uploaded.
@@ -116,6 +123,8 @@ def pack_directory(path: str, excludes: list[str] | tuple = (), *,
     if isinstance(excludes, str) or not all(isinstance(p, str) for p in excludes):
         raise TypeError(f"excludes must be a list of strings, got {excludes!r}")
     path = os.path.abspath(os.fspath(path))
+    if max_size_bytes is None:
+        max_size_bytes = max_package_bytes()
     if os.path.isfile(path) and path.endswith(".zip"):
         size = os.path.getsize(path)
         if size > max_size_bytes:

@@ -25,6 +25,7 @@ from ...core.node.node_manager import NodeManager
 from ...core.trace import Trace
 from ...core.worker.core_worker import DRIVER, WORKER, CoreWorker
 from ...exceptions import TrayError
+from ...runtime_env.worker_environ import SimWorkerEnv, WorkerEnviron
 from ...transports.sim import SimNetwork
 from .stores import MemoryObjectStore, MemoryStorage, SimulatedMemory
 
@@ -126,6 +127,8 @@ class SimCluster:
         if num_gpus:
             node_resources["GPU"] = float(num_gpus)
         self.node_resources = node_resources
+        # Each simulated worker's os.environ (runtime_env.worker_environ), by address.
+        self.worker_environs: dict[str, SimWorkerEnv] = {}
         self.object_store_bytes = object_store_memory or DEFAULT_OBJECT_STORE_BYTES
         self.worker_start_delay_s = worker_start_delay_s
         # Machines added at runtime (add_node) with resources of their own.
@@ -397,8 +400,12 @@ class SimCluster:
         async def worker_main(process: SimProcess, nursery: trio.Nursery) -> None:
             # Its node manager learns of its end, as a real one reaps its child.
             process.on_exit = lambda code: self._worker_exited(node_index, worker_id, code)
+            environ = self.worker_environs[address] = SimWorkerEnv(
+                _real["environ"],
+                self._machine_resources.get(node_index, self.node_resources).get("GPU", 0.0))
             env = self._env(address, node_index,
-                            exit_process=lambda: self.kill_process(address))
+                            exit_process=lambda: self.kill_process(address),
+                            on_gpu_ids=environ.before_task)
             worker = CoreWorker(env, WORKER, nursery, worker_id=worker_id)
             process.component = worker
             current_worker.set(worker)
@@ -409,6 +416,7 @@ class SimCluster:
                                  node_index, worker_main)
 
     def _worker_exited(self, node_index: int, worker_id: str, exit_code: int) -> None:
+        self.worker_environs.pop(f"n{node_index}/worker-{worker_id[:12]}", None)
         if self._stopping:
             return  # everything is ending: nobody is left to tell
         node = self.processes.get(f"n{node_index}/raylet")
@@ -755,12 +763,23 @@ def start(*, address=None, num_cpus=None, num_gpus=None, resources=None, seed: i
 
 # ============================================== time and exit in user code
 # Simulated user code sees virtual time: time.sleep and time.time follow
-# the cluster's clock inside simulated tasks and actors, and os._exit ends
-# the simulated worker. Outside simulated code (the real process's other
+# the cluster's clock inside simulated tasks and actors, os._exit ends
+# the simulated worker, and os.environ is the worker's own
+# (tray.runtime_env.worker_environ). Outside simulated code (the real process's other
 # threads, the test runner) they behave as usual; the driver's own
 # time.sleep advances the simulation.
 
-_real = {"sleep": time.sleep, "time": time.time, "_exit": os._exit}
+_real = {"sleep": time.sleep, "time": time.time, "_exit": os._exit, "environ": os.environ}
+
+
+def _environ_view() -> dict | None:
+    """The os.environ of the simulated worker running now (None: the real one)."""
+    cluster = _active["cluster"]
+    worker = current_worker.get(None)
+    if cluster is None or worker is None:
+        return None
+    environ = cluster.worker_environs.get(worker.address)
+    return None if environ is None else environ.environ
 
 
 def _sim_sleep(seconds: float) -> None:
@@ -792,9 +811,11 @@ def _install_patches() -> None:
     time.sleep = _sim_sleep
     time.time = _sim_time
     os._exit = _sim_exit
+    os.environ = WorkerEnviron(_real["environ"], _environ_view)  # noqa: B003 - a view, by design
 
 
 def _remove_patches() -> None:
     time.sleep = _real["sleep"]
     time.time = _real["time"]
     os._exit = _real["_exit"]
+    os.environ = _real["environ"]  # noqa: B003 - the real one back
