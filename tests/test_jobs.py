@@ -441,6 +441,10 @@ def test_cli_submit_streams_logs_and_the_other_commands_work(cluster, tmp_path):
     assert out.exit_code == 0 and "from-module ['x y'] 7" in out.output
     out = runner.invoke(job_group, ["list"])
     assert out.exit_code == 0 and re.search(r"cli-job-1\s+SUCCEEDED", out.output)
+    (tmp_path / "env.yaml").write_text("env_vars:\n  GREETING: from-yaml\n")
+    out = runner.invoke(job_group, ["submit", "--runtime-env", str(tmp_path / "env.yaml"),
+                                    "--", "echo $GREETING"])
+    assert out.exit_code == 0 and "from-yaml" in out.output, out.output
     out = runner.invoke(job_group, ["submit", "--no-wait", "--submission-id", "cli-job-2",
                                     "--", "sleep 600"])
     assert out.exit_code == 0 and "tray job stop cli-job-2" in out.output
@@ -458,3 +462,27 @@ def test_cli_submit_streams_logs_and_the_other_commands_work(cluster, tmp_path):
     out = runner.invoke(job_group, ["submit", "--", "python", "missing_script.py"])
     assert out.exit_code == 1 and "failed: Job entrypoint command failed with exit code 2" \
         in out.output
+
+
+# ------------------------------------------------------------ the README
+
+
+def test_readme_jobs_example_runs(cluster, tmp_path):
+    """The README's job example, as written, but for the address of this
+    test's cluster; the token comes from the session files alone."""
+    readme = (os.path.join(os.path.dirname(__file__), os.pardir, "README.md"))
+    with open(readme) as file:
+        text = file.read()
+    section = text[text.index("### Jobs\n"):]
+    [block] = [b for b in re.findall(r"```python\n(.*?)```", section, flags=re.S)
+               if "JobSubmissionClient(" in b][:1]
+    assert "http://127.0.0.1:8265" in block
+    script = tmp_path / "readme_jobs.py"
+    script.write_text(block.replace("http://127.0.0.1:8265", cluster["url"]))
+    env = {key: value for key, value in os.environ.items()
+           if key not in ("TRAY_CLUSTER_TOKEN", "TRAY_ADDRESS", "TRAY_API_SERVER_ADDRESS")}
+    env["TRAY_SESSION_ROOT"] = str(cluster["root"])
+    result = subprocess.run([sys.executable, str(script)], env=env, capture_output=True,
+                            text=True, timeout=120, cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout == "HELLO FROM THE WORKING_DIR blue\n"

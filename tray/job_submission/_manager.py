@@ -40,7 +40,7 @@ from ._common import (
     read_job,
     write_job,
 )
-from ._supervisor import log_path
+from ._supervisor import log_path, open_log
 
 # The runtime_env keys a job takes: tray.runtime_env's, less py_modules
 # (not shipped with a job yet) and excludes (spent by the client's packing).
@@ -167,8 +167,8 @@ class JobManager:
                    "--submission-id", submission_id, "--gcs", self.gcs_address,
                    "--log-dir", self.log_dir, "--resource-dir", self.resource_dir]
         env = {**os.environ, "TRAY_CLUSTER_TOKEN": self.token.decode()}
-        with open(os.path.join(self.log_dir, f"job-supervisor-{submission_id}.log"),
-                  "ab") as output:
+        with open_log(os.path.join(self.log_dir, f"job-supervisor-{submission_id}.log")) \
+                as output:
             process = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL,
                                        stdout=output, stderr=subprocess.STDOUT,
                                        start_new_session=True)

@@ -72,6 +72,14 @@ def log_path(log_dir: str, submission_id: str) -> str:
     return os.path.join(log_dir, f"job-driver-{submission_id}.log")
 
 
+def open_log(path: str):
+    """A log file for appending, readable by this user alone (a job's output
+    may hold secrets)."""
+    fd = os.open(path, os.O_CREAT | os.O_APPEND | os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                 0o600)
+    return os.fdopen(fd, "ab")
+
+
 def tail_text(path: str, chars: int) -> str:
     try:
         with open(path, "rb") as file:
@@ -225,7 +233,7 @@ class Supervisor:
             self._update(status=JobStatus.STOPPED, end_time=_now_ms(),
                          message="Job was intentionally stopped.")
             return 0
-        with open(log, "ab") as output:
+        with open_log(log) as output:
             driver = subprocess.Popen(self.info.entrypoint, shell=True, cwd=cwd, env=env,
                                       stdin=subprocess.DEVNULL, stdout=output,
                                       stderr=subprocess.STDOUT, start_new_session=True)

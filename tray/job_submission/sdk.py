@@ -1,8 +1,9 @@
 """``JobSubmissionClient``: Ray's job SDK, over the job API's HTTP routes.
 
 A client finds its cluster's job API at ``address`` (``http://host:port``;
-default ``TRAY_ADDRESS`` when it is an http(s) URL, else
-``http://127.0.0.1:8265``, the dashboard's port) and proves itself with the
+by default ``TRAY_API_SERVER_ADDRESS`` or ``TRAY_ADDRESS`` when an http(s)
+URL, else the dashboard of the cluster started on this machine, else
+``http://127.0.0.1:8265``, Ray's port) and proves itself with the
 cluster's token: ``token=``, else ``TRAY_CLUSTER_TOKEN``, else the token
 that ``tray start --head`` kept (mode 0600) for the cluster started on this
 machine.
@@ -15,6 +16,7 @@ its ``gcs://`` name; the job's supervisor unpacks it on the head node."""
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import AsyncIterator
 from typing import Any
@@ -25,14 +27,32 @@ from ..exceptions import TrayError
 from ._common import JobInfo, JobNotFoundError, JobStatus, JobSubmissionError
 
 DEFAULT_ADDRESS = "http://127.0.0.1:8265"
+# Where the dashboard of a head started here writes its URL (in the session directory).
+DASHBOARD_INFO_FILE = "dashboard.json"
 REQUEST_TIMEOUT_S = 60.0
 UPLOAD_TIMEOUT_S = 600.0
 
 
 def _default_address() -> str:
-    address = os.environ.get("TRAY_ADDRESS", "")
-    if address.startswith(("http://", "https://")):
-        return address
+    """Where the job API is when no address is given, as Ray looks for it:
+    ``TRAY_API_SERVER_ADDRESS``, else ``TRAY_ADDRESS`` when it is an http(s)
+    URL, else the dashboard of the cluster started on this machine (its URL
+    is kept in the head's session directory), else Ray's default port."""
+    for name in ("TRAY_API_SERVER_ADDRESS", "TRAY_ADDRESS"):
+        address = os.environ.get(name, "")
+        if address.startswith(("http://", "https://")):
+            return address
+    from ..backends.local.session import read_current_cluster, read_private_file
+
+    current = read_current_cluster()
+    if current and current.get("session_dir"):
+        try:
+            info = json.loads(read_private_file(os.path.join(current["session_dir"],
+                                                             DASHBOARD_INFO_FILE)))
+            if isinstance(info.get("url"), str):
+                return info["url"]
+        except (OSError, ValueError):
+            pass
     return DEFAULT_ADDRESS
 
 

@@ -5,14 +5,16 @@
     tray job status ID | logs ID [--follow] | stop ID [--no-wait] | list | delete ID
 
 The address is the job API's (the dashboard's) URL: ``--address``, else
-``TRAY_ADDRESS`` when it is an http(s) URL, else http://127.0.0.1:8265. The
+``TRAY_API_SERVER_ADDRESS`` or ``TRAY_ADDRESS`` when an http(s) URL, else
+the dashboard of the cluster started on this machine, else
+http://127.0.0.1:8265. The
 token comes from ``--token-file`` (a file only you can read), else
 ``TRAY_CLUSTER_TOKEN``, else where ``tray start --head`` kept it on this
 machine; never from the command line, where every user of the machine
 could read it.
 
-``submit`` waits for the job and streams its logs unless ``--no-wait``; it
-exits 0 when the job succeeded, 1 when it failed or was stopped. The
+``submit`` waits for the job and streams its logs unless ``--no-wait``; as
+Ray's, it exits 1 when the job failed, else 0. The
 entrypoint is one shell command: a single argument is taken as written
 (``-- "python a.py && python b.py"``), several are joined with shell
 quoting."""
@@ -59,8 +61,9 @@ def _address_options(command):
     command = click.option("--token-file", default=None, metavar="PATH",
                            help="a file (mode 0600) holding the cluster's token")(command)
     return click.option("--address", default=None, metavar="URL",
-                        help="the job API's URL (default: $TRAY_ADDRESS if an http URL, "
-                             "else http://127.0.0.1:8265)")(command)
+                        help="the job API's URL (default: $TRAY_API_SERVER_ADDRESS or "
+                             "$TRAY_ADDRESS if an http URL, else the dashboard of the cluster "
+                             "started here, else http://127.0.0.1:8265)")(command)
 
 
 def _run(action):
@@ -80,6 +83,8 @@ def job() -> None:
 @click.option("--working-dir", default=None, metavar="DIR",
               help="a local directory (or .zip) uploaded with the job: its cwd and first "
                    "sys.path entry (overrides the runtime env's working_dir)")
+@click.option("--runtime-env", "runtime_env_file", default=None, metavar="PATH",
+              help="a YAML file holding the job's runtime env")
 @click.option("--runtime-env-json", default=None, metavar="JSON",
               help='the job\'s runtime env, e.g. \'{"pip": ["x"], "env_vars": {"A": "1"}}\'')
 @click.option("--submission-id", default=None, help="the job's id (default: a new one)")
@@ -87,10 +92,13 @@ def job() -> None:
               help="string-to-string metadata kept with the job")
 @click.option("--no-wait", is_flag=True, help="return once submitted: do not stream its logs")
 @click.argument("entrypoint", nargs=-1, required=True, type=click.UNPROCESSED)
-def submit(address, token_file, working_dir, runtime_env_json, submission_id, metadata_json,
-           no_wait, entrypoint) -> None:
+def submit(address, token_file, working_dir, runtime_env_file, runtime_env_json, submission_id,
+           metadata_json, no_wait, entrypoint) -> None:
     """Submit ENTRYPOINT (after --) as a job."""
-    runtime_env = _json_option("--runtime-env-json", runtime_env_json)
+    if runtime_env_file is not None and runtime_env_json is not None:
+        raise click.UsageError("give --runtime-env or --runtime-env-json, not both")
+    runtime_env = (_yaml_file("--runtime-env", runtime_env_file) if runtime_env_file
+                   else _json_option("--runtime-env-json", runtime_env_json))
     metadata = _json_option("--metadata-json", metadata_json)
     if working_dir is not None:
         runtime_env["working_dir"] = working_dir
@@ -110,7 +118,7 @@ def submit(address, token_file, working_dir, runtime_env_json, submission_id, me
     info = _run(lambda: client.get_job_info(submission_id))
     click.echo("-" * 40)
     _report(info)
-    sys.exit(0 if info.status is JobStatus.SUCCEEDED else 1)
+    sys.exit(1 if info.status is JobStatus.FAILED else 0)
 
 
 def _json_option(name: str, text: str | None) -> dict:
@@ -122,6 +130,25 @@ def _json_option(name: str, text: str | None) -> dict:
         raise click.BadParameter(f"not JSON: {error}", param_hint=name) from None
     if not isinstance(value, dict):
         raise click.BadParameter("must be a JSON object", param_hint=name)
+    return value
+
+
+def _yaml_file(name: str, path: str) -> dict:
+    try:
+        import yaml
+    except ImportError:
+        raise click.UsageError(f"{name} needs PyYAML (pip install pyyaml); or pass "
+                               "--runtime-env-json") from None
+    try:
+        with open(path) as file:
+            value = yaml.safe_load(file)
+    except OSError as error:
+        raise click.BadParameter(f"cannot read {path}: {error.strerror}",
+                                 param_hint=name) from None
+    except yaml.YAMLError as error:
+        raise click.BadParameter(f"{path} is not YAML: {error}", param_hint=name) from None
+    if not isinstance(value, dict):
+        raise click.BadParameter(f"{path} must hold a mapping", param_hint=name)
     return value
 
 
