@@ -8,6 +8,7 @@ from . import backends as _backends  # registers the backends
 from . import exceptions as exceptions
 from . import job_config as job_config
 from . import util as util
+from ._timeline import timeline as timeline
 from .core.api import ActorClass as ActorClass
 from .core.api import ActorHandle as ActorHandle
 from .core.api import RemoteFunction as RemoteFunction
@@ -42,4 +43,5 @@ del _name, _backends
 __all__ = ["init", "shutdown", "is_initialized", "remote", "method", "get", "put", "wait",
            "cancel", "kill", "get_actor", "nodes", "cluster_resources", "available_resources",
            "get_gpu_ids", "get_runtime_context", "ObjectRef", "ObjectID", "ActorHandle",
-           "TrayContext", "actor", "exceptions", "job_config", "util", "__version__"]
+           "TrayContext", "actor", "exceptions", "job_config", "util", "timeline",
+           "__version__"]

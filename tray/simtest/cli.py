@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 
@@ -46,6 +47,10 @@ def add_arguments(parser: argparse.ArgumentParser, *, replay: bool) -> None:
         parser.add_argument("--seed", type=int, required=True, help="the seed to replay")
         parser.add_argument("--trace", metavar="PATH",
                             help="write the run's event trace here as JSON lines")
+        parser.add_argument("--timeline", metavar="PATH",
+                            help="write the run's timeline here as a Chrome trace (Perfetto, "
+                                 "chrome://tracing): tasks per worker per node in virtual "
+                                 "time, every injected fault, the failing invariant")
     else:
         parser.add_argument("--seeds", type=_seed_range, default=_seed_range(DEFAULT_SEEDS),
                             help=f"START:STOP or COUNT (default {DEFAULT_SEEDS})")
@@ -213,7 +218,22 @@ def run(args) -> int:
 
 
 def replay(args) -> int:
-    result = runner.run_seed(args.seed, args.workload, args.faults, trace_path=args.trace)
+    timeline = getattr(args, "timeline", None)
+    trace_path = args.trace
+    scratch = None
+    if timeline and not trace_path:
+        import tempfile
+
+        scratch = tempfile.NamedTemporaryFile(suffix=".jsonl", delete=False)
+        scratch.close()
+        trace_path = scratch.name
+    try:
+        result = runner.run_seed(args.seed, args.workload, args.faults, trace_path=trace_path)
+        if timeline:
+            _write_timeline(trace_path, timeline, result)
+    finally:
+        if scratch is not None:
+            os.unlink(scratch.name)
     if result.ok:
         print(f"seed {args.seed} passed (workload {args.workload}, faults {args.faults}); "
               f"fault schedule: {'; '.join(result.schedule) or '(no faults)'}")
@@ -221,8 +241,23 @@ def replay(args) -> int:
         print(result.report())
     if args.trace:
         print(f"trace written to {args.trace}")
+    if timeline:
+        print(f"timeline written to {timeline} (open it in https://ui.perfetto.dev)")
     print(f"trace digest: {result.digest}")
     return 0 if result.ok else 1
+
+
+def _write_timeline(trace_path: str, timeline_path: str, result) -> None:
+    """The seed's timeline from its trace: faults as instants, the broken
+    invariant marked (see ``tray/_timeline.py``)."""
+    from .._timeline import write_sim_timeline
+
+    if not os.path.exists(trace_path):
+        return  # the run broke before it had a trace
+    with open(trace_path, encoding="utf-8") as lines:
+        trace = [json.loads(line) for line in lines if line.strip()]
+    write_sim_timeline(trace, timeline_path, invariant=result.invariant,
+                       message=result.message, seed=result.seed)
 
 
 def add_parsers(commands) -> None:

@@ -178,6 +178,9 @@ class TaskEventBuffer:
         if error is not None:
             record.error_type = error_type_of(error)
             record.error_message = error_message_of(error)
+        elif state == "FAILED" and record.error_type is None:
+            # It ran and returned an error (the executor's events say which).
+            record.error_type = "TASK_EXECUTION_EXCEPTION"
 
     # --------------------------------------------------------- the executor
 

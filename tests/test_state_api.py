@@ -1,0 +1,309 @@
+"""The state API (tray.util.state) and the task events behind it, on both backends.
+
+Task events reach the GCS in batches (every ``task_events_flush_period_s``,
+1 s), so tests poll until what they expect shows up (virtual time on the
+simulator: polling costs nothing there)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import warnings
+
+import pytest
+
+import tray
+import tray.simtest
+from tray.backends.local.session import free_port
+from tray.core.config import Config
+from tray.util import state
+
+
+@tray.remote
+def add_one(x):
+    return x + 1
+
+
+@tray.remote
+def boom():
+    raise ValueError("boom from a task")
+
+
+@tray.remote
+def slow(x, seconds=1.0):
+    time.sleep(seconds)
+    return x
+
+
+@tray.remote
+class Counter:
+    def __init__(self, start=0):
+        self.value = start
+
+    def add(self, n):
+        self.value += n
+        return self.value
+
+
+def _until(fetch, check, tick_s=0.5, tries=40):
+    """Poll ``fetch()`` until ``check(result)`` holds; the last result."""
+    result = fetch()
+    for _ in range(tries):
+        if check(result):
+            return result
+        time.sleep(tick_s)
+        result = fetch()
+    raise AssertionError(f"never held; last: {result!r}")
+
+
+def test_tasks_finished_and_failed_with_error(one_node):
+    refs = [add_one.remote(i) for i in range(4)]
+    assert tray.get(refs) == [1, 2, 3, 4]
+    with pytest.raises(ValueError):
+        tray.get(boom.remote())
+    tasks = _until(lambda: state.list_tasks(),
+                   lambda ts: sum(t.state in ("FINISHED", "FAILED") and t.worker_pid is not None
+                                  for t in ts) >= 5)
+    by_name = {}
+    for task in tasks:
+        by_name.setdefault(task.name, []).append(task)
+    assert [t.state for t in by_name["add_one"]] == ["FINISHED"] * 4
+    failed = by_name["boom"][0]
+    assert failed.state == "FAILED" and failed.error_type == "TASK_EXECUTION_EXCEPTION"
+    assert failed.type == "NORMAL_TASK" and failed.job_id
+    assert failed.error_message is None  # a detail field
+    node_ids = {n.node_id for n in state.list_nodes()}
+    assert failed.node_id in node_ids and isinstance(failed.worker_pid, int)
+    detail = state.get_task(failed.task_id)
+    assert "boom from a task" in detail.error_message and "Traceback" in detail.error_message
+    states = [e["state"] for e in detail.events]
+    assert states[0] == "PENDING_ARGS_AVAIL" and states[-1] == "FAILED", states
+    assert {"PENDING_NODE_ASSIGNMENT", "SUBMITTED_TO_WORKER", "RUNNING"} <= set(states)
+    assert detail.start_time_ms <= detail.end_time_ms
+    assert any(span["event_name"] == "task:execute" for span in detail.profiling_data)
+    summary = state.summarize_tasks()
+    assert summary["summary"]["add_one"]["state_counts"] == {"FINISHED": 4}
+    assert summary["summary"]["boom"]["state_counts"] == {"FAILED": 1}
+    # Filters: = and != (state names case-insensitively), and a limit.
+    assert len(state.list_tasks(filters=[("state", "=", "failed")])) == 1
+    assert {t.name for t in state.list_tasks(filters=[("state", "!=", "FINISHED")])} == {"boom"}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert len(state.list_tasks(limit=2)) == 2
+    assert any("showing 2" in str(w.message) for w in caught)
+
+
+def test_actors_alive_then_dead_with_cause(one_node):
+    counter = Counter.options(name="c1").remote(5)
+    assert tray.get(counter.add.remote(1)) == 6
+    actors = _until(lambda: state.list_actors(), lambda a: a and a[0].pid is not None)
+    [actor] = actors
+    assert actor.class_name == "Counter" and actor.state == "ALIVE" and actor.name == "c1"
+    assert actor.node_id in {n.node_id for n in state.list_nodes()}
+    tray.kill(counter)
+    dead = _until(lambda: state.get_actor(actor.actor_id), lambda a: a.state == "DEAD")
+    assert "tray.kill" in dead.death_cause
+    assert [e["state"] for e in dead.events] == ["PENDING_CREATION", "ALIVE", "DEAD"]
+    assert state.summarize_actors()["summary"]["Counter"]["state_counts"] == {"DEAD": 1}
+    calls = _until(lambda: state.list_tasks(filters=[("type", "=", "ACTOR_TASK")]),
+                   lambda ts: ts and ts[0].state == "FINISHED")
+    assert calls[0].name == "Counter.add" and calls[0].actor_id == actor.actor_id
+    assert state.get_actor("0" * 32) is None
+
+
+def test_objects_workers_jobs_and_memory(one_node):
+    big = tray.put(b"x" * 300_000)  # in the node's store
+    small = tray.put(7)  # in the driver's memory
+    objects = state.list_objects(detail=True)
+    by_id = {o.object_id: o for o in objects}
+    assert by_id[big.hex()].object_size >= 300_000
+    assert by_id[small.hex()].reference_type == "LOCAL_REFERENCE"
+    assert by_id[big.hex()].type == "DRIVER" and by_id[big.hex()].owned
+    summary = state.memory_summary()
+    assert summary["nodes"][0]["store_used_bytes"] >= 300_000
+    assert summary["nodes"][0]["spilled_bytes"] == 0
+    assert summary["totals"]["objects"] >= 2
+    assert state.summarize_objects()["summary"]["total_size_bytes"] >= 300_000
+    tray.get(add_one.remote(1))
+    workers = state.list_workers()
+    assert any(w.worker_type == "DRIVER" for w in workers)
+    assert any(w.worker_type == "WORKER" and w.is_alive for w in workers)
+    [job] = state.list_jobs()
+    assert job.type == "DRIVER" and job.job_id == tray.get_runtime_context().get_job_id()
+    del big, small
+
+
+@tray.remote
+def make_counter(boxed):
+    """Creates an actor whose constructor's argument is not ready yet (the
+    creating process waits for it: the driver is free to look meanwhile)."""
+    counter = Counter.remote(boxed[0])
+    return tray.get(counter.add.remote(1))
+
+
+def test_pending_states_and_dependencies_unready():
+    tray.init(backend="sim", seed=3, num_cpus=3)
+    waiting_on = slow.remote(1, 30.0)
+    child = add_one.remote(waiting_on)  # waits for its argument
+    stuck = add_one.options(resources={"unobtainium": 1}).remote(1)  # no node has it
+    made = make_counter.remote([waiting_on])
+    tasks = _until(lambda: state.list_tasks(),
+                   lambda ts: {t.state for t in ts} >= {"RUNNING", "PENDING_ARGS_AVAIL",
+                                                        "PENDING_NODE_ASSIGNMENT"})
+    by_id = {t.task_id: t for t in tasks}
+    assert by_id[child.task_id().hex()].state == "PENDING_ARGS_AVAIL"
+    assert by_id[stuck.task_id().hex()].state == "PENDING_NODE_ASSIGNMENT"
+    assert by_id[waiting_on.task_id().hex()].state == "RUNNING"
+    [pending_actor] = _until(lambda: state.list_actors(), lambda a: len(a) == 1)
+    assert pending_actor.state == "DEPENDENCIES_UNREADY"
+    assert pending_actor.class_name == "Counter"
+    assert tray.get(made) == 2
+    _until(lambda: state.list_actors(), lambda a: a[0].state in ("ALIVE", "DEAD"))
+    del stuck
+
+
+def test_bad_queries_say_what_is_allowed():
+    tray.init(backend="sim", seed=0, num_cpus=1)
+    with pytest.raises(ValueError, match="unknown filter key 'colour'.*state"):
+        state.list_actors(filters=[("colour", "=", "red")])
+    with pytest.raises(ValueError, match="unsupported filter predicate '>'"):
+        state.list_tasks(filters=[("state", ">", "RUNNING")])
+    with pytest.raises(ValueError, match=r"\(key, predicate, value\)"):
+        state.list_nodes(filters=["state=ALIVE"])
+    with pytest.raises(ValueError, match="limit must be a positive integer"):
+        state.list_nodes(limit=0)
+    with pytest.raises(ValueError, match="actor id"):
+        state.get_actor("")
+    [node] = state.list_nodes(filters=[("state", "=", "alive")], detail=True)
+    assert node.is_head_node and node.resources_total["CPU"] == 1.0
+    assert node.resources_available is not None
+    assert state.list_nodes(filters=[("state", "!=", "ALIVE")]) == []
+    assert node["state"] == "ALIVE"  # records read like dicts too
+
+
+def test_gcs_table_keeps_the_newest_and_counts_the_rest():
+    tray.init(backend="sim", seed=0, num_cpus=2, config=Config(task_events_gcs_max=5))
+    tray.get([add_one.remote(i) for i in range(12)])
+    time.sleep(2)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        tasks = state.list_tasks()
+    assert len(tasks) == 5
+    assert any("task attempts are missing" in str(w.message) for w in caught)
+
+
+def test_process_buffer_is_bounded_and_counts_drops():
+    tray.init(backend="sim", seed=0, num_cpus=2, config=Config(task_events_buffer_max=3))
+    tray.get([add_one.remote(i) for i in range(10)])
+    from tray.core.context import get_worker
+
+    assert get_worker().task_events.dropped > 0
+    time.sleep(2)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        state.list_tasks()
+    assert any("full event buffers" in str(w.message) for w in caught)
+
+
+def test_events_can_be_turned_off():
+    tray.init(backend="sim", seed=0, num_cpus=2, config=Config(task_events_enabled=False))
+    tray.get([add_one.remote(i) for i in range(3)])
+    time.sleep(2)
+    assert state.list_tasks() == []
+    tray.shutdown()
+    os.environ["TRAY_TASK_EVENTS"] = "0"
+    try:
+        tray.init(backend="sim", seed=0, num_cpus=2)
+        tray.get(add_one.remote(1))
+        time.sleep(2)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            assert state.list_tasks() == []
+        assert any("turned off" in str(w.message) for w in caught)
+    finally:
+        del os.environ["TRAY_TASK_EVENTS"]
+
+
+def _digest_of_a_run(seed: int) -> tuple[str, list]:
+    tray.init(backend="sim", seed=seed, num_cpus=2, num_nodes=2)
+    counter = Counter.remote()
+    tray.get([add_one.remote(i) for i in range(5)] + [counter.add.remote(2)])
+    with pytest.raises(ValueError):
+        tray.get(boom.remote())
+    time.sleep(2)
+    rows = [(t.task_id, t.state, t.node_id, t.worker_id) for t in state.list_tasks()]
+    tray.shutdown()
+    return tray.simtest.trace_digest(), rows
+
+
+def test_events_replay_bit_for_bit():
+    first = _digest_of_a_run(7)
+    assert _digest_of_a_run(7) == first
+    assert len(first[1]) == 8  # 5 tasks, a constructor, a call, a failure
+
+
+def test_queries_from_a_process_outside_the_cluster(tmp_path, monkeypatch):
+    """The CLI's and the dashboard's way in: address="auto" (or host:port)
+    from a process that never called tray.init."""
+    root = tmp_path / "sessions"
+    env = {**os.environ, "TRAY_SESSION_ROOT": str(root)}
+    port = free_port()
+    subprocess.run([sys.executable, "-m", "tray.scripts.cli", "start", "--head", "--port",
+                    str(port), "--num-cpus", "2"], env=env, check=True, timeout=120,
+                   capture_output=True)
+    try:
+        with open(root / "current_cluster.json") as file:
+            token = json.load(file)["token"]
+        monkeypatch.setenv("TRAY_CLUSTER_TOKEN", token)
+        tray.init(address=f"127.0.0.1:{port}")
+        counter = Counter.remote()
+        tray.get(counter.add.remote(1))
+        with pytest.raises(ValueError):
+            tray.get(boom.remote())
+        script = (
+            "import json, time\n"
+            "from tray.util import state\n"
+            f"address = '127.0.0.1:{port}'\n"
+            "for _ in range(40):\n"
+            "    tasks = state.list_tasks(address=address)\n"
+            "    if any(t.state == 'FAILED' for t in tasks): break\n"
+            "    time.sleep(0.25)\n"
+            "print(json.dumps({'nodes': len(state.list_nodes(address=address)),\n"
+            "  'actors': [a.state for a in state.list_actors(address=address)],\n"
+            "  'failed': [t.name for t in tasks if t.state == 'FAILED'],\n"
+            "  'jobs': len(state.list_jobs(address=address)),\n"
+            "  'objects': len(state.list_objects(address=address))}))\n")
+        result = subprocess.run([sys.executable, "-c", script], env={**env,
+                                "TRAY_CLUSTER_TOKEN": token}, capture_output=True, text=True,
+                                timeout=120)
+        assert result.returncode == 0, result.stderr
+        seen = json.loads(result.stdout.strip().splitlines()[-1])
+        assert seen["nodes"] == 1 and seen["actors"] == ["ALIVE"]
+        assert seen["failed"] == ["boom"] and seen["jobs"] == 1
+    finally:
+        if tray.is_initialized():
+            tray.shutdown()
+        subprocess.run([sys.executable, "-m", "tray.scripts.cli", "stop"], env=env,
+                       timeout=120, capture_output=True)
+    with pytest.raises(tray.exceptions.TrayError):
+        state.list_nodes(address=f"127.0.0.1:{port}")
+
+
+def test_readme_observability_example_runs(tmp_path):
+    import pathlib
+    import re
+
+    readme = (pathlib.Path(__file__).resolve().parent.parent / "README.md").read_text()
+    [block] = [b for b in re.findall(r"```python\n(.*?)```", readme, flags=re.S)
+               if "from tray.util.state import" in b]
+    script = tmp_path / "observability.py"
+    script.write_text(block)
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                            timeout=120, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "broken TASK_EXECUTION_EXCEPTION" in result.stdout
+    assert "ValueError: bad input" in result.stdout
+    assert "'FINISHED': 4" in result.stdout
