@@ -180,6 +180,7 @@ import tinyjobpkg          # from the job's pip requirements
 print("helper:", helper.GREETING, flush=True)
 print("pip:", tinyjobpkg.VALUE, flush=True)
 print("env:", os.environ.get("JOB_COLOR"), flush=True)
+print("prefix:", sys.prefix, flush=True)
 tray.init()                # no address: joins the cluster the job was submitted to
 
 @tray.remote
@@ -213,6 +214,10 @@ def test_python_client_runs_a_job_with_working_dir_pip_and_env_vars(cluster, cli
         runtime_env={"working_dir": str(directory), "pip": [wheel],
                      "env_vars": {"JOB_COLOR": "blue"}, "excludes": ["data.bin"]},
         metadata={"owner": "test"})
+    # A second job with the same requirements, at the same time: one venv for both.
+    twin = client.submit_job(
+        entrypoint="python -c 'import sys, tinyjobpkg; print(tinyjobpkg.VALUE, sys.prefix)'",
+        runtime_env={"pip": [wheel]})
     assert submission_id.startswith("traysubmit_")
     info = _wait_terminal(client, submission_id)
     logs = client.get_job_logs(submission_id)
@@ -235,6 +240,10 @@ def test_python_client_runs_a_job_with_working_dir_pip_and_env_vars(cluster, cli
     # excludes honoured: the unpacked working_dir has no data.bin.
     unpacked = os.path.join(cluster["session_dir"], "runtime_resources", "working_dir")
     assert not any("data.bin" in files for _, _, files in os.walk(unpacked))
+    assert _wait_terminal(client, twin).status is JobStatus.SUCCEEDED
+    [prefix] = re.findall(r"^prefix: (.*)$", logs, flags=re.M)
+    assert prefix != sys.prefix  # a virtualenv of the job's own...
+    assert client.get_job_logs(twin) == f"tiny 1.0 {prefix}\n"  # ...made once for both
     assert submission_id in [job.submission_id for job in client.list_jobs()]
     assert client.delete_job(submission_id) is True
     with pytest.raises(JobNotFoundError, match="does not exist"):
