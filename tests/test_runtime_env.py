@@ -282,3 +282,29 @@ def test_pip_is_refused_in_the_simulator_with_a_clear_error():
         _env_of.options(runtime_env={"pip": ["requests"]}).remote()
     with pytest.raises(ValueError, match="not supported in the simulator"):
         _Environ.options(runtime_env={"pip": ["requests"]}).remote()
+
+
+def _env_program(seed: int, root: str) -> tuple:
+    tray.init(backend="sim", seed=seed, num_nodes=3, num_cpus=2, num_gpus=1,
+              runtime_env={"working_dir": root, "env_vars": {"JOB_VAR": "job"}})
+    refs = [_mark.options(runtime_env={"env_vars": {"ENV_NAME": name}}).remote(name)
+            for name in ("a", "b", "a", "c", "b", "a")]
+    blue = _Environ.options(runtime_env={"env_vars": {"COLOR": "blue"}}, num_gpus=1).remote()
+    tray.get(blue.put.remote("WRITTEN", "x"))
+    values = (tray.get(refs), tray.get(blue.read.remote("COLOR", "JOB_VAR", "WRITTEN",
+                                                         "CUDA_VISIBLE_DEVICES")),
+              tray.get(blue.spawn_reads.remote("COLOR", "JOB_VAR")))
+    tray.shutdown()
+    from tray.simtest import trace_digest
+
+    return values, trace_digest()
+
+
+def test_runs_with_runtime_envs_replay_bit_for_bit(tmp_path):
+    root = _tree(tmp_path / "wd", {"main.py": b"x = 1\n"})
+    first = _env_program(7, root)
+    assert first == _env_program(7, root)
+    values, _ = first
+    assert values[1] == {"COLOR": "blue", "JOB_VAR": "job", "WRITTEN": "x",
+                         "CUDA_VISIBLE_DEVICES": "0"}
+    assert values[2] == {"COLOR": "blue", "JOB_VAR": "job"}

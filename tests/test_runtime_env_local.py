@@ -68,6 +68,11 @@ def test_working_dir_is_cwd_and_first_on_sys_path(tmp_path):
     assert (answer, text, has_log) == (42, "from the working dir\n", False)
     assert cwd == first and cwd != str(root)  # a copy, unpacked on the node
     assert os.path.basename(os.path.dirname(cwd)) == "pkg"
+    # A new cluster gets the package again (regression: this process
+    # remembered it as stored, and the new cluster's workers failed to find it).
+    tray.shutdown()
+    tray.init(num_cpus=1, runtime_env={"working_dir": str(root), "excludes": ["logs/"]})
+    assert tray.get(probe.remote())[:2] == (42, "from the working dir\n")
 
 
 def test_py_modules_ship_a_package_directory_and_a_wheel(tmp_path):

@@ -211,8 +211,9 @@ def init(address: str | None = None, *, backend: str | None = None, num_cpus=Non
 def _set_job_runtime_env(runtime, runtime_env: dict | None) -> None:
     """Pack and store the job's runtime_env now (a missing working_dir
     fails ``init``), and make it what this driver's tasks inherit."""
-    from ..runtime_env import context
+    from ..runtime_env import context, forget_uploads
 
+    forget_uploads()
     resolved = _resolve_runtime_env(runtime.driver, runtime_env) if runtime_env else {}
     context.set_process_env(resolved)
 

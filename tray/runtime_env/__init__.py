@@ -221,11 +221,21 @@ def env_hash(resolved: dict | None) -> str:
 
 # ------------------------------------------------------------ resolution
 
-# What this process packed and uploaded: (kind, path, excludes) -> uri, and
-# the URIs known stored. A directory is packed once per process (as Ray
-# packs once per job); files changed later in it are not seen.
+# What this process packed and uploaded to its cluster: (kind, path,
+# excludes) -> uri, and the URIs known stored; emptied at each init. A
+# directory is packed once per cluster connection (as Ray packs once per
+# job); files changed later in it are not seen. Bounded by the distinct
+# directories a program names.
 _packed: dict[tuple, str] = {}
 _uploaded: set[str] = set()
+
+
+def forget_uploads() -> None:
+    """A new cluster holds none of what this process stored in the last
+    one (``init`` calls this): pack and store again on first use. Also what
+    keeps a simulated run's trace independent of the runs before it."""
+    _packed.clear()
+    _uploaded.clear()
 
 
 def _read_requirements(path) -> list[str]:
