@@ -16,7 +16,10 @@ picture from four sources, none of them polled per query:
     Ray; an empty call withdraws it).
 
 ``get_cluster_load`` hands the autoscaler all of it with the nodes' totals,
-free resources and whether each runs anything (``ClusterLoad``). A node
+free resources and whether each runs anything (``ClusterLoad``). The
+shapes of a node whose heartbeats are late are left out: it has likely
+died, and what waited there is asked for again elsewhere (counting it would
+launch nodes for demand that no longer exists). A node
 that reported nothing yet counts as busy: the autoscaler must never remove
 a node it knows nothing about.
 
@@ -108,7 +111,9 @@ class DemandTable:
         counts: dict[tuple, int] = {}
         waiting_actors: set = set()
         dropped = 0
-        for _node_id, report in sorted(self.reports.items()):
+        for node_id, report in sorted(self.reports.items()):
+            if self._nodes.heartbeat_late(node_id):
+                continue  # likely dead: what waited there is retried elsewhere
             for key, count in report.shapes:
                 counts[key] = counts.get(key, 0) + count
             waiting_actors.update(report.actors_waiting)

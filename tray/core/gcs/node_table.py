@@ -112,6 +112,13 @@ class NodeTable:
         node = self.nodes.get(node_id)
         return None if node is None else node.address
 
+    def heartbeat_late(self, node_id: str) -> bool:
+        """Whether the node missed its last heartbeats (dead or cut off,
+        not declared so yet): what it last reported is not to be trusted."""
+        last = self.heartbeat_at.get(node_id)
+        return last is not None and \
+            trio.current_time() - last > 3 * self._config.heartbeat_period_s
+
     def handle_node_removed(self, conn, node_id: str, reason: str) -> None:
         """The autoscaler terminated this node: it is dead now, not a
         heartbeat timeout later (its work was drained first)."""

@@ -26,11 +26,28 @@ for every resource, ``available + leases outside bundles + bundles ==
 total``, and within each bundle ``available + its leases == reserved``.
 Cancelling a bundle (the group was removed) kills the workers leased in it
 and gives its resources back. Every heartbeat the node asks the GCS which of
-its bundles it should still hold (``held_bundles``) and releases the rest."""
+its bundles it should still hold (``held_bundles``) and releases the rest.
+
+Demand, for the autoscaler: every heartbeat period the node tells the GCS
+(``report_demand``, only when it changed, and again every
+``DEMAND_REFRESH_PERIODS`` so a restarted GCS relearns it) the shapes of
+what waits here: queued requests by resource shape, the actors whose
+creation waits here, and the shapes it answered "infeasible" to within the
+last retry period (an owner asks again every ``infeasible_retry_period_s``,
+so an infeasible task is demand that never reaches a queue). When a node
+joins the view, requests queued here that do not fit this node's free
+resources now but fit the new node's are answered with a spillback to it,
+as Ray's raylet spills queued work to nodes that became available; every
+heartbeat the same is done for requests queued longer than a period,
+towards any node whose last reported free resources hold them. Without it,
+work queued before the autoscaler added a node would wait for this node's
+leases to end while the new node sat idle (and an actor whose node filled
+up with a placement group's bundles would wait for the group to go)."""
 
 from __future__ import annotations
 
 import logging
+from collections import deque
 from dataclasses import dataclass, field
 
 import trio
@@ -41,6 +58,34 @@ from ..rpc import Endpoint, PeerDisconnected
 from .worker_pool import WorkerPool
 
 logger = logging.getLogger("tray.node")
+
+# The demand report holds at most this many distinct shapes (the most
+# requested first); further shapes are counted in ``shapes_dropped``.
+DEMAND_SHAPES_MAX = 256
+# Distinct (owner, shape) pairs remembered as infeasible; the oldest go first.
+INFEASIBLE_KEYS_MAX = 1024
+# Requests remembered per infeasible (owner, shape): an owner has at most
+# ``pending_lease_requests_max`` in flight per class.
+INFEASIBLE_TIMES_MAX = 64
+# A node re-sends an unchanged demand report every this many heartbeats.
+DEMAND_REFRESH_PERIODS = 10
+
+
+def shape_key(resources: dict) -> tuple:
+    """A resource shape as a sorted, hashable tuple."""
+    return tuple(sorted((name, float(amount)) for name, amount in resources.items()
+                        if amount))
+
+
+@dataclass(frozen=True)
+class NodeDemand:
+    """What waits on one node, as the node reports it to the GCS."""
+    node_id: str
+    shapes: tuple  # (shape_key, count), most requested first
+    actors_waiting: tuple  # ids of actors whose creation waits in this node's queue
+    leases: int  # leases held (running work)
+    bundles: int  # placement-group bundles reserved
+    shapes_dropped: int = 0  # requests left out past DEMAND_SHAPES_MAX shapes
 
 
 @dataclass
@@ -81,6 +126,8 @@ class _Waiter:
     lease_id: int = 0
     gpu_ids: list = field(default_factory=list)
     withdrawn: str = ""  # why it will never be granted (its bundle went)
+    spillback: Spillback | None = None  # sent on to a node that can serve it now
+    since: float = field(default_factory=trio.current_time)  # when it was queued
 
 
 @dataclass(frozen=True)
@@ -131,6 +178,12 @@ class LeaseManager:
         # Placement-group bundles reserved here: (pg id, index) -> Bundle.
         self.bundles: dict[tuple, Bundle] = {}
         self._reconciling_bundles = False
+        # (owner, shape_key) -> times infeasible requests came (bounded).
+        self._infeasible: dict[tuple, deque] = {}
+        self._demand_sent: NodeDemand | None = None
+        # The autoscaler is removing this node: it takes no new work.
+        self.draining = False
+        self._demand_periods = 0
 
     def statistics(self) -> LeaseStatistics:
         return LeaseStatistics(
@@ -193,14 +246,56 @@ class LeaseManager:
                 assert worker_id in leased_workers, f"worker {worker_id} is busy without a lease"
         for waiter in self.waiting:
             assert not waiter.event.is_set(), waiter.request
+        assert len(self._infeasible) <= INFEASIBLE_KEYS_MAX, len(self._infeasible)
+        for times in self._infeasible.values():
+            assert 0 < len(times) <= INFEASIBLE_TIMES_MAX, len(times)
 
     # ------------------------------------------------------------------ view
 
     def set_view(self, view: dict) -> None:
+        joined = sorted(node_id for node_id, node in view.items()
+                        if node.alive and node_id != self._node_id and
+                        (node_id not in self.view or not self.view[node_id].alive))
         self.view = {node_id: scheduling.NodeView(node.node_id, node.address, node.total,
                                                   node.available, node.alive)
                      for node_id, node in view.items()}
         self._refresh_local_view()
+        if joined and self.waiting:
+            self._spill_to_joined(joined)
+
+    def _spill_to_joined(self, joined: list) -> None:
+        self._respill(joined, waited_s=0.0)
+
+    def _respill(self, node_ids: list, waited_s: float) -> None:
+        """Queued requests this node cannot serve now, queued for at least
+        ``waited_s``, go to one of ``node_ids`` whose free resources (as
+        last heard) hold them (see the module header). Placement-group
+        requests stay (their bundle is here), and so do tasks pinned here; an
+        actor's request (pinned by the GCS, which picked this node) is
+        answered with a spillback too, and the GCS picks again."""
+        now = trio.current_time()
+        free = {node_id: dict(self.view[node_id].available) for node_id in node_ids
+                if node_id in self.view and self.view[node_id].alive and
+                node_id != self._node_id}
+        if not free:
+            return
+        for waiter in list(self.waiting):
+            request = waiter.request
+            if request.strategy.kind == "PLACEMENT_GROUP" or now - waiter.since < waited_s:
+                continue
+            if request.strategy.kind == "NODE_AFFINITY" and request.for_actor is None:
+                continue
+            if self._pool_for(request) is not None:
+                continue  # it will be granted here
+            for node_id in sorted(free):
+                if scheduling.fits(request.resources, free[node_id]):
+                    for name, amount in request.resources.items():
+                        free[node_id][name] = free[node_id].get(name, 0.0) - amount
+                    self.waiting.remove(waiter)
+                    waiter.spillback = Spillback(self.view[node_id].address, node_id)
+                    waiter.event.set()
+                    self._tracer.record(self._trace_name, "lease_respilled", to=node_id)
+                    break
 
     def _refresh_local_view(self) -> None:
         mine = self.view.get(self._node_id)
@@ -210,6 +305,8 @@ class LeaseManager:
     # ---------------------------------------------------------------- grants
 
     async def handle_request_lease(self, conn, request: LeaseRequest):
+        if self.draining:
+            return Infeasible(f"node {self._node_id} is being removed by the autoscaler")
         resources = request.resources
         hops = request.hops
         strategy = request.strategy
@@ -238,6 +335,7 @@ class LeaseManager:
                                           self.policy_state,
                                           self._config.local_utilization_threshold)
         if target == scheduling.INFEASIBLE:
+            self._note_infeasible(request)
             return Infeasible(self._infeasible_reason(resources, strategy))
         if target != self._node_id:
             node = self.view[target]
@@ -248,6 +346,8 @@ class LeaseManager:
         await waiter.event.wait()
         if waiter.withdrawn:
             return Infeasible(waiter.withdrawn)
+        if waiter.spillback is not None:
+            return waiter.spillback
         try:
             worker = await self._pool.take_worker(gpu=resources.get("GPU", 0.0) > 0,
                                                   runtime_env_hash=request.runtime_env_hash)
@@ -420,6 +520,8 @@ class LeaseManager:
         they all fit now; nothing is reserved otherwise. Idempotent."""
         if node_id != self._node_id:
             return False  # meant for the node that had this address before
+        if self.draining:
+            return False  # being removed: the group goes elsewhere
         new = [(index, resources) for index, resources in bundles
                if (pg_id, index) not in self.bundles]
         need: dict = {}
@@ -508,12 +610,73 @@ class LeaseManager:
                 self._release_bundle(key)
         self._dispatch()
 
+    # ---------------------------------------------------------------- demand
+
+    def _note_infeasible(self, request: LeaseRequest) -> None:
+        if request.strategy.kind == "NODE_AFFINITY" and not request.strategy.soft:
+            return  # pinned to a node: no new node can serve it
+        key = (request.owner, shape_key(request.resources))
+        times = self._infeasible.pop(key, None) or deque(maxlen=INFEASIBLE_TIMES_MAX)
+        times.append(trio.current_time())
+        self._infeasible[key] = times  # (re)inserted last: the oldest key is first
+        while len(self._infeasible) > INFEASIBLE_KEYS_MAX:
+            del self._infeasible[next(iter(self._infeasible))]
+
+    def demand(self) -> NodeDemand:
+        """What waits on this node now (see the module header)."""
+        counts: dict[tuple, int] = {}
+        actors = []
+        for waiter in self.waiting:
+            if waiter.request.strategy.kind == "PLACEMENT_GROUP":
+                continue  # its bundle is reserved: no new node would serve it
+            if waiter.request.for_actor is not None:
+                actors.append(waiter.request.for_actor)
+            key = shape_key(waiter.request.resources)
+            counts[key] = counts.get(key, 0) + 1
+        now = trio.current_time()
+        window_s = self._config.infeasible_retry_period_s * 1.5
+        for (_owner, key), times in list(self._infeasible.items()):
+            recent = sum(1 for at in times if now - at <= window_s)
+            if recent == 0:
+                del self._infeasible[(_owner, key)]
+                continue
+            counts[key] = counts.get(key, 0) + recent
+        ranked = sorted(counts.items(), key=lambda item: (-item[1], item[0]))
+        kept = ranked[:DEMAND_SHAPES_MAX]
+        dropped = sum(count for _, count in ranked[DEMAND_SHAPES_MAX:])
+        return NodeDemand(self._node_id, tuple(kept), tuple(sorted(actors)),
+                          leases=len(self.leases), bundles=len(self.bundles),
+                          shapes_dropped=dropped)
+
+    def handle_drain(self, conn) -> bool:
+        """The autoscaler wants to remove this node: agree, and take no more
+        work, only when nothing runs, waits or is reserved here (the
+        autoscaler decided on a report that may be a period old)."""
+        if self.leases or self.bundles or self.waiting:
+            return False
+        self.draining = True
+        self._tracer.record(self._trace_name, "node_draining")
+        return True
+
+    def _report_demand(self) -> None:
+        demand = self.demand()
+        self._demand_periods += 1
+        if demand == self._demand_sent and self._demand_periods < DEMAND_REFRESH_PERIODS:
+            return
+        self._demand_sent = demand
+        self._demand_periods = 0
+        self._nursery.start_soon(self._endpoint.notify, self._gcs_address, "report_demand",
+                                 demand)
+
     # ------------------------------------------------------------ reconcile
 
     def reconcile(self) -> None:
         """Ask the owners of leases granted over connections that broke since
         whether they hold them; those not held are reclaimed. Ask the GCS
-        which bundles this node should still hold."""
+        which bundles this node should still hold. Report demand."""
+        self._report_demand()
+        if self.waiting:
+            self._respill(sorted(self.view), waited_s=self._config.heartbeat_period_s)
         self._reconcile_bundles()
         orphans: dict[str, list] = {}
         for lease_id, lease in sorted(self.leases.items()):

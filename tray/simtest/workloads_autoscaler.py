@@ -1,0 +1,214 @@
+"""The autoscaler workload: bursts of work onto a cluster that must grow
+for it, under the seed's faults, with boot failures injected.
+
+The work needs the resource ``scaled``, which only autoscaled node types
+have, so every unit of it runs on nodes the autoscaler launched: bursts of
+tasks (with the seed's retry budget), a few actors, and a placement group
+whose bundles need ``scaled`` too. The simulated provider boots nodes
+after a seeded delay and fails a seeded share of the boots; when the
+seed's faults kill processes, the workload also crashes one autoscaled node
+while it runs work.
+
+Reference models and invariants:
+
+* every task returns its input doubled, every actor call its running sum,
+  the placement group's task its value (or an error the faults permit): the
+  runner checks them like any workload's;
+* ``autoscaler-node-bounds``: after every autoscaler round, no node type
+  has more nodes (booting or running) than its ``max_workers``, nor the
+  cluster more than ``max_workers``;
+* ``autoscaler-scales-down``: once the work is done, its actors killed and
+  its group removed, and ``idle_timeout + one period`` (plus a heartbeat
+  and a period for the last lease's return to be reported and read) have
+  passed, no node beyond ``min_workers`` remains that is busy or has been
+  idle longer than ``idle_timeout + one period`` (a node launched for
+  demand reported just before the work ended may still be counting down);
+* ``autoscaler-terminates-only-idle-nodes``: the provider saw no node
+  terminated with a lease or an object in its store;
+* ``autoscaler-scaled-up``: the work ran, so at least one node was launched.
+"""
+
+from __future__ import annotations
+
+import time
+
+import tray
+
+IDLE_TIMEOUT_S = 12.0
+WORK_TIMEOUT_S = 200.0
+PERIOD_S = 1.0
+CONFIG = {
+    "cluster_name": "simtest",
+    "max_workers": 6,
+    "upscaling_speed": 1.0,
+    "idle_timeout_minutes": IDLE_TIMEOUT_S / 60.0,
+    "autoscaler_period_s": PERIOD_S,
+    "head_node_type": "head",
+    "available_node_types": {
+        "head": {"resources": {}, "max_workers": 0},
+        "small": {"resources": {"CPU": 2, "scaled": 2}, "min_workers": 1, "max_workers": 4},
+        "large": {"resources": {"CPU": 4, "scaled": 4}, "min_workers": 0, "max_workers": 2},
+    },
+    "provider": {"type": "sim", "boot_delay_s": [0.5, 3.0], "boot_failure_probability": 0.2},
+}
+
+
+def _violation(invariant: str, message: str):
+    from .runner import InvariantViolation
+
+    return InvariantViolation(invariant, message)
+
+
+@tray.remote(resources={"scaled": 1})
+def _scaled_double(value: int, sleep_s: float) -> int:
+    time.sleep(sleep_s)
+    return 2 * value
+
+
+@tray.remote(resources={"scaled": 1})
+class _ScaledSum:
+    def __init__(self) -> None:
+        self.total = 0
+
+    def add(self, value: int) -> int:
+        time.sleep(0.2)
+        self.total += value
+        return self.total
+
+
+def autoscaler_bursts(program) -> None:
+    import tray.autoscaler as autoscaler
+    from tray.simtest import cluster as current_cluster
+    from tray.util.placement_group import placement_group, remove_placement_group
+    from tray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    rng = program.rng
+    cluster = current_cluster()
+    monitor = autoscaler.start(CONFIG)
+    counts_seen: list = []
+    original = monitor.run_once
+
+    async def checked_round():
+        decisions = await original()
+        nodes = monitor.provider.nodes()
+        by_type: dict = {}
+        for node in nodes:
+            by_type[node.node_type] = by_type.get(node.node_type, 0) + 1
+        counts_seen.append((cluster.clock.current_time(), len(nodes), by_type))
+        del counts_seen[:-2000]
+        return decisions
+    monitor.run_once = checked_round
+
+    retries = program.task_retries()
+    refs, labels = [], []
+    for burst in range(rng.randint(2, 3)):
+        for i in range(rng.randint(4, 16)):
+            value = rng.randint(0, 1000)
+            ref = _scaled_double.options(max_retries=retries).remote(
+                value, rng.choice([0.2, 0.5, 1.5]))
+            program.expect(ref, 2 * value, label=f"burst {burst} task {i}", retries=retries)
+            refs.append(ref)
+            labels.append(f"burst {burst} task {i}")
+        time.sleep(rng.choice([0.5, 2.0]))
+    actors = [_ScaledSum.options(max_restarts=-1, max_task_retries=-1).remote()
+              for _ in range(rng.randint(1, 3))]
+    for index, actor in enumerate(actors):
+        ref = actor.add.remote(index + 1)
+        program.expect(ref, index + 1, label=f"actor {index} first call", actor_call=True,
+                       unlimited=True)
+        refs.append(ref)
+        labels.append(f"actor {index}")
+    strategy = rng.choice(["PACK", "SPREAD"])
+    group = placement_group([{"CPU": 1, "scaled": 1}] * 2, strategy=strategy)
+    group_ref = _scaled_double.options(
+        max_retries=-1, scheduling_strategy=PlacementGroupSchedulingStrategy(group)).remote(
+        21, 0.3)
+    program.expect(group_ref, 42, label=f"task in a {strategy} placement group", unlimited=True)
+    refs.append(group_ref)
+    labels.append("placement group task")
+
+    if program.kills:
+        def crash_one() -> None:
+            running = [node for node in monitor.provider.nodes() if node.node_id and
+                       cluster.is_alive(node.node_id)]
+            if running:
+                cluster.kill_node(running[0].node_id)
+        cluster.at(rng.uniform(2.0, 5.0), crash_one)
+
+    def scale_down() -> None:
+        ready, _ = tray.wait(refs, num_returns=len(refs), timeout=WORK_TIMEOUT_S,
+                             fetch_local=False)
+        if len(ready) < len(refs):
+            stuck = [labels[i] for i, ref in enumerate(refs) if ref not in ready]
+            gcs = cluster.processes.get(cluster.gcs_address)
+            if gcs is not None and gcs.component is not None:
+                table = gcs.component.actor_manager.actors
+                stuck += [(table[a._actor_id].state, table[a._actor_id].node_id,
+                           table[a._actor_id].restarts) for a in actors
+                          if a._actor_id in table]
+            for address, process in sorted(cluster.processes.items()):
+                if address.endswith("/raylet") and process.component is not None:
+                    leases = process.component.leases
+                    stuck.append((address, dict(leases.available), [
+                        (w.request.owner, w.request.for_actor and w.request.for_actor[:8])
+                        for w in leases.waiting], len(leases.leases)))
+            raise _violation("no-hang", f"{stuck} of {len(refs)} units of "
+                             f"work did not finish within {WORK_TIMEOUT_S} s of virtual time; "
+                             f"autoscaler status: {monitor.status}; decisions: "
+                             f"{monitor.decisions[-10:]}")
+        for actor in actors:
+            tray.kill(actor)
+        remove_placement_group(group)
+        done_at = cluster.clock.current_time()
+        # Idle timeout + one period, + a heartbeat and a period for the last
+        # lease's return to be reported and read.
+        cluster.advance(IDLE_TIMEOUT_S + 2 * PERIOD_S + 2 * cluster.config.heartbeat_period_s
+                        + 1.0)
+        monitor.stop()
+        _check(monitor, cluster, counts_seen, done_at)
+    program.later(scale_down)
+
+
+def _check(monitor, cluster, counts_seen: list, done_at: float) -> None:
+    config = monitor.config
+    for at_s, total, by_type in counts_seen:
+        if total > config.max_workers:
+            raise _violation("autoscaler-node-bounds",
+                             f"{total} worker nodes at t={at_s:.3f}, max_workers is "
+                             f"{config.max_workers}")
+        for name, count in sorted(by_type.items()):
+            if count > config.node_types[name].max_workers:
+                raise _violation("autoscaler-node-bounds",
+                                 f"{count} {name} nodes at t={at_s:.3f}, its max_workers is "
+                                 f"{config.node_types[name].max_workers}")
+    if monitor.provider.violations:
+        raise _violation("autoscaler-terminates-only-idle-nodes",
+                         "; ".join(monitor.provider.violations[:5]))
+    launched = sum(d.count for d in monitor.decisions if d.action == "launch")
+    if launched == 0:
+        raise _violation("autoscaler-scaled-up", "no node was launched for the work")
+    # A node launched late (for demand reported just before the work
+    # ended) may be idle for less than the timeout yet: it may stay. Any
+    # other node beyond min_workers must be gone.
+    idle_s = {provider_id: seconds for provider_id, _, seconds in monitor.status.idle}
+    limit_s = config.idle_timeout_s + config.autoscaler_period_s
+    left: dict = {}
+    for node in monitor.provider.nodes():
+        left.setdefault(node.node_type, []).append(node.provider_id)
+    for name, node_type in sorted(config.node_types.items()):
+        if name == config.head_node_type or len(left.get(name, [])) <= node_type.min_workers:
+            continue
+        overdue = [provider_id for provider_id in left[name]
+                   if idle_s.get(provider_id, float("inf")) >= limit_s]
+        if len(left[name]) - len(overdue) < node_type.min_workers:
+            overdue = overdue[node_type.min_workers - (len(left[name]) - len(overdue)):]
+        if overdue:
+            after_s = cluster.clock.current_time() - done_at
+            raise _violation("autoscaler-scales-down",
+                             f"{name} node(s) {overdue} remain {after_s:.1f} s after the work ended, not idle or idle longer "
+                             f"than the idle timeout ({config.idle_timeout_s:g} s) + one "
+                             f"period ({config.autoscaler_period_s:g} s) (min_workers "
+                             f"{node_type.min_workers}); status: {monitor.status}")
+
+
+WORKLOADS = {"autoscaler": autoscaler_bursts}
