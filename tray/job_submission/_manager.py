@@ -42,18 +42,16 @@ from ._common import (
 )
 from ._supervisor import log_path, open_log
 
-# The runtime_env keys a job takes: tray.runtime_env's, less py_modules
-# (not shipped with a job yet) and excludes (spent by the client's packing).
-JOB_RUNTIME_ENV_KEYS = ("working_dir", "env_vars", "pip", "config")
 # Ray's tolerance for a supervisor's start time read back through psutil.
 CREATE_TIME_TOLERANCE_S = 0.01
 
 
 def check_runtime_env(runtime_env, *, uploaded=lambda uri: True) -> dict:
     """The job's runtime_env as it reaches the cluster, checked with
-    ``tray.runtime_env.validate`` and for what a job needs besides: its
-    working_dir already uploaded (a package URI), its pip requirements a
-    list (a requirements file is read by the client). Raises
+    ``tray.runtime_env.validate`` and for what a job needs besides (its code
+    already uploaded: package URIs, not paths on the client's machine), and
+    normalized as tasks carry it (``tray.runtime_env.resolve``), so that the
+    driver and the job's workers set up one and the same env. Raises
     JobSubmissionError saying what is wrong."""
     from .. import runtime_env as runtime_envs
 
@@ -61,36 +59,30 @@ def check_runtime_env(runtime_env, *, uploaded=lambda uri: True) -> dict:
         env = runtime_envs.validate(runtime_env)
     except (TypeError, ValueError, NotImplementedError) as error:
         raise JobSubmissionError(f"bad runtime_env: {error}") from None
-    unknown = sorted(set(env) - set(JOB_RUNTIME_ENV_KEYS))
-    if unknown:
-        raise JobSubmissionError(f"runtime_env key(s) {', '.join(map(repr, unknown))} are not "
-                                 f"supported for jobs; supported: "
-                                 f"{', '.join(JOB_RUNTIME_ENV_KEYS)}")
-    working_dir = env.get("working_dir")
-    if working_dir is not None:
-        if not runtime_envs.is_package_uri(working_dir):
+    code = ([env["working_dir"]] if "working_dir" in env else []) + \
+        list(env.get("py_modules") or [])
+    for uri in code:
+        if not (isinstance(uri, str) and runtime_envs.is_package_uri(uri)):
             raise JobSubmissionError(
-                f"working_dir {working_dir!r} is not an uploaded package: a local directory "
-                "is packed and uploaded by JobSubmissionClient.submit_job or tray job submit "
-                "--working-dir on the machine that has it")
-        if not uploaded(working_dir):
-            raise JobSubmissionError(f"the working_dir package {working_dir} was not "
-                                     "uploaded to this cluster")
+                f"{uri!r} is not an uploaded package: local code (working_dir, py_modules) is "
+                "packed and uploaded by JobSubmissionClient.submit_job or tray job submit on "
+                "the machine that has it")
+        if not uploaded(uri):
+            raise JobSubmissionError(f"the package {uri} was not uploaded to this cluster")
     pip = env.get("pip")
     if pip is not None:
         packages = pip.get("packages") if isinstance(pip, dict) else pip
-        if not isinstance(packages, list):
+        if not isinstance(packages, (list, tuple)):
             raise JobSubmissionError("runtime_env pip must list its requirements (the client "
                                      f"reads a requirements file), got {pip!r}")
-    return env
 
+    def no_upload(key, data):  # every path was refused above
+        raise JobSubmissionError("a job's code must be uploaded by its client")
 
-def pip_arguments(pip) -> list[str]:
-    """What follows ``pip install`` for a job's pip spec (a list, or Ray's
-    dict with packages and pip_install_options)."""
-    if isinstance(pip, dict):
-        return [*pip.get("pip_install_options", []), *pip.get("packages", [])]
-    return list(pip)
+    try:
+        return runtime_envs.resolve(env, no_upload)
+    except (TypeError, ValueError) as error:
+        raise JobSubmissionError(f"bad runtime_env: {error}") from None
 
 
 class JobManager:

@@ -6,12 +6,14 @@ writes the job's record in the GCS until the job ends:
 
 1. it records its pid (so the manager can signal it, and can tell, later,
    whether it still lives);
-2. it prepares the job's environment: the uploaded ``working_dir`` is
-   fetched from the GCS and unpacked once per content hash into the node's
-   cache, ``pip`` requirements get a virtualenv per distinct list (made
-   once, under a file lock, even when jobs ask at the same time), and
-   ``env_vars`` are set. A failure here fails the job
-   (``RUNTIME_ENV_SETUP_FAILURE``, with pip's own error);
+2. it prepares the job's runtime_env with ``tray.runtime_env.setup``, the
+   code and the cache (the head's ``runtime_resources/``) the job's own
+   workers use: the uploaded ``working_dir`` and ``py_modules`` fetched
+   from the GCS and unpacked once per content hash, ``pip`` requirements
+   in a virtualenv per distinct spec (made once, under a file lock, even
+   when jobs and workers ask at the same time), ``env_vars`` set. A failure
+   here fails the job (``RUNTIME_ENV_SETUP_FAILURE``, with pip's own
+   error);
 3. it runs the entrypoint with a shell, in a process group of its own, its
    stdout and stderr in ``job-driver-<submission id>.log``, with
    ``TRAY_ADDRESS`` and the token in its environment so that the script's
@@ -34,11 +36,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import fcntl
-import hashlib
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -46,7 +45,9 @@ import threading
 import time
 
 import psutil
+import trio
 
+from ..exceptions import RuntimeEnvSetupError
 from ._common import (
     FAILED_LOG_TAIL_CHARS,
     JobInfo,
@@ -61,7 +62,6 @@ POLL_S = 0.1
 GCS_CHECK_S = 2.0
 GCS_LOST_S = 30.0
 HOOK_DIRECTORY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_driver_hook")
-DEFAULT_SETUP_TIMEOUT_S = 600
 
 
 def _now_ms() -> int:
@@ -90,10 +90,6 @@ def tail_text(path: str, chars: int) -> str:
         return ""
 
 
-class SetupError(Exception):
-    """The job's runtime_env could not be prepared; the message says why."""
-
-
 class Supervisor:
     def __init__(self, submission_id: str, gcs_address: str, token: bytes, log_dir: str,
                  resource_dir: str) -> None:
@@ -104,7 +100,7 @@ class Supervisor:
         self.resource_dir = resource_dir
         self.stop_requested = threading.Event()
         self.info: JobInfo | None = None
-        self.setup_process: subprocess.Popen | None = None
+        self._setup_scope = None
 
     # ------------------------------------------------------------ the record
 
@@ -114,100 +110,50 @@ class Supervisor:
 
     # ------------------------------------------------------------ setting up
 
-    def _working_dir(self, uri: str) -> str:
-        from ..runtime_env import packaging
+    def _prepare(self, runtime_env: dict):
+        """The job's runtime_env set up on this node by the same code, and in
+        the same cache, as its tasks' (``tray.runtime_env.setup``): one
+        unpacked working_dir and one virtualenv serve the driver and the
+        job's workers on the head. Runs until done, failed or stopped."""
+        from ..backends.local import query_gcs
+        from ..runtime_env import setup
 
-        directory = os.path.join(self.resource_dir, "working_dir",
-                                 packaging.package_hash(uri))
-        if os.path.isdir(directory):
-            return directory
-        data = gcs_call(self.gcs_address, self.token, "kv_get", packaging.KV_PREFIX + uri)
-        if data is None:
-            raise SetupError(f"the working_dir package {uri} is not in the cluster (upload "
-                             "it with JobSubmissionClient or tray job submit --working-dir)")
-        staging = f"{directory}.{os.getpid()}.tmp"
-        shutil.rmtree(staging, ignore_errors=True)
-        os.makedirs(staging, 0o700)
-        packaging.unpack(data, staging)
+        async def fetch(key: str):
+            return await query_gcs(self.gcs_address, self.token, "kv_get", key)
+
+        async def prepare():
+            with trio.CancelScope() as scope:
+                self._setup_scope = (trio.lowlevel.current_trio_token(), scope)
+                if self.stop_requested.is_set():
+                    scope.cancel()
+                return await setup.prepare_with_timeout(runtime_env, self.resource_dir,
+                                                        fetch)
+            return None  # stopped
+
         try:
-            os.rename(staging, directory)
-        except OSError:  # another job unpacked the same package first
-            shutil.rmtree(staging, ignore_errors=True)
-        return directory
-
-    def _pip_env(self, packages: list[str], timeout_s: float) -> str:
-        """A virtualenv with ``packages`` installed, made once per distinct
-        list; it sees the system's site-packages (tray itself) under them."""
-        digest = hashlib.sha256(json.dumps(packages).encode()).hexdigest()[:32]
-        root = os.path.join(self.resource_dir, "pip")
-        os.makedirs(root, 0o700, exist_ok=True)
-        directory = os.path.join(root, digest)
-        with open(os.path.join(root, f"{digest}.lock"), "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            if os.path.exists(os.path.join(directory, ".ready")):
-                return directory
-            shutil.rmtree(directory, ignore_errors=True)
-            deadline = time.monotonic() + timeout_s
-            # No pip of its own in the venv (seeding one costs seconds): this
-            # Python's pip installs into it (pip --python).
-            self._run_setup([sys.executable, "-m", "venv", "--without-pip",
-                             "--system-site-packages", directory], deadline,
-                            "creating the virtualenv")
-            self._run_setup([sys.executable, "-m", "pip", "--python",
-                             os.path.join(directory, "bin", "python"), "install",
-                             "--disable-pip-version-check", "--no-input", *packages],
-                            deadline, "pip install")
-            open(os.path.join(directory, ".ready"), "w").close()
-        return directory
-
-    def _run_setup(self, command: list[str], deadline: float, what: str) -> None:
-        process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                   stderr=subprocess.STDOUT, start_new_session=True)
-        self.setup_process = process
-        try:
-            output, _ = process.communicate(timeout=max(1.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            _kill_group(process.pid, signal.SIGKILL)
-            process.wait()
-            raise SetupError(f"{what} took longer than the runtime_env's "
-                             "setup_timeout_seconds") from None
+            return trio.run(prepare)
         finally:
-            self.setup_process = None
-        if self.stop_requested.is_set():
-            raise SetupError("stopped while the runtime_env was being set up")
-        if process.returncode != 0:
-            text = output.decode(errors="replace").strip()[-FAILED_LOG_TAIL_CHARS:]
-            raise SetupError(f"{what} failed (exit code {process.returncode}):\n{text}")
+            self._setup_scope = None
 
-    def _environment(self, runtime_env: dict) -> tuple[dict, str | None]:
+    def _environment(self, prepared, runtime_env: dict) -> tuple[dict, str | None]:
         env = dict(os.environ)
-        cwd = None
-        python_path = [HOOK_DIRECTORY]
-        if runtime_env.get("working_dir"):
-            cwd = self._working_dir(runtime_env["working_dir"])
-            python_path.append(cwd)
-        pip = runtime_env.get("pip")
-        if pip:
-            from ._manager import pip_arguments
-
-            packages = pip_arguments(pip)
-            timeout_s = (runtime_env.get("config") or {}).get("setup_timeout_seconds",
-                                                               DEFAULT_SETUP_TIMEOUT_S)
-            if timeout_s == -1:
-                timeout_s = float("inf")
-            venv = self._pip_env(list(packages), timeout_s)
-            env["VIRTUAL_ENV"] = venv
-            env["PATH"] = os.path.join(venv, "bin") + os.pathsep + env.get("PATH", "")
+        python_path = [HOOK_DIRECTORY, *prepared.sys_path]
         if env.get("PYTHONPATH"):
             python_path.append(env["PYTHONPATH"])
         env["PYTHONPATH"] = os.pathsep.join(python_path)
-        env.update(runtime_env.get("env_vars") or {})
+        if runtime_env.get("pip"):
+            # `python` in the entrypoint is the job's virtualenv's.
+            from ..runtime_env import setup
+
+            venv = os.path.join(self.resource_dir, "pip", setup.pip_hash(runtime_env["pip"]))
+            env["VIRTUAL_ENV"] = venv
+            env["PATH"] = os.path.join(venv, "bin") + os.pathsep + env.get("PATH", "")
+        env.update(prepared.env_vars)
         env["TRAY_ADDRESS"] = self.gcs_address.removeprefix("tcp:")
         env["TRAY_CLUSTER_TOKEN"] = self.token.decode()
         env["TRAY_JOB_SUBMISSION_ID"] = self.submission_id
-        env["TRAY_JOB_RUNTIME_ENV"] = json.dumps(
-            {key: value for key, value in runtime_env.items() if key != "config"})
-        return env, cwd
+        env["TRAY_JOB_RUNTIME_ENV"] = json.dumps(runtime_env)
+        return env, prepared.cwd
 
     # ------------------------------------------------------------ running
 
@@ -218,21 +164,19 @@ class Supervisor:
         me = psutil.Process()
         self._update(supervisor_pid=me.pid, supervisor_create_time=me.create_time())
         log = log_path(self.log_dir, self.submission_id)
+        runtime_env = self.info.runtime_env
         try:
-            env, cwd = self._environment(self.info.runtime_env)
-        except SetupError as error:
-            status = JobStatus.STOPPED if self.stop_requested.is_set() else JobStatus.FAILED
-            self._update(status=status, end_time=_now_ms(),
-                         error_type=None if status is JobStatus.STOPPED
-                         else "RUNTIME_ENV_SETUP_FAILURE",
-                         message="Job was intentionally stopped."
-                         if status is JobStatus.STOPPED
-                         else f"runtime_env setup failed: {error}")
+            prepared = self._prepare(runtime_env)
+        except RuntimeEnvSetupError as error:
+            self._update(status=JobStatus.FAILED, end_time=_now_ms(),
+                         error_type="RUNTIME_ENV_SETUP_FAILURE",
+                         message=f"runtime_env setup failed: {error}")
             return 0
-        if self.stop_requested.is_set():
+        if prepared is None or self.stop_requested.is_set():
             self._update(status=JobStatus.STOPPED, end_time=_now_ms(),
                          message="Job was intentionally stopped.")
             return 0
+        env, cwd = self._environment(prepared, runtime_env)
         with open_log(log) as output:
             driver = subprocess.Popen(self.info.entrypoint, shell=True, cwd=cwd, env=env,
                                       stdin=subprocess.DEVNULL, stdout=output,
@@ -285,9 +229,11 @@ class Supervisor:
 
     def request_stop(self, *_) -> None:
         self.stop_requested.set()
-        process = self.setup_process
-        if process is not None:
-            _kill_group(process.pid, signal.SIGKILL)
+        setup_scope = self._setup_scope
+        if setup_scope is not None:  # cancel the setup (trio kills what it runs)
+            token, scope = setup_scope
+            with contextlib.suppress(trio.RunFinishedError):
+                token.run_sync_soon(scope.cancel)
 
 
 def _kill_group(pid: int, signal_number: int) -> None:

@@ -8,11 +8,12 @@ cluster's token: ``token=``, else ``TRAY_CLUSTER_TOKEN``, else the token
 that ``tray start --head`` kept (mode 0600) for the cluster started on this
 machine.
 
-A local ``working_dir`` (a directory or a .zip) is packed here, by
-``tray.runtime_env.packaging`` (content-named zip, ``excludes`` honoured,
-the size limit naming the largest files), uploaded once (a package the
-cluster already holds is not sent again) and replaced in the runtime_env by
-its ``gcs://`` name; the job's supervisor unpacks it on the head node."""
+A local ``working_dir`` (a directory or a .zip) and ``py_modules`` are
+packed here, by ``tray.runtime_env.packaging`` (content-named zips,
+``excludes`` honoured, the size limit naming the largest files), uploaded
+(a package the cluster already holds is not sent again) and replaced in the
+runtime_env by their ``gcs://`` names; the job's supervisor unpacks them on
+the head node, and the job's workers find the same packages."""
 
 from __future__ import annotations
 
@@ -130,24 +131,62 @@ class JobSubmissionClient:
         raise JobSubmissionError(f"Request failed with status code {response.status_code}: "
                                  f"{message}")
 
-    def _upload_working_dir(self, runtime_env: dict) -> dict:
+    def _upload_code(self, runtime_env: dict) -> dict:
+        """The runtime_env with its local code (working_dir, py_modules)
+        packed here and uploaded (once per content), its requirements file
+        read here: what the cluster receives names only package URIs.
+
+        Packed at every submission, never from a cache: a second submission
+        from the same process after an edit ships the edit."""
         from ..runtime_env import packaging
 
         runtime_env = dict(runtime_env)
-        excludes = runtime_env.pop("excludes", None) or []
+        excludes = list(runtime_env.pop("excludes", None) or [])
         pip = runtime_env.get("pip")
         if isinstance(pip, (str, os.PathLike)):
             runtime_env["pip"] = _read_requirements(pip)
+        elif isinstance(pip, dict) and isinstance(pip.get("packages"), (str, os.PathLike)):
+            runtime_env["pip"] = {**pip, "packages": _read_requirements(pip["packages"])}
         working_dir = runtime_env.get("working_dir")
-        if working_dir is None or packaging.is_package_uri(working_dir):
-            return runtime_env
-        package = packaging.pack_directory(working_dir, excludes)
-        path = f"/api/packages/{package.uri}"
-        exists = self._request_status("GET", path)
-        if not exists:
-            self._request("PUT", path, content=package.data, timeout_s=UPLOAD_TIMEOUT_S)
-        runtime_env["working_dir"] = package.uri
+        if working_dir is not None and not packaging.is_package_uri(working_dir):
+            runtime_env["working_dir"] = self._upload(
+                packaging.pack_directory(working_dir, excludes))
+        modules = runtime_env.get("py_modules")
+        if isinstance(modules, (list, tuple)):
+            runtime_env["py_modules"] = [self._upload_module(module, excludes)
+                                         for module in modules]
         return runtime_env
+
+    def _upload_module(self, module, excludes: list[str]) -> str:
+        import hashlib
+        import types
+
+        from ..runtime_env import packaging
+
+        if isinstance(module, str) and packaging.is_package_uri(module):
+            return module
+        if isinstance(module, types.ModuleType):
+            origin = getattr(module, "__file__", None)
+            if origin is None:
+                raise ValueError(f"runtime_env py_modules: module {module.__name__} has no "
+                                 "file to ship")
+            module = os.path.dirname(origin)
+        path = os.path.abspath(os.fspath(module))
+        if os.path.isfile(path) and path.endswith((".whl", ".zip")):
+            with open(path, "rb") as file:
+                data = file.read()
+            package = packaging.Package(
+                f"{packaging.URI_PREFIX}{hashlib.sha256(data).hexdigest()}.zip", data)
+        else:
+            package = packaging.pack_directory(path, excludes, what="py_modules",
+                                               include_parent=True)
+        return self._upload(package)
+
+    def _upload(self, package) -> str:
+        path = f"/api/packages/{package.uri}"
+        if not self._request_status("GET", path):
+            self._request("PUT", path, content=package.data, timeout_s=UPLOAD_TIMEOUT_S)
+        return package.uri
 
     def _request_status(self, method: str, path: str) -> bool:
         try:
@@ -178,7 +217,7 @@ class JobSubmissionClient:
             raise ValueError("job_id is the deprecated name of submission_id: pass one")
         if runtime_env is not None and not isinstance(runtime_env, dict):
             raise TypeError(f"runtime_env must be a dict, got {type(runtime_env).__name__}")
-        runtime_env = self._upload_working_dir(runtime_env or {})
+        runtime_env = self._upload_code(runtime_env or {})
         body = {"entrypoint": entrypoint, "submission_id": submission_id or job_id,
                 "runtime_env": runtime_env, "metadata": metadata or {}}
         return self._request("POST", "/api/jobs/", json=body).json()["submission_id"]
