@@ -506,3 +506,34 @@ def test_readme_jobs_example_runs(cluster, tmp_path):
                             text=True, timeout=120, cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout == "HELLO FROM THE WORKING_DIR blue\n"
+
+
+def test_stop_during_setup_cancels_pip(client):
+    """A job stopped while pip still installs its requirements is STOPPED,
+    and pip is gone: its index here takes connections and never answers."""
+    import socket
+
+    with socket.socket() as index:
+        index.bind(("127.0.0.1", 0))
+        index.listen(16)
+        url = f"http://127.0.0.1:{index.getsockname()[1]}/simple"
+        submission_id = client.submit_job(
+            entrypoint="true",
+            runtime_env={"pip": {"packages": ["tray-slow-requirement-xyz"],
+                                 "pip_install_options": ["--isolated", "--index-url", url,
+                                                         "--timeout", "120",
+                                                         "--retries", "0"]}})
+
+        def pip_processes():
+            found = []
+            for process in psutil.process_iter(["cmdline"]):
+                if "tray-slow-requirement-xyz" in " ".join(process.info["cmdline"] or []):
+                    found.append(process)
+            return found
+
+        _wait_for(pip_processes, "pip to start")
+        assert client.get_job_status(submission_id) is JobStatus.PENDING
+        assert client.stop_job(submission_id) is True
+        info = _wait_terminal(client, submission_id, 30)
+        assert info.status is JobStatus.STOPPED, info
+        _wait_for(lambda: not pip_processes(), "pip to be killed", 15)
