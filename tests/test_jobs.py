@@ -194,6 +194,7 @@ def square(x):
 
 print("tasks:", tray.get([square.remote(i) for i in range(4)]), flush=True)
 print("cpus:", tray.cluster_resources()["CPU"], flush=True)
+print("job id:", tray.get_runtime_context().get_job_id(), flush=True)
 """
 
 
@@ -240,6 +241,8 @@ def test_python_client_runs_a_job_with_working_dir_pip_and_env_vars(cluster, cli
     assert info.metadata == {"owner": "test"} and info.entrypoint == "python main.py"
     assert info.runtime_env["working_dir"].startswith("gcs://_tray_pkg_")
     assert info.start_time <= info.end_time
+    # The submission knows its driver's job id (Ray's JobDetails.job_id).
+    assert re.search(r"^job id: (\w+)$", logs, flags=re.M).group(1) == info.job_id
     assert client.get_job_status(submission_id) is JobStatus.SUCCEEDED
     # The record lives in the GCS's job table, where the state API reads it.
     records = dict(trio.run(query_gcs, cluster["gcs"], cluster["token"].encode(),

@@ -73,16 +73,19 @@ class JobInfo:
     runtime_env: dict = dataclasses.field(default_factory=dict)
     driver_exit_code: int | None = None
     driver_pid: int | None = None
+    # The job id of the entrypoint's driver, once its tray.init() has run.
+    driver_job_id: str | None = None
     # The supervisor process (on the head node) that runs the entrypoint.
     supervisor_pid: int | None = None
     supervisor_create_time: float | None = None
     type: str = "SUBMISSION"
 
     @property
-    def job_id(self) -> str:
-        """Ray gives a submitted job's driver a job id of its own; tray names
-        a submitted job by its submission id only."""
-        return self.submission_id
+    def job_id(self) -> str | None:
+        """As Ray's ``JobDetails.job_id``: the job id of the entrypoint's
+        driver (None until its ``tray.init()`` has run, or if it never
+        connects)."""
+        return self.driver_job_id
 
     def to_record(self) -> bytes:
         fields = dataclasses.asdict(self)
@@ -98,7 +101,7 @@ class JobInfo:
         return cls(**fields)
 
     def to_json(self) -> dict:
-        return json.loads(self.to_record())
+        return {**json.loads(self.to_record()), "job_id": self.job_id}
 
 
 class JobSubmissionError(TrayError, RuntimeError):

@@ -105,6 +105,12 @@ class Supervisor:
     # ------------------------------------------------------------ the record
 
     def _update(self, **fields) -> None:
+        """Write the record with ``fields`` changed. The supervisor is its
+        only writer but for the driver's job id, which the driver adds
+        itself (``_driver_hook``): that one is kept from the GCS's copy."""
+        current = read_job(self.gcs_address, self.token, self.submission_id)
+        if current is not None and current.driver_job_id and "driver_job_id" not in fields:
+            fields["driver_job_id"] = current.driver_job_id
         self.info = JobInfo(**{**self.info.__dict__, **fields})
         write_job(self.gcs_address, self.token, self.info)
 

@@ -35,6 +35,26 @@ def _merged_runtime_env(job_env: dict, own: dict | None) -> dict:
     return merged
 
 
+def _record_driver_job(api) -> None:
+    """Put this driver's job id into the submitted job's record (Ray's
+    ``JobDetails.job_id``), so a submission and its driver are one job in
+    ``tray list jobs``. Best effort: a job runs the same without it."""
+    submission_id = os.environ.get("TRAY_JOB_SUBMISSION_ID")
+    if not submission_id:
+        return
+    try:
+        worker = api._worker()
+        record = api._block(worker, worker.gcs_call, "job_submission_get", submission_id)
+        if record is None:
+            return
+        fields = json.loads(record)
+        fields["driver_job_id"] = worker.job_id.hex()
+        api._block(worker, worker.gcs_call, "job_submission_put", submission_id,
+                   json.dumps(fields, sort_keys=True).encode(), False)
+    except Exception:  # noqa: BLE001 - never fail the user's init for it
+        pass
+
+
 def _wrap_init(api) -> None:
     original = api.init
     takes_runtime_env = "runtime_env" in inspect.signature(original).parameters
@@ -46,6 +66,9 @@ def _wrap_init(api) -> None:
             job_env = json.loads(os.environ.get("TRAY_JOB_RUNTIME_ENV") or "{}")
             if takes_runtime_env and job_env:
                 kwargs["runtime_env"] = _merged_runtime_env(job_env, kwargs.get("runtime_env"))
+            context = original(address, **kwargs)
+            _record_driver_job(api)
+            return context
         return original(address, **kwargs)
 
     init.__doc__ = original.__doc__
