@@ -85,13 +85,19 @@ def live_cluster():
         def settled():
             tasks = json.loads(_get(url + "/api/tasks"))["tasks"]
             actors = json.loads(_get(url + "/api/actors"))
-            failed = [t for t in tasks if t["state"] == "FAILED"]
+            failed = [t for t in tasks if t["state"] == "FAILED" and t["error_message"]]
             squares = [t for t in tasks if t["func_or_class_name"] and "square" in
                        t["func_or_class_name"] and t["state"] == "FINISHED"]
             dead = [a for a in actors if a["class_name"] == "Doomed" and a["state"] == "DEAD"]
+            seen.update(failed=[(t["state"], t["error_type"], t["error_message"], t["node_id"], t["worker_pid"]) for t in tasks if "explode" in (t["func_or_class_name"] or "")], squares=len(squares), dead=len(dead))
             return failed and len(squares) == 6 and dead
-        _wait_until(settled, "the task events and the killed actor to reach the dashboard")
-        yield url, context, greeter
+        seen = {}
+        try:
+            _wait_until(settled, "the task events and the killed actor to reach the dashboard")
+        except AssertionError as error:
+            raise AssertionError(f"{error}; seen {seen}") from None
+        held = tray.put(b"x" * 300_000)  # the objects page lists the driver's reference
+        yield url, context, held
     finally:
         tray.shutdown()
 
@@ -151,7 +157,7 @@ def test_the_dashboard_shows_the_live_cluster(live_cluster):
 
 
 def _every_page_shows_the_live_cluster_in_chromium(live_cluster):
-    url, context, _ = live_cluster
+    url, context, held = live_cluster
     pages = _in_chromium(url, [
         {"name": "overview", "path": "/"},
         {"name": "actors", "path": "/actors",
@@ -183,6 +189,7 @@ def _every_page_shows_the_live_cluster_in_chromium(live_cluster):
     assert square and square[0].split("\t")[-1].strip() == "6", square  # 6 FINISHED in all
 
     assert "Object store per node" in pages["objects"]["text"]
+    assert held.hex()[:24] in pages["objects"]["text"]
     assert context["node_id"][:16] in pages["objects"]["text"]
     assert "logs/worker-" in pages["logs"]["text"]
     assert "Download the timeline" in pages["timeline"]["text"]
@@ -192,11 +199,13 @@ def _every_page_shows_the_live_cluster_in_chromium(live_cluster):
 def _timeline_json_is_a_chrome_trace_with_a_track_per_worker(live_cluster):
     url, _, _ = live_cluster
     events = json.loads(_get(url + "/api/timeline"))
-    squares = [e for e in events if "square" in e["name"]]
+    squares = [e for e in events if "square" in e["name"] and e["cat"] == "task"]
     assert len(squares) == 6
     for event in squares:
-        assert event["ph"] == "X" and event["dur"] >= 1 and event["ts"] > 0
-        assert event["pid"].startswith("node:") and event["tid"].startswith("worker:")
+        assert event["ph"] == "X" and event["dur"] >= 0 and event["ts"] > 0
+        assert event["pid"].startswith("Node ") and event["tid"].startswith("Worker ")
+    failed = [e for e in events if "explode" in e["name"] and e["cat"] == "task"]
+    assert failed and failed[0]["args"]["state"] == "FAILED"
 
 
 def _metrics_endpoint_has_ray_names_and_live_values(live_cluster):

@@ -1,13 +1,13 @@
 """What the dashboard, ``/metrics`` and the state commands read of a cluster.
 
 The dashboard is not a driver: it registers no job and owns nothing. It
-reads the cluster the way ``tray status`` does, with one authenticated call
-to the GCS per table (``query_gcs``: nodes, actors, the task event table,
-submitted jobs) and, for what only the head's machine knows (logs, the
-object store's files), the session directory. Every read returns plain
-dicts with Ray's state API field names (``actor_id``, ``state``,
+reads the cluster through the state API (``tray.util.state``) with the
+GCS's address, which connects without joining (short authenticated calls
+to the GCS, and to the nodes and workers for objects), and, for what only
+the head's machine knows (logs), the session directory. Every read returns
+plain dicts with Ray's state API field names (``actor_id``, ``state``,
 ``death_cause``, ``func_or_class_name``...), so that the pages, the JSON
-endpoints and ``tray list`` show the same thing.
+endpoints and ``/metrics`` show the same thing.
 
 ``ClusterReader`` methods are synchronous: each runs its own short trio
 loop, so they are called from worker threads (Starlette runs ``def``
@@ -16,14 +16,12 @@ endpoints in its thread pool) or from the CLI."""
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
-import time
+import warnings
 
 import trio
 
 from ..backends.local import query_gcs
-from ..exceptions import TrayError
 
 # A log page shows at most the end of a file this long; a JSON listing at most
 # this many rows (the GCS's tables are bounded; this bounds one response).
@@ -32,49 +30,52 @@ ROWS_MAX = 10_000
 LOG_SUFFIXES = (".out", ".err", ".log")
 
 
-def _directory_bytes(path: str) -> int:
-    total = 0
-    for directory, _, files in os.walk(path):
-        for name in files:
-            try:
-                total += os.lstat(os.path.join(directory, name)).st_size
-            except OSError:
-                pass  # removed while we looked
-    return total
+ROWS_UNLIMITED = 10**9
 
 
 class ClusterReader:
     """Reads one cluster, given its GCS address (``tcp:host:port``), token
-    and, on the head's machine, its session directory."""
+    and, on the head's machine, its session directory. The cluster's tables
+    come from the state API (``tray.util.state``, called with the GCS's
+    address: no driver, no job); the logs from the session directory."""
 
     def __init__(self, gcs_address: str, token: bytes, session_dir: str | None = None) -> None:
         self.gcs_address = gcs_address
         self.token = token
         self.session_dir = session_dir
+        # What the state API takes: host:port, or a tray.init() cluster's unix: address.
+        self.address = gcs_address.removeprefix("tcp:")
 
     def call(self, method: str, *args):
         return trio.run(query_gcs, self.gcs_address, self.token, method, *args)
 
+    def _state(self, function: str, **options):
+        """``tray.util.state.<function>(address=this cluster, **options)``,
+        its warnings (dropped task events) silenced: the pages say so. The
+        state API takes the token from ``TRAY_CLUSTER_TOKEN``, which the
+        dashboard process sets to its cluster's at start."""
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return self._state_raw(function, **options)
+
     # ------------------------------------------------------------ nodes
 
     def nodes(self) -> list[dict]:
+        store = {row["node_id"]: row for row in self._state("memory_summary")["nodes"]}
         rows = []
-        for node in self.call("get_all_nodes"):
-            total = {k: v for k, v in node.resources.items()}
-            used = {name: total[name] - node.available.get(name, 0) for name in total}
-            store_used = spilled = None
-            if node.store_directory and os.path.isdir(node.store_directory):
-                store_used = _directory_bytes(node.store_directory)
-            if node.spill_directory and os.path.isdir(node.spill_directory):
-                spilled = _directory_bytes(node.spill_directory)
+        for node in self._state("list_nodes", detail=True, limit=ROWS_UNLIMITED):
+            total = {k: v for k, v in node.resources_total.items()
+                     if k != "object_store_memory"}
+            available = node.resources_available or {}
+            used = {name: total[name] - available.get(name, total[name]) for name in total}
+            usage = store.get(node.node_id, {})
             rows.append({
-                "node_id": node.node_id, "state": "ALIVE" if node.alive else "DEAD",
-                "node_ip": node.ip or "127.0.0.1", "node_name": node.hostname,
-                "is_head_node": bool(node.session_dir) and node.session_dir == self.session_dir
-                and not rows,
+                "node_id": node.node_id, "state": node.state, "node_ip": node.node_ip,
+                "node_name": node.node_name, "is_head_node": node.is_head_node,
                 "resources_total": total, "resources_used": used,
-                "object_store_bytes_total": node.object_store_bytes,
-                "object_store_bytes_used": store_used, "object_store_bytes_spilled": spilled,
+                "object_store_bytes_total": node.object_store_total_bytes,
+                "object_store_bytes_used": usage.get("store_used_bytes"),
+                "object_store_bytes_spilled": usage.get("spilled_bytes"),
                 "address": node.address})
         return rows
 
@@ -82,83 +83,62 @@ class ClusterReader:
 
     def actors(self) -> list[dict]:
         rows = []
-        for actor in self.call("list_actors"):
-            cause = actor.death_cause
+        for actor in self._state("list_actors", detail=True, limit=ROWS_MAX):
             rows.append({
                 "actor_id": actor.actor_id, "class_name": actor.class_name,
                 "state": actor.state, "name": actor.name or "",
-                "ray_namespace": actor.namespace, "node_id": actor.node_id,
-                "worker_id": actor.worker_id, "pid": self._worker_pid(actor.worker_id),
-                "num_restarts": actor.restarts, "max_restarts": actor.max_restarts,
-                "death_cause": None if cause is None else cause.reason})
-        return rows[:ROWS_MAX]
-
-    def _worker_pid(self, worker_id: str | None) -> int | None:
-        if not worker_id:
-            return None
-        return self._pids().get(worker_id)
-
-    def _pids(self) -> dict:
-        """worker id -> pid, from the task event table's executor records."""
-        if getattr(self, "_pid_cache", None) is None:
-            self._pid_cache = {row["worker_id"]: row["worker_pid"]
-                               for row in self._task_rows()[0]
-                               if row.get("worker_id") and row.get("worker_pid")}
-        return self._pid_cache
+                "ray_namespace": actor.ray_namespace, "node_id": actor.node_id,
+                "worker_id": actor.worker_id, "pid": actor.pid,
+                "num_restarts": actor.num_restarts, "max_restarts": actor.max_restarts,
+                "death_cause": actor.death_cause, "job_id": actor.job_id})
+        return rows
 
     # ------------------------------------------------------------ tasks
 
-    def _task_rows(self) -> tuple[list[dict], dict]:
-        try:
-            reply = self.call("get_task_events")
-        except TrayError:
-            raise
-        except Exception as error:  # an older GCS without the table
-            return [], {"error": f"task events unavailable: {error}"}
-        now_wall = time.time()
+    def tasks(self) -> tuple[list[dict], dict]:
+        """Task attempts (the newest ``ROWS_MAX``), oldest first, and what
+        the bounded tables dropped."""
+        meta = {"dropped_at_gcs": 0, "dropped_at_sources": 0}
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            records = self._state_raw("list_tasks", detail=True, limit=ROWS_UNLIMITED)
+        dropped = [str(w.message) for w in caught if "dropped" in str(w.message)]
+        if dropped:
+            meta["warning"] = dropped[0]
         rows = []
-        for row in reply["rows"]:
-            row = dict(row)
-
-            def wall(at, _now=reply["now"]):
-                return None if at is None else now_wall - (_now - at)
-            events = row.pop("events", {})
-            row["events"] = [{"state": state, "created_ms": int(wall(at) * 1000)}
-                             for state, at in sorted(events.items(), key=lambda kv: kv[1])]
-            started, ended = events.get("RUNNING"), events.get("FINISHED", events.get("FAILED"))
-            row["start_time_ms"] = None if started is None else int(wall(started) * 1000)
-            row["end_time_ms"] = None if ended is None else int(wall(ended) * 1000)
-            row["duration_s"] = None if started is None or ended is None else \
-                max(0.0, ended - started)
-            row.pop("spans", None)
+        for task in records[-ROWS_MAX:]:
+            row = task.asdict()
+            start, end = row.get("start_time_ms"), row.get("end_time_ms")
+            row["duration_s"] = None if start is None or end is None else \
+                max(0.0, (end - start) / 1000)
+            row.pop("profiling_data", None)
             rows.append(row)
-        meta = {"dropped_at_gcs": reply.get("dropped_at_gcs", 0),
-                "dropped_at_sources": reply.get("dropped_at_sources", 0),
-                "stored": reply.get("stored", len(rows))}
+        meta["stored"] = len(records)
         return rows, meta
 
-    def tasks(self) -> tuple[list[dict], dict]:
-        rows, meta = self._task_rows()
-        return rows[-ROWS_MAX:], meta
+    def _state_raw(self, function: str, **options):
+        from ..util import state
+
+        return getattr(state, function)(address=self.address, **options)
 
     # ------------------------------------------------------------- jobs
 
     def jobs(self) -> list[dict]:
-        try:
-            records = self.call("job_submission_list")
-        except TrayError:
-            raise
-        except Exception:
-            return []
-        jobs = []
-        for submission_id, record in records:
-            try:
-                info = json.loads(record)
-            except ValueError:
-                continue
-            info.setdefault("submission_id", submission_id)
-            jobs.append(info)
-        return jobs
+        return [job.asdict() for job in self._state("list_jobs", detail=True,
+                                                     limit=ROWS_MAX)]
+
+    def timeline(self) -> list[dict]:
+        from .._timeline import events_from_tasks
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return events_from_tasks(self._state_raw("list_tasks", detail=True,
+                                                     limit=ROWS_UNLIMITED))
+
+    # ---------------------------------------------------------- objects
+
+    def memory(self) -> dict:
+        return self._state("memory_summary")
 
     # ------------------------------------------------------------- logs
 

@@ -214,10 +214,8 @@ def _tasks(ctx: DashboardContext, request: Request) -> Response:
                _e(t.get("worker_pid")),
                "" if t.get("duration_s") is None else f"{t['duration_s'] * 1000:.1f} ms",
                _e(t.get("error_type"))] for t in tasks[-200:][::-1]]
-    dropped = meta.get("dropped_at_gcs", 0) + meta.get("dropped_at_sources", 0)
     note = f"<p class='note'>{meta.get('stored', len(tasks))} task attempt(s) kept"
-    note += f"; {dropped} dropped (the tables are bounded)" if dropped else ""
-    note += f"; {_e(meta['error'])}" if meta.get("error") else ""
+    note += f"; {_e(meta['warning'])}" if meta.get("warning") else ""
     body = (note + "</p><h2>By function and state</h2>" + summary
             + f"<h2>Failures ({len(failed)})</h2>" + (failures or "<p class='note'>none</p>")
             + "<h2>Recent tasks</h2>"
@@ -227,27 +225,32 @@ def _tasks(ctx: DashboardContext, request: Request) -> Response:
 
 
 def _objects(ctx: DashboardContext, request: Request) -> Response:
-    nodes = ctx.reader.nodes()
-    rows = [[_short(n["node_id"], 16), _state(n["state"]),
-             _bytes(n["object_store_bytes_used"]), _bytes(n["object_store_bytes_total"]),
-             _bar(n["object_store_bytes_used"], n["object_store_bytes_total"]),
-             _bytes(n["object_store_bytes_spilled"])] for n in nodes]
+    memory = ctx.reader.memory()
+    rows = [[_short(n["node_id"], 16), _e(n["node_ip"]), _bytes(n["store_used_bytes"]),
+             _bytes(n["store_total_bytes"]), _bar(n["store_used_bytes"], n["store_total_bytes"]),
+             _bytes(n["spilled_bytes"]), _e(n["spilled_objects"])] for n in memory["nodes"]]
     body = "<h2>Object store per node</h2>" + _table(
-        ["Node", "State", "Used", "Capacity", "", "Spilled to disk"], rows)
-    objects = _memory_rows()
-    if objects is not None:
-        body += "<h2>Object references</h2>" + _table(
-            ["Object", "Owner", "Size", "Reference type", "Call site"],
-            [[_short(o.get("object_id"), 20), _e(o.get("owner") or o.get("ip")),
-              _bytes(o.get("object_size")), _e(o.get("reference_type")),
-              _e(o.get("call_site"))] for o in objects], "no references")
+        ["Node", "IP", "Used", "Capacity", "", "Spilled to disk", "Spilled objects"], rows)
+    totals = memory["totals"]
+    kinds = ", ".join(f"{_e(k)} {v}" for k, v in totals["by_reference_type"].items())
+    body += (f"<h2>Object references</h2><p>{totals['objects']} reference(s), "
+             f"{_bytes(totals['object_bytes'])} known" + (f" · {kinds}" if kinds else "")
+             + "</p>")
+    for process in memory["processes"]:
+        if not process["objects"]:
+            continue
+        body += (f"<h3>{_e(process['type'])} pid {_e(process['pid'])} "
+                 f"<span class='note'>node {_short(process['node_id'])} "
+                 f"{_e(process['address'])}</span></h3>")
+        body += _table(["Object", "Size", "Reference type", "Task status", "Owner",
+                        "Call site"],
+                       [[_short(o["object_id"], 24), _bytes(o["object_size"]),
+                         _e(o["reference_type"]), _e(o["task_status"]),
+                         _e("this process" if o["owned"] else o["owner_address"]),
+                         _e(o["call_site"])] for o in process["objects"][:500]])
+        if process.get("left_out"):
+            body += f"<p class='note'>{_e(process['left_out'])} more not shown</p>"
     return _page("Objects and memory", "/objects", body)
-
-
-def _memory_rows():
-    """Object references from the state API, when it can list them without a
-    driver (``tray.util.state.list_objects``); None otherwise."""
-    return None
 
 
 def _logs(ctx: DashboardContext, request: Request) -> Response:
@@ -268,27 +271,14 @@ def _log_view(ctx: DashboardContext, request: Request) -> Response:
 
 def timeline_events(ctx: DashboardContext) -> list[dict]:
     """A Chrome trace (Perfetto, chrome://tracing) of the tasks the GCS
-    keeps: one process per node, one thread per worker."""
-    tasks, _ = ctx.reader.tasks()
-    events = []
-    for task in tasks:
-        if task.get("start_time_ms") is None:
-            continue
-        end = task.get("end_time_ms") or int(time.time() * 1000)
-        events.append({
-            "name": task.get("func_or_class_name") or task.get("name") or "task",
-            "cat": task.get("type") or "task", "ph": "X",
-            "ts": task["start_time_ms"] * 1000, "dur": max(1, (end - task["start_time_ms"]) * 1000),
-            "pid": f"node:{(task.get('node_id') or '?')[:12]}",
-            "tid": f"worker:{(task.get('worker_id') or '?')[:12]} pid {task.get('worker_pid')}",
-            "args": {"task_id": task["task_id"], "state": task["state"],
-                     "error_type": task.get("error_type")}})
-    return events
+    keeps, as ``tray.timeline()`` writes it: one track per worker per node."""
+    return ctx.reader.timeline()
 
 
 def _timeline(ctx: DashboardContext, request: Request) -> Response:
     events = timeline_events(ctx)
-    body = (f"<p>{len(events)} task execution(s) in the trace. "
+    runs = sum(1 for e in events if e.get("ph") == "X" and e.get("cat") != "task_span")
+    body = (f"<p>{runs} task execution(s) in the trace. "
             "<a href='/api/timeline' download='tray-timeline.json'>Download the timeline "
             "(JSON)</a> and open it in <a href='https://ui.perfetto.dev'>Perfetto</a> or "
             "chrome://tracing.</p><p class='note'>The same trace: <code>tray timeline -o "
@@ -417,7 +407,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fd", type=int, default=None,
                         help="serve on this listening socket (from the first stage, _lazy.py)")
     args = parser.parse_args(argv)
-    token = os.environ.pop("TRAY_CLUSTER_TOKEN", None)
+    token = os.environ.get("TRAY_CLUSTER_TOKEN")
     if token is None and args.session:
         with open(os.path.join(args.session, "token"), "rb") as file:
             token = file.read().strip().decode()
@@ -425,6 +415,9 @@ def main(argv: list[str] | None = None) -> int:
         print("tray dashboard: no cluster token (TRAY_CLUSTER_TOKEN or --session)",
               file=sys.stderr)
         return 2
+    # The state API, which the pages read through, finds the token here
+    # (this process's environment is readable by this user alone).
+    os.environ["TRAY_CLUSTER_TOKEN"] = token
     ctx = DashboardContext(args.gcs, token.encode(), args.session,
                            ClusterReader(args.gcs, token.encode(), args.session))
     config = uvicorn.Config(create_app(ctx), host=args.host, port=args.port,

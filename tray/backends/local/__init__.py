@@ -272,6 +272,12 @@ CONNECT_TIMEOUT_S = 5.0
 def resolve_cluster(address: str) -> tuple[str, bytes]:
     """The GCS address and token of the cluster at ``address`` ("auto": the
     one started on this machine with ``tray start --head``)."""
+    if address.startswith("unix:"):
+        # A tray.init() cluster's GCS, on this machine (its dashboard reads it so).
+        token = os.environ.get("TRAY_CLUSTER_TOKEN")
+        if token is None:
+            raise TrayError(f"no token for the cluster at {address}: set TRAY_CLUSTER_TOKEN")
+        return address, token.encode()
     current = read_current_cluster()
     if address == "auto":
         if current is None:
