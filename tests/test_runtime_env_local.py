@@ -188,3 +188,23 @@ def test_readme_runtime_env_example_runs(tmp_path):
                             timeout=120, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines()[:4] == ["60 m2", "60 ft2", "cm2", "10 m2 False"]
+
+
+def test_env_vars_are_in_the_worker_process_environment_from_its_start():
+    tray.init(num_cpus=1)  # (one worker prestarted: it must not take this env)
+
+    @tray.remote(runtime_env={"env_vars": {"TRAY_AT_START": "yes", "PYTHONHASHSEED": "123"}})
+    def initial_environment():
+        with open("/proc/self/environ", "rb") as handle:
+            entries = handle.read().split(b"\0")
+        return [entry.decode() for entry in entries if entry.startswith(b"TRAY_AT_START=")], \
+            hash("seeded")
+
+    @tray.remote(runtime_env={"env_vars": {"PYTHONHASHSEED": "123"}})
+    def seeded_hash():
+        return hash("seeded")
+
+    at_start, first_hash = tray.get(initial_environment.remote())
+    assert at_start == ["TRAY_AT_START=yes"]
+    # The interpreter read PYTHONHASHSEED when it started: str hashes agree.
+    assert tray.get(seeded_hash.remote()) == first_hash

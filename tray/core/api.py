@@ -221,7 +221,7 @@ def _set_job_runtime_env(runtime, runtime_env: dict | None) -> None:
 def _resolve_runtime_env(worker, runtime_env: dict) -> dict:
     """A runtime_env as tasks carry it (``tray.runtime_env.resolve``), its
     packages stored in this cluster's GCS. The simulator refuses pip."""
-    from ..runtime_env import resolve
+    from ..runtime_env import resolve, store_env
 
     def upload(key: str, data: bytes) -> None:
         _block(worker, worker.gcs_call, "kv_put", key, data, False)
@@ -232,6 +232,7 @@ def _resolve_runtime_env(worker, runtime_env: dict) -> dict:
         raise ValueError("runtime_env['pip'] is not supported in the simulator "
                          "(backend='sim'): it cannot install packages into simulated "
                          "workers; test pip environments on the local backend")
+    store_env(resolved, upload)  # nodes start its workers with its env_vars
     return resolved
 
 

@@ -60,7 +60,7 @@ from .packaging import (
 __all__ = ["RuntimeEnv", "validate", "merge", "env_hash", "pack_directory", "Package",
            "package_working_dir", "upload_package", "resolve", "is_package_uri",
            "package_hash", "URI_PREFIX", "KV_PREFIX", "DEFAULT_MAX_PACKAGE_BYTES",
-           "DEFAULT_SETUP_TIMEOUT_S", "current"]
+           "DEFAULT_SETUP_TIMEOUT_S", "current", "store_env", "ENV_KV_PREFIX"]
 
 KNOWN_KEYS = ("env_vars", "working_dir", "py_modules", "excludes", "pip", "config")
 # Ray's other keys: refused with the reason, never accepted and ignored.
@@ -228,6 +228,20 @@ def env_hash(resolved: dict | None) -> str:
 # directories a program names.
 _packed: dict[tuple, str] = {}
 _uploaded: set[str] = set()
+
+
+ENV_KV_PREFIX = "runtime_env:"
+
+
+def store_env(resolved: dict, upload) -> str:
+    """Store a resolved env in the cluster under its hash (once), where
+    nodes read its ``env_vars`` to start workers for it; returns the hash."""
+    digest = env_hash(resolved)
+    key = ENV_KV_PREFIX + digest
+    if digest and key not in _uploaded:
+        upload(key, json.dumps(resolved, sort_keys=True).encode())
+        _uploaded.add(key)
+    return digest
 
 
 def forget_uploads() -> None:

@@ -14,7 +14,10 @@ holds) stays out of CPU-only work, and the reverse. In the same way a
 worker belongs to the runtime_env of its first lease
 (``WorkerInfo.runtime_env_hash``, from the lease request): its process was
 set up for that env (code on ``sys.path``, cwd, environment variables, a pip
-env's packages) and runs only tasks and actors of that env.
+env's packages) and runs only tasks and actors of that env. A worker started
+for an env has its ``env_vars`` in its environment from the start (read
+once per env from the GCS, where the submitter stored the env); a
+prestarted worker takes an env only if it sets no variables.
 
 Idle workers beyond one per CPU (or the prestart count) are stopped after
 ``idle_worker_timeout_s``. At most ``workers_per_node_max`` live at once: a
@@ -30,16 +33,22 @@ actor (its owner or its actor must learn of it)."""
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass
 
 import trio
 
 from ... import exceptions
+from ...runtime_env import ENV_KV_PREFIX
 from ..ids import WorkerID
 from ..rpc import Endpoint, PeerDisconnected
 
 logger = logging.getLogger("tray.node")
+
+# Runtime envs whose env_vars a node remembers (read once from the GCS);
+# the oldest is forgotten beyond this (it is read again when needed).
+ENV_VARS_CACHE_MAX = 1024
 
 
 @dataclass
@@ -93,6 +102,8 @@ class WorkerPool:
         self.started = 0
         # Set by the node manager: release_leases_of(worker_id) when a worker dies.
         self.release_leases_of = None
+        # runtime_env hash -> its env_vars, as stored in the GCS (store_env).
+        self._env_vars: dict[str, dict] = {}
 
     def statistics(self) -> WorkerPoolStatistics:
         counts = {state: 0 for state in ("starting", "idle", "leased", "actor", "dead")}
@@ -139,14 +150,39 @@ class WorkerPool:
         self._wake_waiters()
         return {"node_id": self._node_id}
 
-    def start_worker(self) -> None:
+    def start_worker(self, runtime_env_hash: str | None = None,
+                     env_vars: dict | None = None) -> None:
+        """Start a worker: for any work (``runtime_env_hash`` None: prestarted),
+        or for one runtime_env, its ``env_vars`` in its process environment
+        from the start, as Ray starts them."""
         assert self.live_count() < self._config.workers_per_node_max, self.live_count()
         worker_id = WorkerID.from_random(self._rng).hex()
-        self.workers[worker_id] = WorkerInfo(worker_id)
+        self.workers[worker_id] = WorkerInfo(worker_id, runtime_env_hash=runtime_env_hash)
         self.started += 1
         self._tracer.record(self._trace_name, "worker_start", worker=worker_id)
         logger.debug("starting worker %s", worker_id[:8])
-        self._spawner.start_worker(worker_id, {})
+        self._spawner.start_worker(worker_id, dict(env_vars or {}))
+
+    async def _env_vars_of(self, runtime_env_hash: str) -> dict:
+        """The env_vars of a runtime_env, read from the GCS once; {} if it
+        cannot be read (the worker's own setup still applies them, later)."""
+        if not runtime_env_hash:
+            return {}
+        cached = self._env_vars.get(runtime_env_hash)
+        if cached is not None:
+            return cached
+        try:
+            blob = await self._endpoint.call(self._gcs_address, "kv_get",
+                                             ENV_KV_PREFIX + runtime_env_hash)
+        except Exception as error:  # noqa: BLE001 - the GCS is away: start it without
+            logger.warning("could not read runtime_env %s from the GCS: %s",
+                           runtime_env_hash, error)
+            return {}
+        env_vars = dict(json.loads(blob).get("env_vars") or {}) if blob else {}
+        if len(self._env_vars) >= ENV_VARS_CACHE_MAX:
+            del self._env_vars[next(iter(self._env_vars))]
+        self._env_vars[runtime_env_hash] = env_vars
+        return env_vars
 
     async def take_worker(self, gpu: bool = False, runtime_env_hash: str = "") -> WorkerInfo:
         """An idle worker fit for work with (``gpu``) or without GPUs, in the
@@ -163,11 +199,15 @@ class WorkerPool:
         back (measured: 8 half-CPU tasks on 4 CPUs, 2 cores, took 2.8 s with
         a start per waiting lease, 0.5-1.2 s one at a time)."""
         warned = False
+        env_vars = await self._env_vars_of(runtime_env_hash)
         while True:
             for worker_id in self.idle:
                 worker = self.workers[worker_id]
+                # A prestarted worker takes an env only if the env sets no
+                # variables: those are in a worker's environment from its start.
                 if worker.state == "idle" and (worker.gpu is None or worker.gpu == gpu) and \
-                        worker.runtime_env_hash in (None, runtime_env_hash):
+                        (worker.runtime_env_hash == runtime_env_hash or
+                         (worker.runtime_env_hash is None and not env_vars)):
                     self.idle.remove(worker_id)
                     worker.gpu = gpu
                     worker.runtime_env_hash = runtime_env_hash
@@ -186,7 +226,7 @@ class WorkerPool:
                     self.worker_died(unfit, "idle, of another kind (GPU or CPU-only, or "
                                             "another runtime_env)")
                 if self.live_count() < self._config.workers_per_node_max:
-                    self.start_worker()
+                    self.start_worker(runtime_env_hash, env_vars)
                 elif not warned:
                     warned = True
                     logger.warning(
