@@ -164,6 +164,14 @@ def _answers(client) -> bool:
         return False
 
 
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> str:
+    """A tiny package's wheel: one path for the module, so jobs that ask for
+    it share one virtualenv on the head."""
+    return _make_wheel(str(tmp_path_factory.mktemp("wheels")), "tinyjobpkg", "1.0",
+                       "VALUE = 'tiny 1.0'\n")
+
+
 @pytest.fixture
 def client(cluster) -> JobSubmissionClient:
     return JobSubmissionClient(cluster["url"], token=cluster["token"])
@@ -211,9 +219,8 @@ def _working_dir(tmp_path, greeting: str):
 
 
 def test_python_client_runs_a_job_with_working_dir_pip_and_env_vars(cluster, client,
-                                                                    tmp_path):
+                                                                    tmp_path, wheel):
     directory = _working_dir(tmp_path, "hello from the working_dir")
-    wheel = _make_wheel(str(tmp_path), "tinyjobpkg", "1.0", "VALUE = 'tiny 1.0'\n")
     library = tmp_path / "lib" / "jobslib"
     library.mkdir(parents=True)
     (library / "__init__.py").write_text("NAME = 'jobslib'\n")
@@ -433,27 +440,30 @@ def test_runtime_env_checks_are_clear():
 # ------------------------------------------------------------ the CLI
 
 
-def test_cli_submit_streams_logs_and_the_other_commands_work(cluster, tmp_path):
+def test_cli_submit_streams_logs_and_the_other_commands_work(cluster, tmp_path, wheel):
     from click.testing import CliRunner
 
     directory = tmp_path / "cli"
     directory.mkdir()
     (directory / "mod.py").write_text("WORD = 'from-module'\n")
     (directory / "run.py").write_text(
-        "import sys, tray, mod\n"
+        "import sys, tray, mod, tinyjobpkg\n"
         "tray.init()\n"
-        "print(mod.WORD, sys.argv[1:], tray.get(tray.put(7)), flush=True)\n")
+        "print(mod.WORD, sys.argv[1:], tray.get(tray.put(7)), tinyjobpkg.VALUE, flush=True)\n")
+    # A requirements file, read by the CLI on this machine.
+    (tmp_path / "requirements.txt").write_text(f"# the job's requirements\n{wheel}\n")
     env = {**os.environ, **cluster["env"], "TRAY_CLUSTER_TOKEN": cluster["token"],
            "TRAY_ADDRESS": cluster["url"]}
     # The real command line, as a user types it: waits and streams the logs.
     result = subprocess.run(
         [sys.executable, "-m", "tray.scripts.cli", "job", "submit", "--working-dir",
          str(directory), "--submission-id", "cli-job-1", "--runtime-env-json",
-         '{"env_vars": {"A": "1"}}', "--", "python", "run.py", "x y"],
+         json.dumps({"env_vars": {"A": "1"}, "pip": str(tmp_path / "requirements.txt")}),
+         "--", "python", "run.py", "x y"],
         env=env, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "Job 'cli-job-1' submitted successfully" in result.stdout
-    assert "from-module ['x y'] 7" in result.stdout
+    assert "from-module ['x y'] 7 tiny 1.0" in result.stdout
     assert "Job 'cli-job-1' succeeded" in result.stdout
 
     runner = CliRunner(env={"TRAY_CLUSTER_TOKEN": cluster["token"],
@@ -461,7 +471,7 @@ def test_cli_submit_streams_logs_and_the_other_commands_work(cluster, tmp_path):
     out = runner.invoke(job_group, ["status", "cli-job-1"])
     assert out.exit_code == 0 and "Status for job 'cli-job-1': SUCCEEDED" in out.output
     out = runner.invoke(job_group, ["logs", "cli-job-1"])
-    assert out.exit_code == 0 and "from-module ['x y'] 7" in out.output
+    assert out.exit_code == 0 and "from-module ['x y'] 7 tiny 1.0" in out.output
     out = runner.invoke(job_group, ["list"])
     assert out.exit_code == 0 and re.search(r"cli-job-1\s+SUCCEEDED", out.output)
     (tmp_path / "env.yaml").write_text("env_vars:\n  GREETING: from-yaml\n")
