@@ -550,3 +550,66 @@ def test_stop_during_setup_cancels_pip(client):
         info = _wait_terminal(client, submission_id, 30)
         assert info.status is JobStatus.STOPPED, info
         _wait_for(lambda: not pip_processes(), "pip to be killed", 15)
+
+
+# ------------------------------------------------------------ without a cluster process
+
+
+def test_the_gcs_job_table_on_both_backends(backend):
+    """The GCS's job_submissions table (what the job manager, the state API
+    and the dashboard share): ids are created once, records replaced, listed
+    by id and deleted, the same on both backends."""
+    import tray
+    from tray.core import api
+
+    tray.init(backend=backend, num_cpus=1, **({"seed": 0} if backend == "sim" else {}))
+    worker = api._worker()
+
+    def call(method, *args):
+        return api._block(worker, worker.gcs_call, method, *args)
+
+    first = JobInfo(submission_id="b", status=JobStatus.PENDING, entrypoint="true")
+    assert call("job_submission_put", "b", first.to_record(), True) is True
+    assert call("job_submission_put", "b", first.to_record(), True) is False  # taken
+    done = JobInfo(submission_id="b", status=JobStatus.SUCCEEDED, entrypoint="true")
+    assert call("job_submission_put", "b", done.to_record(), False) is True
+    assert call("job_submission_put", "a", first.to_record(), True) is True
+    assert [key for key, _ in call("job_submission_list")] == ["a", "b"]
+    assert JobInfo.from_record(call("job_submission_get", "b")).status is JobStatus.SUCCEEDED
+    assert call("job_submission_delete", "b") is True
+    assert call("job_submission_delete", "b") is False
+    assert call("job_submission_get", "b") is None
+
+
+def test_the_job_table_is_bounded(monkeypatch, tmp_path):
+    """A submission beyond JOBS_MAX fails, saying what to do, and starts
+    nothing."""
+    from tray.job_submission import _manager
+
+    calls = []
+
+    def fake_gcs_call(gcs, token, method, *args):
+        calls.append(method)
+        if method == "job_submission_list":
+            return [(f"job-{i}", b"{}") for i in range(3)]
+        raise AssertionError(f"unexpected GCS call {method}")
+
+    monkeypatch.setattr(_manager, "gcs_call", fake_gcs_call)
+    monkeypatch.setattr(_manager, "JOBS_MAX", 3)
+    manager = _manager.JobManager("tcp:127.0.0.1:1", b"token", str(tmp_path))
+    with pytest.raises(JobSubmissionError, match="at most 3 jobs; delete finished ones"):
+        manager.submit(entrypoint="true")
+    assert calls == ["job_submission_list"]
+
+
+def test_tail_job_logs_under_asyncio(client):
+    """Ray's users iterate tail_job_logs under asyncio: it works there too."""
+    import asyncio
+
+    submission_id = client.submit_job(entrypoint="echo one; echo two")
+    _wait_terminal(client, submission_id)
+
+    async def collect():
+        return [text async for text in client.tail_job_logs(submission_id)]
+
+    assert "".join(asyncio.run(collect())) == "one\ntwo\n"
