@@ -159,7 +159,13 @@ def _follow(client: JobSubmissionClient, submission_id: str) -> None:
         async for text in client.tail_job_logs(submission_id):
             click.echo(text, nl=False)
 
-    _run(lambda: trio.run(stream))
+    try:
+        _run(lambda: trio.run(stream))
+    except KeyboardInterrupt:
+        # As Ray's: Ctrl-C stops following, not the job.
+        click.echo(f"\nStopped following job '{submission_id}'; it goes on (tray job stop "
+                   f"{submission_id} ends it)", err=True)
+        sys.exit(130)
 
 
 def _report(info) -> None:
