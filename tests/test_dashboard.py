@@ -56,6 +56,9 @@ def live_cluster():
 
         @tray.remote
         def square(x):
+            from tray.util.metrics import Counter
+
+            Counter("app_squares", description="squares computed").inc()
             return x * x
 
         @tray.remote(max_retries=0)
@@ -227,6 +230,14 @@ def _metrics_endpoint_has_ray_names_and_live_values(live_cluster):
               if s.name.endswith("_count")]
     assert counts and counts[0].value >= 7
     assert "ray_object_store_memory" in families
+    # A user metric, aggregated over the workers that recorded it (flushed
+    # within a second).
+
+    def user_metric():
+        text = _get(url + "/metrics")
+        found = {f.name: f for f in text_string_to_metric_families(text)}.get("app_squares")
+        return found and [s.value for s in found.samples if s.name == "app_squares_total"]
+    assert _wait_until(user_metric, "the user metric in /metrics", timeout_s=15) == [6.0]
 
 
 def _a_log_name_outside_the_session_is_refused(live_cluster):
