@@ -126,7 +126,11 @@ class LocalNodeProvider:
     # Node indexes from here on (tray.init's own nodes count up from 0).
     FIRST_INDEX = 100
 
-    def __init__(self, session, gcs_address: str, config: AutoscalingConfig) -> None:
+    def __init__(self, session, gcs_address: str, config: AutoscalingConfig,
+                 node_ip: str | None = None) -> None:
+        # node_ip: nodes listen on TCP at this IP (a cluster of tray start);
+        # None: on Unix sockets in the session (a cluster of tray.init).
+        self._node_ip = node_ip
         self._session = session
         self._gcs_address = gcs_address
         self._config = config
@@ -146,13 +150,39 @@ class LocalNodeProvider:
         gpus = resources.pop("GPU", 0.0)
         memory_bytes = int(resources.pop("memory", 1024**3))
         store_bytes = int(node_type.node_config.get("object_store_memory", 64 * 1024**2))
-        process = _start_node(self._session, index, self._gcs_address, cpus=cpus, gpus=gpus,
-                              resources=resources, memory_bytes=memory_bytes,
-                              store_bytes=store_bytes)
+        if self._node_ip is None:
+            process = _start_node(self._session, index, self._gcs_address, cpus=cpus,
+                                  gpus=gpus, resources=resources, memory_bytes=memory_bytes,
+                                  store_bytes=store_bytes)
+        else:
+            process = self._start_tcp_node(index, cpus, gpus, resources, memory_bytes,
+                                           store_bytes)
         self._processes[provider_id] = process
         self._indexes[provider_id] = index
         self._nodes[provider_id] = ProviderNode(provider_id, node_type.name, LAUNCHING)
         return provider_id
+
+    def _start_tcp_node(self, index: int, cpus: float, gpus: float, resources: dict,
+                        memory_bytes: int, store_bytes: int):
+        """As ``tray start --address`` starts a node (TCP on ``node_ip``),
+        exiting with this process."""
+        import json
+        import os
+        import subprocess
+        import sys
+
+        from ..backends.local.session import free_port
+
+        command = [sys.executable, "-P", "-m", "tray.backends.local.node",
+                   "--session", self._session.directory, "--node-index", str(index),
+                   "--gcs", self._gcs_address,
+                   "--node-address", f"tcp:{self._node_ip}:{free_port(self._node_ip)}",
+                   "--listen-ip", self._node_ip, "--num-cpus", str(cpus),
+                   "--num-gpus", str(gpus), "--resources", json.dumps(resources),
+                   "--memory-bytes", str(memory_bytes),
+                   "--object-store-bytes", str(store_bytes), "--prestart", str(int(cpus)),
+                   "--exit-with-driver", str(os.getpid())]
+        return subprocess.Popen(command, stdin=subprocess.DEVNULL, start_new_session=True)
 
     def terminate_node(self, provider_id: str) -> None:
         import os

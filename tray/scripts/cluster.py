@@ -97,11 +97,25 @@ def _exit(code: int) -> None:
               help="(head) the dashboard's IP; 0.0.0.0 opens it to the network")
 @click.option("--dashboard-port", type=int, default=None,
               help="(head) the dashboard's port (default 8265, or a free one when taken)")
+@click.option("--autoscaling-config", default=None, metavar="PATH",
+              help="(head) run the autoscaler with this cluster YAML (local provider)")
 def start(**options) -> int:
     """Start a node of a cluster in the background."""
     if options["head"] == (options["address"] is not None):
         raise click.UsageError("give exactly one of --head (start the head node) or "
                                "--address HOST:PORT (join a cluster)")
+    if options["autoscaling_config"] is not None:
+        from ..autoscaler import load as load_autoscaling_config
+
+        if not options["head"]:
+            raise click.UsageError("--autoscaling-config goes with --head")
+        try:
+            config = load_autoscaling_config(options["autoscaling_config"])
+        except ValueError as error:
+            raise click.UsageError(str(error)) from None
+        if config.provider_type != "local":
+            raise click.UsageError(f"tray start runs the autoscaler with the local provider; "
+                                   f"the config says provider.type {config.provider_type!r}")
     code = _start(argparse.Namespace(**options))
     _exit(code)
     return code
@@ -263,9 +277,27 @@ def _start(args) -> int:
         print(f"  In a driver:               tray.init(address=\"{address}\")  (or \"auto\")")
         if args.include_dashboard:
             _start_dashboard(args, session, gcs, node.pid)
+        if args.autoscaling_config:
+            _start_autoscaler(args, session, address, node.pid)
     else:
         print(f"Started node {info['node_id']}, joined the cluster at {address}.")
     return 0
+
+
+def _start_autoscaler(args, session: Session, address: str, head_pid: int) -> None:
+    """The autoscaler's process (tray/autoscaler/__main__.py): it follows
+    the head node (exits, ending the nodes it started, when the head does,
+    so tray stop ends it too)."""
+    command = [sys.executable, "-P", "-m", "tray.autoscaler", "--address", address,
+               "--session", session.directory,
+               "--config", os.path.abspath(args.autoscaling_config),
+               "--follow-pid", str(head_pid)]
+    env = {**os.environ, "TRAY_CLUSTER_TOKEN": session.token().decode()}
+    with open_private_file(session.path("autoscaler.log")) as log:
+        subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env,
+                         start_new_session=True)
+    print(f"  Autoscaler:                running ({args.autoscaling_config}); log: "
+          f"{session.path('autoscaler.log')}")
 
 
 def _start_dashboard(args, session: Session, gcs: str, head_pid: int) -> None:
@@ -432,4 +464,11 @@ def _status(args) -> int:
     for actor in actors:
         name = f" name={actor.name!r}" if actor.name else ""
         print(f"  {actor.state:<16} {actor.class_name} {actor.actor_id}{name}")
+    from ..autoscaler import STATUS_KEY, format_status
+
+    try:
+        raw = trio.run(query_gcs, gcs, token, "kv_get", STATUS_KEY)
+    except (TrayError, ValueError):
+        raw = None
+    print(format_status(None if raw is None else json.loads(raw)))
     return 0
