@@ -150,6 +150,45 @@ def test_setup_timeout_fails_with_runtime_env_setup_error(monkeypatch):
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
 
 
+def test_a_package_is_fetched_and_unpacked_once_however_many_ask(tmp_path):
+    import trio
+
+    from tray.runtime_env import setup
+
+    package = renv.pack_directory(_tree(tmp_path / "wd", {"m.py": b"x = 1\n"}))
+    fetches = []
+
+    async def fetch(key):
+        fetches.append(key)
+        await trio.sleep(1)  # a slow GCS: the others wait on the lock meanwhile
+        return package.data
+
+    async def main():
+        found = []
+        async with trio.open_nursery() as nursery:
+            for _ in range(5):
+                async def one():
+                    found.append(await setup.ensure_package(package.uri, str(tmp_path / "c"),
+                                                            fetch))
+                nursery.start_soon(one)
+        return found
+
+    found = trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    assert fetches == [renv.KV_PREFIX + package.uri]
+    assert len(set(found)) == 1 and os.path.isfile(os.path.join(found[0], "m.py"))
+
+
+def test_unpacking_refuses_entries_outside_the_directory(tmp_path):
+    from tray.runtime_env.packaging import unpack
+
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        archive.writestr("../escaped.txt", b"no")
+    with pytest.raises(ValueError, match="outside its directory"):
+        unpack(buffer.getvalue(), str(tmp_path / "target"))
+    assert not (tmp_path / "escaped.txt").exists()
+
+
 # ====================================================== envs on both backends
 
 
