@@ -42,6 +42,7 @@ def _env_of(*names):
     ({"config": {"setup_timeout_seconds": 0}}, ValueError, "positive integer or -1"),
     ({"config": {"setup_timeout_seconds": "10"}}, TypeError, "setup_timeout_seconds"),
     ({"config": {"timeout": 10}}, ValueError, "unknown runtime_env\\['config'\\] key"),
+    ({"config": {"eager_install": True}}, NotImplementedError, "eager_install"),
     ({"conda": "myenv"}, NotImplementedError, "conda environments are not supported"),
     ({"container": {"image": "x"}}, NotImplementedError, "containers"),
 ])

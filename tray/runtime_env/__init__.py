@@ -164,8 +164,12 @@ def validate(runtime_env) -> dict:
             if timeout != -1 and timeout <= 0:
                 raise ValueError("runtime_env['config']['setup_timeout_seconds'] must be a "
                                  f"positive integer or -1 (no limit), got {timeout}")
-        if not isinstance(config.get("eager_install", True), bool):
+        if not isinstance(config.get("eager_install", False), bool):
             raise _type_error("config']['eager_install", config["eager_install"], "a bool")
+        if config.get("eager_install"):
+            raise NotImplementedError("runtime_env['config']['eager_install']=True is not "
+                                      "supported: an env is set up on a node when a worker "
+                                      "there first needs it (eager_install=False)")
     return env
 
 
