@@ -315,11 +315,15 @@ def test_stop_ends_the_driver_and_frees_its_resources(cluster, client, tmp_path)
 
 
 def test_concurrent_jobs_see_only_their_own_env_vars_and_working_dir(client, tmp_path):
-    script = ("import os, pathlib, time\n"
+    script = ("import os, pathlib, time, tray\n"
+              "def seen():\n"
+              "    return (os.environ.get('MINE'),\n"
+              "            sorted(k for k in os.environ if k.startswith('ONLY_')),\n"
+              "            pathlib.Path('which.txt').read_text())\n"
+              "tray.init()\n"
               "time.sleep(1)  # both jobs run at once\n"
-              "print('mine', os.environ.get('MINE'),\n"
-              "      'only', sorted(k for k in os.environ if k.startswith('ONLY_')),\n"
-              "      'file', pathlib.Path('which.txt').read_text(), flush=True)\n")
+              "print('driver', *seen(), flush=True)\n"
+              "print('task', *tray.get(tray.remote(seen).remote()), flush=True)\n")
     ids = {}
     for name in ("a", "b"):
         directory = tmp_path / name
@@ -334,7 +338,8 @@ def test_concurrent_jobs_see_only_their_own_env_vars_and_working_dir(client, tmp
         info = _wait_terminal(client, submission_id)
         logs = client.get_job_logs(submission_id)
         assert info.status is JobStatus.SUCCEEDED, logs
-        assert logs == f"mine env-{name} only ['ONLY_{name.upper()}'] file dir-{name}\n"
+        seen = f"env-{name} ['ONLY_{name.upper()}'] dir-{name}"
+        assert logs == f"driver {seen}\ntask {seen}\n"  # the driver's and its tasks' view
 
 
 def test_unauthenticated_requests_get_401_and_do_nothing(cluster, client):
