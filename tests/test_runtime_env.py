@@ -65,6 +65,10 @@ def test_runtime_env_class_is_a_checked_dict():
     assert env == {"env_vars": {"A": "1"}, "pip": ["x"]}
     with pytest.raises(ValueError, match="unknown runtime_env key 'bogus'"):
         renv.RuntimeEnv(bogus=1)
+    config = renv.RuntimeEnvConfig(setup_timeout_seconds=30)
+    assert renv.RuntimeEnv(config=config)["config"]["setup_timeout_seconds"] == 30
+    with pytest.raises(ValueError, match="positive integer or -1"):
+        renv.RuntimeEnvConfig(setup_timeout_seconds=-5)
 
 
 def test_merge_is_rays_child_keys_replace_env_vars_merge():

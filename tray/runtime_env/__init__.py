@@ -57,7 +57,7 @@ from .packaging import (
     package_hash,
 )
 
-__all__ = ["RuntimeEnv", "validate", "merge", "env_hash", "pack_directory", "Package",
+__all__ = ["RuntimeEnv", "RuntimeEnvConfig", "validate", "merge", "env_hash", "pack_directory", "Package",
            "package_working_dir", "upload_package", "resolve", "is_package_uri",
            "package_hash", "URI_PREFIX", "KV_PREFIX", "DEFAULT_MAX_PACKAGE_BYTES",
            "DEFAULT_SETUP_TIMEOUT_S", "current", "store_env", "ENV_KV_PREFIX"]
@@ -88,6 +88,16 @@ class RuntimeEnv(dict):
                      excludes=excludes, pip=pip, config=config, **other)
         super().__init__({key: value for key, value in given.items() if value is not None})
         validate(self)
+
+
+class RuntimeEnvConfig(dict):
+    """Ray's ``RuntimeEnvConfig``: the ``config`` entry, as a checked dict."""
+
+    def __init__(self, setup_timeout_seconds: int = DEFAULT_SETUP_TIMEOUT_S,
+                 eager_install: bool = False) -> None:
+        super().__init__(setup_timeout_seconds=setup_timeout_seconds,
+                         eager_install=eager_install)
+        validate({"config": self})
 
 
 def _type_error(key: str, value, expected: str) -> TypeError:
