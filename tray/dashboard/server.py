@@ -162,11 +162,14 @@ def _overview(ctx: DashboardContext, request: Request) -> Response:
 
 def _jobs(ctx: DashboardContext, request: Request) -> Response:
     jobs = ctx.reader.jobs()
-    rows = [[_e(j.get("submission_id")), _state(j.get("status")), _e(j.get("entrypoint")),
-             _e(j.get("message")), _e(_ms_date(j.get("start_time"))),
-             _e(_ms_date(j.get("end_time")))] for j in jobs]
-    body = _table(["Submission id", "Status", "Entrypoint", "Message", "Started", "Ended"],
-                  rows, "no submitted jobs (tray job submit)")
+    rows = [[_e(j.get("job_id")), _e(j.get("type")), _state(j.get("status")),
+             _e(j.get("entrypoint") or j.get("driver_address")), _e(j.get("message")),
+             _e(_ms_date(j.get("start_time"))), _e(_ms_date(j.get("end_time")))]
+            for j in jobs]
+    body = _table(["Job", "Type", "Status", "Entrypoint / driver", "Message", "Started",
+                   "Ended"], rows, "no jobs")
+    body += ("<p class='note'>Submit one with <code>tray job submit -- python "
+             "script.py</code>; its logs: <code>tray job logs ID</code>.</p>")
     return _page("Jobs", "/jobs", body)
 
 
