@@ -18,7 +18,8 @@ import socket
 import subprocess
 import sys
 
-from .server import DEFAULT_PORT, INFO_FILE
+DEFAULT_PORT = 8265  # Ray's
+INFO_FILE = "dashboard.json"  # in the session directory: the URL and pid, once serving
 
 # The first stage (see _lazy.py): holds the port; the server starts on first use.
 _LAZY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_lazy.py")
@@ -54,7 +55,8 @@ def start_dashboard(*, gcs_address: str, session_dir: str, host: str, port: int,
                     follow_pid: int, log_path: str | None = None) -> tuple[subprocess.Popen, str]:
     """Spawn the dashboard process; returns it and its URL at once (it
     serves a moment later). The token comes from the session directory,
-    never the command line."""
+    never the command line. Nothing here imports the web stack: the
+    driver's ``init()`` pays a fork and an exec."""
     command = [sys.executable, "-P", _LAZY, "--gcs", gcs_address,
                "--session", session_dir, "--host", host, "--port", str(port),
                "--follow-pid", str(follow_pid)]

@@ -34,12 +34,11 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
+from . import DEFAULT_PORT, INFO_FILE
 from .data import ClusterReader
 
-DEFAULT_PORT = 8265  # Ray's
 GCS_LOST_S = 10.0
 WATCH_INTERVAL_S = 0.5
-INFO_FILE = "dashboard.json"
 
 
 @dataclasses.dataclass
