@@ -193,26 +193,31 @@ class JobManager:
             return False
 
     def info(self, submission_id: str) -> JobInfo:
-        info = read_job(self.gcs_address, self.token, submission_id)
-        if info is None:
-            raise JobNotFoundError(f"Job {submission_id} does not exist")
-        if not info.status.is_terminal() and not self._supervisor_alive(info):
-            info = read_job(self.gcs_address, self.token, submission_id)  # it may just have ended
-            if info is not None and not info.status.is_terminal():
-                info = JobInfo(**{**info.__dict__, "status": JobStatus.FAILED,
-                                  "end_time": int(time.time() * 1000),
-                                  "error_type": "JOB_SUPERVISOR_DIED",
-                                  "message": f"the job's supervisor process (pid "
-                                             f"{info.supervisor_pid}) died unexpectedly"})
-                write_job(self.gcs_address, self.token, info)
+        info = self._checked(read_job(self.gcs_address, self.token, submission_id))
         if info is None:
             raise JobNotFoundError(f"Job {submission_id} does not exist")
         return info
 
+    def _checked(self, info: JobInfo | None) -> JobInfo | None:
+        """``info``, or FAILED if it says PENDING/RUNNING while its supervisor
+        is gone (written back, so every reader sees the same)."""
+        if info is None or info.status.is_terminal() or self._supervisor_alive(info):
+            return info
+        info = read_job(self.gcs_address, self.token, info.submission_id)  # it may just have ended
+        if info is not None and not info.status.is_terminal():
+            info = JobInfo(**{**info.__dict__, "status": JobStatus.FAILED,
+                              "end_time": int(time.time() * 1000),
+                              "error_type": "JOB_SUPERVISOR_DIED",
+                              "message": f"the job's supervisor process (pid "
+                                         f"{info.supervisor_pid}) died unexpectedly"})
+            write_job(self.gcs_address, self.token, info)
+        return info
+
     def list(self) -> list[JobInfo]:
-        jobs = list_job_records(self.gcs_address, self.token)
-        return [self.info(job.submission_id) if not job.status.is_terminal() else job
-                for job in jobs]
+        """Every job, from one read of the table (and one more per job whose
+        supervisor turns out dead)."""
+        jobs = (self._checked(job) for job in list_job_records(self.gcs_address, self.token))
+        return [job for job in jobs if job is not None]
 
     def stop(self, submission_id: str) -> bool:
         """Ask the job's supervisor to stop it; False if it already ended."""
