@@ -278,6 +278,7 @@ def test_tray_start_head_serves_the_dashboard_until_stop(tmp_path):
         assert started.returncode == 0, started.stderr
         url = f"http://127.0.0.1:{dashboard_port}"
         assert f"Dashboard:                 {url}" in started.stdout
+        assert f"Dashboard: {url}" in cli("status").stdout
         page = _wait_until(lambda: _get(url + "/"), "the dashboard to serve")
         assert "1 live node(s)" in page
         # The job API is mounted and wants the token.

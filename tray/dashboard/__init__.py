@@ -13,6 +13,7 @@ each get a dashboard)."""
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -24,7 +25,7 @@ INFO_FILE = "dashboard.json"  # in the session directory: the URL and pid, once 
 # The first stage (see _lazy.py): holds the port; the server starts on first use.
 _LAZY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_lazy.py")
 
-__all__ = ["DEFAULT_PORT", "INFO_FILE", "choose_port", "start_dashboard"]
+__all__ = ["DEFAULT_PORT", "INFO_FILE", "choose_port", "read_url", "start_dashboard"]
 
 
 def _port_free(host: str, port: int) -> bool:
@@ -68,4 +69,24 @@ def start_dashboard(*, gcs_address: str, session_dir: str, host: str, port: int,
     finally:
         log.close()
     shown_host = "127.0.0.1" if host in ("0.0.0.0", "") else host
-    return process, f"http://{shown_host}:{port}"
+    url = f"http://{shown_host}:{port}"
+    try:  # for `tray status`
+        from ..backends.local.session import replace_private_file
+
+        replace_private_file(os.path.join(session_dir, INFO_FILE),
+                             json.dumps({"url": url, "pid": process.pid}))
+    except OSError:
+        pass
+    return process, url
+
+
+def read_url(session_dir: str | None) -> str | None:
+    """The URL of the dashboard started for the session in ``session_dir``
+    (on this machine), or None."""
+    if not session_dir:
+        return None
+    try:
+        with open(os.path.join(session_dir, INFO_FILE)) as file:
+            return json.load(file).get("url")
+    except (OSError, ValueError):
+        return None

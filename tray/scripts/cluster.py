@@ -453,6 +453,11 @@ def _status(args) -> int:
     alive = [node for node in nodes if node.alive]
     print(f"Cluster at {gcs.removeprefix('tcp:')}: {len(alive)} live node(s), "
           f"{len(nodes) - len(alive)} dead")
+    from ..dashboard import read_url
+
+    url = next(filter(None, (read_url(node.session_dir) for node in alive)), None)
+    if url:
+        print(f"Dashboard: {url}")
     for node in nodes:
         state = "alive" if node.alive else "dead "
         total = node.resources
