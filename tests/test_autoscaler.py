@@ -415,3 +415,65 @@ def test_start_needs_a_cluster_and_a_good_config():
         autoscaler.start(SIM_CONFIG)
     with pytest.raises(ValueError, match="config must be a path, a dict"):
         autoscaler.start(42)
+
+
+# ====================================== the lease manager's part: spill, drain
+
+
+def test_queued_work_moves_to_a_node_that_joins():
+    from tray.simtest import cluster
+
+    tray.init(backend="sim", seed=6, num_cpus=1)
+    try:
+        @tray.remote
+        def slow():
+            time.sleep(10.0)
+            return tray.get_runtime_context().get_node_id()
+
+        sim = cluster()
+        start = sim.clock.current_time()
+        refs = [slow.remote() for _ in range(3)]  # one runs, two queue on the only node
+        time.sleep(1.0)
+        sim.add_node({"CPU": 2})
+        nodes = tray.get(refs)
+        elapsed = sim.clock.current_time() - start
+        assert len(set(nodes)) == 2  # the queued two ran on the new node
+        assert elapsed < 15.0  # not 30 s one after another
+    finally:
+        tray.shutdown()
+
+
+def test_a_node_drains_only_when_empty_and_then_takes_no_work():
+    from tray.core.api import _block
+    from tray.core.context import get_worker
+    from tray.simtest import cluster
+    from tray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    tray.init(backend="sim", seed=8, num_cpus=1, num_nodes=2)
+    try:
+        sim = cluster()
+        second = sim.node_ids()[1]
+        address = next(n["NodeManagerAddress"] for n in tray.nodes() if n["NodeID"] == second)
+        worker = get_worker()
+
+        def drain():
+            async def call():
+                return await worker.endpoint.call(address, "drain")
+            return _block(worker, call)
+
+        @tray.remote
+        def hold(seconds):
+            time.sleep(seconds)
+            return tray.get_runtime_context().get_node_id()
+
+        pinned = hold.options(scheduling_strategy=NodeAffinitySchedulingStrategy(
+            second, soft=False)).remote(5.0)
+        time.sleep(1.0)
+        assert drain() is False  # a lease is held there
+        assert tray.get(pinned) == second
+        time.sleep(1.0)
+        assert drain() is True
+        # Work that would have gone there runs on the other node.
+        assert set(tray.get([hold.remote(0.5) for _ in range(4)])) == {sim.node_ids()[0]}
+    finally:
+        tray.shutdown()
