@@ -167,6 +167,9 @@ class JobManager:
         with self._lock:
             self._reap()
             self._supervisors[submission_id] = process
+        # Its exit is collected at once, whether or not anyone asks about it.
+        threading.Thread(target=process.wait, name=f"reap-{submission_id}",
+                         daemon=True).start()
         return submission_id
 
     def _reap(self) -> None:
