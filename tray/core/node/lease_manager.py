@@ -47,7 +47,6 @@ up with a placement group's bundles would wait for the group to go)."""
 from __future__ import annotations
 
 import logging
-from collections import deque
 from dataclasses import dataclass, field
 
 import trio
@@ -64,9 +63,6 @@ logger = logging.getLogger("tray.node")
 DEMAND_SHAPES_MAX = 256
 # Distinct (owner, shape) pairs remembered as infeasible; the oldest go first.
 INFEASIBLE_KEYS_MAX = 1024
-# Requests remembered per infeasible (owner, shape): an owner has at most
-# ``pending_lease_requests_max`` in flight per class.
-INFEASIBLE_TIMES_MAX = 64
 # A node re-sends an unchanged demand report every this many heartbeats.
 DEMAND_REFRESH_PERIODS = 10
 
@@ -179,7 +175,9 @@ class LeaseManager:
         self.bundles: dict[tuple, Bundle] = {}
         self._reconciling_bundles = False
         # (owner, shape_key) -> times infeasible requests came (bounded).
-        self._infeasible: dict[tuple, deque] = {}
+        # (owner, shape_key) -> [retry window index, requests in it, in the one
+        # before]: an owner asks again once per window for each pending task.
+        self._infeasible: dict[tuple, list] = {}
         self._demand_sent: NodeDemand | None = None
         # The autoscaler is removing this node: it takes no new work.
         self.draining = False
@@ -247,8 +245,8 @@ class LeaseManager:
         for waiter in self.waiting:
             assert not waiter.event.is_set(), waiter.request
         assert len(self._infeasible) <= INFEASIBLE_KEYS_MAX, len(self._infeasible)
-        for times in self._infeasible.values():
-            assert 0 < len(times) <= INFEASIBLE_TIMES_MAX, len(times)
+        for window, current, previous in self._infeasible.values():
+            assert window >= 0 and current >= 1 and previous >= 0, (window, current, previous)
 
     # ------------------------------------------------------------------ view
 
@@ -279,16 +277,20 @@ class LeaseManager:
                 node_id != self._node_id}
         if not free:
             return
+        nowhere: set = set()  # shapes no node has room for (a long queue stays cheap)
         for waiter in list(self.waiting):
             request = waiter.request
             if request.strategy.kind == "PLACEMENT_GROUP" or now - waiter.since < waited_s:
                 continue
             if request.strategy.kind == "NODE_AFFINITY" and request.for_actor is None:
                 continue
-            if self._pool_for(request) is not None:
-                continue  # it will be granted here
+            key = shape_key(request.resources)
+            if key in nowhere or self._pool_for(request) is not None:
+                continue  # no room elsewhere, or it will be granted here
+            nowhere.add(key)
             for node_id in sorted(free):
                 if scheduling.fits(request.resources, free[node_id]):
+                    nowhere.discard(key)
                     for name, amount in request.resources.items():
                         free[node_id][name] = free[node_id].get(name, 0.0) - amount
                     self.waiting.remove(waiter)
@@ -612,13 +614,21 @@ class LeaseManager:
 
     # ---------------------------------------------------------------- demand
 
+    def _window(self) -> int:
+        return int(trio.current_time() / self._config.infeasible_retry_period_s)
+
     def _note_infeasible(self, request: LeaseRequest) -> None:
         if request.strategy.kind == "NODE_AFFINITY" and not request.strategy.soft:
             return  # pinned to a node: no new node can serve it
         key = (request.owner, shape_key(request.resources))
-        times = self._infeasible.pop(key, None) or deque(maxlen=INFEASIBLE_TIMES_MAX)
-        times.append(trio.current_time())
-        self._infeasible[key] = times  # (re)inserted last: the oldest key is first
+        window = self._window()
+        entry = self._infeasible.pop(key, None)
+        if entry is None or entry[0] < window - 1:
+            entry = [window, 0, 0]
+        elif entry[0] == window - 1:
+            entry = [window, 0, entry[1]]
+        entry[1] += 1
+        self._infeasible[key] = entry  # (re)inserted last: the oldest key is first
         while len(self._infeasible) > INFEASIBLE_KEYS_MAX:
             del self._infeasible[next(iter(self._infeasible))]
 
@@ -633,12 +643,14 @@ class LeaseManager:
                 actors.append(waiter.request.for_actor)
             key = shape_key(waiter.request.resources)
             counts[key] = counts.get(key, 0) + 1
-        now = trio.current_time()
-        window_s = self._config.infeasible_retry_period_s * 1.5
-        for (_owner, key), times in list(self._infeasible.items()):
-            recent = sum(1 for at in times if now - at <= window_s)
-            if recent == 0:
-                del self._infeasible[(_owner, key)]
+        window = self._window()
+        for (owner, key), (seen, current, previous) in list(self._infeasible.items()):
+            if seen == window:
+                recent = max(current, previous)  # this window may have just begun
+            elif seen == window - 1:
+                recent = current
+            else:
+                del self._infeasible[(owner, key)]
                 continue
             counts[key] = counts.get(key, 0) + recent
         ranked = sorted(counts.items(), key=lambda item: (-item[1], item[0]))
