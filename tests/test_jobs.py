@@ -618,3 +618,20 @@ def test_tail_job_logs_under_asyncio(client):
         return [text async for text in client.tail_job_logs(submission_id)]
 
     assert "".join(asyncio.run(collect())) == "one\ntwo\n"
+
+
+def test_the_local_token_never_goes_to_another_host(monkeypatch, tmp_path):
+    """The token kept for the cluster started here is used for a job API on
+    this machine only; for another host the client asks for a token."""
+    from tray.job_submission import sdk
+
+    monkeypatch.delenv("TRAY_CLUSTER_TOKEN", raising=False)
+    monkeypatch.setattr("tray.backends.local.session.read_current_cluster",
+                        lambda: {"address": "127.0.0.1:1", "token": "local-secret",
+                                 "session_dir": str(tmp_path)})
+    assert sdk._find_token("http://127.0.0.1:8265") == "local-secret"
+    assert sdk._find_token("http://localhost:8265") == "local-secret"
+    with pytest.raises(Exception, match="no token for the job API at http://10.1.2.3:8265"):
+        JobSubmissionClient("http://10.1.2.3:8265")
+    assert JobSubmissionClient("http://10.1.2.3:8265", token="given")._headers[
+        "Authorization"] == "Bearer given"

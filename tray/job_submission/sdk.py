@@ -57,18 +57,31 @@ def _default_address() -> str:
     return DEFAULT_ADDRESS
 
 
+def _is_loopback(address: str) -> bool:
+    import ipaddress
+
+    host = httpx.URL(address).host
+    try:
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def _find_token(address: str) -> str:
+    """``TRAY_CLUSTER_TOKEN``, else the token of the cluster started on this
+    machine, but that one only for a job API on this machine: the token is
+    never sent to another host because a local cluster happens to exist."""
     token = os.environ.get("TRAY_CLUSTER_TOKEN")
     if token:
         return token
     from ..backends.local.session import read_current_cluster
 
     current = read_current_cluster()
-    if current and current.get("token"):
+    if current and current.get("token") and _is_loopback(address):
         return current["token"]
-    raise TrayError(f"no token for the job API at {address}: pass token=, set "
-                    "TRAY_CLUSTER_TOKEN to the token 'tray start --head' printed, or run on the "
-                    "machine that started the head")
+    raise TrayError(f"no token for the job API at {address}: pass token= (or --token-file), "
+                    "or set TRAY_CLUSTER_TOKEN to the token 'tray start --head' printed; on "
+                    "the head's machine, a job API on 127.0.0.1 finds it by itself")
 
 
 def _read_requirements(path) -> list[str]:
@@ -121,7 +134,9 @@ class JobSubmissionClient:
         if response.status_code < 400:
             return
         try:
-            message = response.json().get("error", response.text)
+            body = response.json()
+            message = body.get("error", response.text) if isinstance(body, dict) \
+                else response.text
         except ValueError:
             message = response.text
         if response.status_code == 404:
