@@ -635,3 +635,18 @@ def test_the_local_token_never_goes_to_another_host(monkeypatch, tmp_path):
         JobSubmissionClient("http://10.1.2.3:8265")
     assert JobSubmissionClient("http://10.1.2.3:8265", token="given")._headers[
         "Authorization"] == "Bearer given"
+
+
+def test_cli_finds_the_job_api_and_token_of_the_head_started_here(cluster):
+    """No --address, no token: on the head's machine, ``tray job`` finds the
+    dashboard's URL and the token in the session files."""
+    if not os.path.exists(os.path.join(cluster["session_dir"], "dashboard.json")):
+        pytest.skip("this head serves no dashboard (the job API runs alone)")
+    env = {key: value for key, value in os.environ.items()
+           if key not in ("TRAY_CLUSTER_TOKEN", "TRAY_ADDRESS", "TRAY_API_SERVER_ADDRESS")}
+    env["TRAY_SESSION_ROOT"] = str(cluster["root"])
+    result = subprocess.run([sys.executable, "-m", "tray.scripts.cli", "job", "submit", "--",
+                             "echo", "found by itself"],
+                            env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "found by itself" in result.stdout and "succeeded" in result.stdout
