@@ -177,6 +177,8 @@ def test_bad_queries_say_what_is_allowed():
         state.list_nodes(limit=0)
     with pytest.raises(ValueError, match="actor id"):
         state.get_actor("")
+    with pytest.raises(ValueError, match="timeout must be a positive number"):
+        state.list_tasks(timeout=0)
     [node] = state.list_nodes(filters=[("state", "=", "alive")], detail=True)
     assert node.is_head_node and node.resources_total["CPU"] == 1.0
     assert node.resources_available is not None
@@ -307,3 +309,22 @@ def test_readme_observability_example_runs(tmp_path):
     assert "broken TASK_EXECUTION_EXCEPTION" in result.stdout
     assert "ValueError: bad input" in result.stdout
     assert "'FINISHED': 4" in result.stdout
+
+
+def test_state_simtest_workload_passes_and_catches_a_planted_bug(monkeypatch):
+    from tray.core.gcs import task_event_table
+    from tray.simtest import runner
+
+    result = runner.run_seed(2, "state", "chaos")
+    assert result.ok, result.report()
+    # A GCS table that loses why a task failed must be caught.
+    merge = task_event_table.TaskEventTable._merge
+
+    def forgetful_merge(self, event, shift):
+        merge(self, event, shift)
+        self.rows[(event[0], event[1])]["error_type"] = None
+
+    monkeypatch.setattr(task_event_table.TaskEventTable, "_merge", forgetful_merge)
+    planted = runner.run_seed(2, "state", "default")
+    assert not planted.ok
+    assert planted.invariant == "failed-tasks-say-why", planted.report()

@@ -62,6 +62,9 @@ _ERROR_TYPES = {
     "GetTimeoutError": "GET_TIMEOUT",
 }
 
+# Spans kept per task attempt (an attempt re-run in the same worker adds more).
+SPANS_MAX = 16
+
 # An error message longer than this is cut (a traceback of a deep recursion).
 ERROR_MESSAGE_MAX_CHARS = 8 * 1024
 
@@ -88,12 +91,12 @@ def error_message_of(error: BaseException) -> str:
     return text
 
 
-@dataclass
+@dataclass(slots=True)
 class TaskAttemptEvents:
     """What one process saw of one task attempt (merged with the others'
     in the GCS). Times are this process's loop clock until the GCS moves
     them onto its own."""
-    task_id: str  # hex
+    task_id: bytes  # (hex when it travels)
     attempt: int
     info: dict | None = None  # what the task is: name, type, job, actor, parent...
     states: dict = field(default_factory=dict)  # state -> time it was entered
@@ -104,13 +107,22 @@ class TaskAttemptEvents:
     error_message: str | None = None
     # Spans of the run, for the timeline: [(name, start, end)].
     spans: list = field(default_factory=list)
+    buffered: bool = True  # in the buffer (False once flushed)
+
+    def as_tuple(self) -> tuple:
+        """The record as it travels (a tuple pickles in a third of the time
+        of a dataclass, and the GCS reads it back as fast): the fields in
+        their order here."""
+        return (self.task_id.hex(), self.attempt, self.info, self.states, self.node_id,
+                self.worker_id, self.worker_pid, self.error_type, self.error_message,
+                self.spans)
 
 
 @dataclass(frozen=True)
 class TaskEventBatch:
     """One flush: the records, how many were dropped since the last one,
     and the sender's clock when it sent them."""
-    events: list  # [TaskAttemptEvents]
+    events: list  # [TaskAttemptEvents.as_tuple()]
     dropped: int
     sender_now: float
     sender: str
@@ -151,14 +163,14 @@ class TaskEventBuffer:
         return TaskEventBufferStatistics(len(self._events), self.dropped, self.sent_batches)
 
     def _record_of(self, task_id: bytes, attempt: int) -> TaskAttemptEvents | None:
-        key = (task_id.hex(), attempt)
+        key = (task_id, attempt)
         record = self._events.get(key)
         if record is None:
             if len(self._events) >= self._max:
                 self.dropped += 1
                 self._dropped_unsent += 1
                 return None
-            record = self._events[key] = TaskAttemptEvents(key[0], attempt)
+            record = self._events[key] = TaskAttemptEvents(task_id, attempt)
         return record
 
     # ------------------------------------------------------------ the owner
@@ -184,38 +196,38 @@ class TaskEventBuffer:
 
     # --------------------------------------------------------- the executor
 
-    def started(self, spec, actor_id: str | None = None) -> None:
+    def started(self, spec, actor_id: str | None = None) -> TaskAttemptEvents | None:
         """This worker begins running ``spec`` (RUNNING); ``actor_id``: the
-        actor whose constructor (or method) it is."""
+        actor whose constructor (or method) it is. The record to hand to
+        ``ended`` (None: disabled, or the buffer is full)."""
         if not self.enabled:
-            return
+            return None
         record = self._record_of(spec.task_id, spec.attempt)
         if record is None:
-            return
+            return None
         record.states.setdefault("RUNNING", trio.current_time())
         record.node_id, record.worker_id, record.worker_pid = \
             self._node_id, self._worker_id, self._pid
         if record.info is None:
             record.info = task_info(spec, actor_id)
+        return record
 
-    def span(self, spec, name: str, start: float, end: float) -> None:
-        """A span of the run (``name``: ``task:fetch_args``, ``task:execute``...)."""
-        if not self.enabled:
-            return
-        record = self._events.get((spec.task_id.hex(), spec.attempt))
-        if record is not None and len(record.spans) < 16:
-            record.spans.append((name, start, end))
-
-    def ended(self, spec, error: BaseException | None = None,
-              error_type: str | None = None) -> None:
-        """This worker finished running ``spec`` (FAILED when it raised)."""
-        if not self.enabled:
-            return
-        record = self._record_of(spec.task_id, spec.attempt)
-        if record is None:
-            return
+    def ended(self, record: TaskAttemptEvents, spans: list,
+              error: BaseException | None = None, error_type: str | None = None) -> None:
+        """The executor finished running the attempt of ``record`` (from
+        ``started``; FAILED when it raised), with the spans of the run:
+        [(name, start, end)]. A record flushed since it started goes back
+        into the buffer with what is new (the GCS merges both)."""
+        if not record.buffered:
+            if len(self._events) >= self._max:
+                self.dropped += 1
+                self._dropped_unsent += 1
+                return
+            record.buffered = True
+            self._events[(record.task_id, record.attempt)] = record
         state = "FINISHED" if error is None and error_type is None else "FAILED"
         record.states.setdefault(state, trio.current_time())
+        record.spans.extend(spans[:SPANS_MAX - len(record.spans)])
         if error is not None:
             record.error_type = error_type or error_type_of(error)
             record.error_message = error_message_of(error)
@@ -225,7 +237,12 @@ class TaskEventBuffer:
     def take_batch(self) -> TaskEventBatch | None:
         if not self._events and not self._dropped_unsent:
             return None
-        events = list(self._events.values())
+        events = []
+        for record in self._events.values():
+            events.append(record.as_tuple())
+            # What was sent stays as it is (the batch is pickled later): a
+            # record that gets more (its end) starts over with new containers.
+            record.states, record.spans, record.info, record.buffered = {}, [], None, False
         self._events = {}
         batch = TaskEventBatch(events, self._dropped_unsent, trio.current_time(), self._address)
         self._dropped_unsent = 0

@@ -38,7 +38,7 @@ from ..task_spec import ArgByValue, TaskSpec
 from .function_table import FunctionTable
 from .object_getter import ObjectGetter
 from .reference_counter import ReferenceCounter
-from .task_events import TaskEventBuffer
+from .task_events import TaskAttemptEvents, TaskEventBuffer
 
 # How long a worker that reached a function's max_calls lives on after its
 # last reply, so that the reply is out before the process ends.
@@ -213,12 +213,15 @@ class TaskReceiver:
         events = self._events
         if events is None:
             return await self._execute(spec, context, load, None)
-        events.started(spec, context.actor_id.hex() if context.actor_id is not None else None)
-        reply = await self._execute(spec, context, load, events)
-        return reply
+        # The record of this attempt (None: the buffer is full), and the
+        # spans of the run, handed over once at its end.
+        record = events.started(spec, context.actor_id.hex()
+                                if context.actor_id is not None else None)
+        return await self._execute(spec, context, load, record)
 
     async def _execute(self, spec: TaskSpec, context: TaskContext, load,
-                       events: TaskEventBuffer | None) -> TaskReply:
+                       record: TaskAttemptEvents | None) -> TaskReply:
+        spans = [] if record is not None else None
         current_task.set(context)
         await greenback.ensure_portal()
         self._tracer.record(self._name, "task_started", task=spec.task_id, name=spec.name,
@@ -239,23 +242,24 @@ class TaskReceiver:
                     if waits:
                         self._getter.lend_cpu(False)
                 run_start = trio.current_time()
-                if spec.args or spec.kwargs:
-                    self._span(events, spec, "task:fetch_args", fetch_start, run_start)
+                if spans is not None and (spec.args or spec.kwargs):
+                    spans.append(("task:fetch_args", fetch_start, run_start))
                 try:
                     if inspect.iscoroutinefunction(function):
                         value = await function(*args, **kwargs)
                     else:
                         value = function(*args, **kwargs)
                 finally:
-                    self._span(events, spec, "task:execute", run_start, trio.current_time())
+                    if spans is not None:
+                        spans.append(("task:execute", run_start, trio.current_time()))
                 values = _split_returns(value, spec.num_returns, spec.name)
             except _ArgumentError as failure:
-                if events is not None:
-                    events.ended(spec, failure.error)
+                if record is not None:
+                    self._events.ended(record, spans, failure.error)
                 return TaskReply(self._error_results(spec, serialize_error(failure.error)))
             except Exception as error:
-                if events is not None:
-                    events.ended(spec, _traced(error), "TASK_EXECUTION_EXCEPTION")
+                if record is not None:
+                    self._events.ended(record, spans, _traced(error), "TASK_EXECUTION_EXCEPTION")
                 return TaskReply(self._error_results(spec, _task_error(spec.name, error)), True)
             except BaseException as error:
                 return await self._base_exception_reply(spec, error)
@@ -268,28 +272,22 @@ class TaskReceiver:
         if scope.cancelled_caught:
             error = exceptions.TaskCancelledError(f"task {spec.name} ({spec.task_id.hex()}) "
                                                   "was cancelled")
-            if events is not None:
-                events.ended(spec, error)
+            if record is not None:
+                self._events.ended(record, spans, error)
             return TaskReply(self._error_results(spec, serialize_error(error)))
         store_start = trio.current_time()
         try:
             results = [await self._store_result(ObjectID(oid), value, spec.caller)
                        for oid, value in zip(spec.return_ids, values, strict=True)]
         except Exception as error:
-            if events is not None:
-                events.ended(spec, _traced(error), "TASK_EXECUTION_EXCEPTION")
+            if record is not None:
+                self._events.ended(record, spans, _traced(error), "TASK_EXECUTION_EXCEPTION")
             return TaskReply(self._error_results(spec, _task_error(spec.name, error)), True)
-        if events is not None:
-            self._span(events, spec, "task:store_outputs", store_start, trio.current_time())
-            events.ended(spec)
+        if record is not None:
+            spans.append(("task:store_outputs", store_start, trio.current_time()))
+            self._events.ended(record, spans)
         self._tracer.record(self._name, "task_done", task=spec.task_id)
         return TaskReply(results)
-
-    @staticmethod
-    def _span(events: TaskEventBuffer | None, spec: TaskSpec, name: str, start: float,
-              end: float) -> None:
-        if events is not None:
-            events.span(spec, name, start, end)
 
     async def _base_exception_reply(self, spec: TaskSpec, error: BaseException) -> TaskReply:
         """User code raised a BaseException that is not an Exception. Ray's

@@ -57,7 +57,11 @@ import warnings
 from collections import Counter
 from dataclasses import dataclass, field
 
+from ... import exceptions
+
 DEFAULT_LIMIT = 100
+# How long one query may take (Ray's default for the state API too).
+DEFAULT_TIMEOUT_S = 30.0
 _PREDICATES = ("=", "!=")
 # Keys whose values are Ray enum names: compared case-insensitively.
 _ENUM_KEYS = {"state", "type", "reference_type", "task_status", "worker_type", "status",
@@ -212,9 +216,13 @@ class _Client:
     """One query's way to the cluster: the connected driver, or one-shot
     authenticated connections from a process that is not part of it."""
 
-    def __init__(self, address: str | None) -> None:
+    def __init__(self, address: str | None, timeout: float | None = None) -> None:
         from ...core.context import get_worker
 
+        if timeout is not None and (isinstance(timeout, bool) or
+                                    not isinstance(timeout, (int, float)) or timeout <= 0):
+            raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+        self.timeout_s = DEFAULT_TIMEOUT_S if timeout is None else float(timeout)
         self.worker = get_worker(required=False) if address is None else None
         self.gcs = self.token = None
         if self.worker is None:
@@ -230,16 +238,22 @@ class _Client:
             worker = self.worker
 
             async def gather():
+                import trio
+
                 results = []
-                for target, method, *args in calls:
-                    try:
-                        if target is None:
-                            results.append(await worker.gcs_call(method, *args))
-                        else:
-                            results.append(await worker.endpoint.call(target, method, *args))
-                    except Exception as error:  # noqa: BLE001 - reported per call
-                        results.append(error)
-                return results
+                with trio.move_on_after(self.timeout_s):
+                    for target, method, *args in calls:
+                        try:
+                            if target is None:
+                                results.append(await worker.gcs_call(method, *args))
+                            else:
+                                results.append(await worker.endpoint.call(target, method,
+                                                                          *args))
+                        except Exception as error:  # noqa: BLE001 - reported per call
+                            results.append(error)
+                    return results
+                raise exceptions.TrayError(f"the state query did not finish within "
+                                           f"{self.timeout_s} s (pass timeout= to wait longer)")
 
             from ...core.api import _block
 
@@ -250,15 +264,18 @@ class _Client:
 
         async def gather_outside():
             results = []
-            for target, method, *args in calls:
-                try:
-                    results.append(await query_gcs(target or self.gcs, self.token, method,
-                                                   *args))
-                except Exception as error:  # noqa: BLE001 - reported per call
-                    if target is None:
-                        raise
-                    results.append(error)
-            return results
+            with trio.move_on_after(self.timeout_s):
+                for target, method, *args in calls:
+                    try:
+                        results.append(await query_gcs(target or self.gcs, self.token,
+                                                       method, *args))
+                    except Exception as error:  # noqa: BLE001 - reported per call
+                        if target is None:
+                            raise
+                        results.append(error)
+                return results
+            raise exceptions.TrayError(f"the state query did not finish within "
+                                       f"{self.timeout_s} s (pass timeout= to wait longer)")
 
         return trio.run(gather_outside)
 
@@ -367,7 +384,7 @@ def list_nodes(address: str | None = None, filters: list | None = None,
     """Every node the cluster has known (alive and dead), the first
     registered marked as the head."""
     checked = _check_query(NodeState, filters, limit)
-    client = _Client(address)
+    client = _Client(address, timeout)
     nodes = _node_rows(client)
     stats = client._run([(node.address, "get_node_stats") for node in nodes if node.alive]) \
         if detail else []
@@ -388,7 +405,8 @@ def list_nodes(address: str | None = None, filters: list | None = None,
 
 def get_node(id: str, address: str | None = None, timeout: float | None = None
              ) -> NodeState | None:
-    found = list_nodes(address, filters=[("node_id", "=", id)], detail=True, limit=1)
+    found = list_nodes(address, filters=[("node_id", "=", id)], detail=True, limit=1,
+                       timeout=timeout)
     return found[0] if found else None
 
 
@@ -444,7 +462,7 @@ def list_actors(address: str | None = None, filters: list | None = None,
                 ) -> list[ActorState]:
     """Every actor of the cluster's life (dead ones too), by actor id."""
     checked = _check_query(ActorState, filters, limit)
-    client = _Client(address)
+    client = _Client(address, timeout)
     return _finish(ActorState, _actor_records(client), checked, limit, detail, "actors")
 
 
@@ -453,7 +471,7 @@ def get_actor(id: str, address: str | None = None, timeout: float | None = None
     """One actor by its hex id (all fields), or None."""
     if not isinstance(id, str) or not id:
         raise ValueError(f"get_actor() needs an actor id (hex), got {id!r}")
-    client = _Client(address)
+    client = _Client(address, timeout)
     found = _actor_records(client, id)
     return found[0] if found else None
 
@@ -514,7 +532,7 @@ def list_tasks(address: str | None = None, filters: list | None = None,
     ``ACTOR_CREATION_TASK``."""
     checked = _check_query(TaskState, filters, limit)
     _check_events_enabled()
-    client = _Client(address)
+    client = _Client(address, timeout)
     reply = _task_reply(client)
     _warn_dropped(reply)
     records = [_task_record(row, reply["now"]) for row in reply["rows"]]
@@ -526,7 +544,7 @@ def get_task(id: str, address: str | None = None, timeout: float | None = None,
     """A task by hex id (its latest attempt, or ``attempt``), all fields; None if unknown."""
     if not isinstance(id, str) or not id:
         raise ValueError(f"get_task() needs a task id (hex), got {id!r}")
-    client = _Client(address)
+    client = _Client(address, timeout)
     reply = _task_reply(client, id)
     rows = [row for row in reply["rows"] if attempt is None or row["attempt_number"] == attempt]
     if not rows:
@@ -559,6 +577,15 @@ def _process_addresses(client: _Client) -> list[tuple[str, str]]:
 def _object_reports(client: _Client) -> list[dict]:
     targets = _process_addresses(client)
     reports = client._run([(address, "object_report") for _, address in targets])
+    # (A driver that is gone is no news: the job table keeps every driver.)
+    missing = [address for (node_id, address), report in zip(targets, reports, strict=True)
+               if not isinstance(report, dict) and node_id]
+    if missing:
+        # A worker that exited between the listing and the question, or one
+        # that did not answer: its references are missing (Ray's "partial").
+        warnings.warn(f"{len(missing)} of {len(targets)} processes did not report their "
+                      f"objects (gone, or not answering): {', '.join(missing[:3])}",
+                      stacklevel=3)
     return [report for report in reports if isinstance(report, dict)]
 
 
@@ -571,7 +598,7 @@ def list_objects(address: str | None = None, filters: list | None = None,
     in memory and for stored values on the holder's node; ``call_site`` is
     ``"disabled"`` (tray does not record where refs were made)."""
     checked = _check_query(ObjectState, filters, limit)
-    client = _Client(address)
+    client = _Client(address, timeout)
     ips = {node.node_id: _node_ip(node) for node in _node_rows(client)}
     records = []
     for report in _object_reports(client):
@@ -598,7 +625,7 @@ def _directory_bytes(path: str | None) -> int | None:
     return total
 
 
-def memory_summary(address: str | None = None) -> dict:
+def memory_summary(address: str | None = None, timeout: float | None = None) -> dict:
     """What ``tray memory`` prints: every reference grouped by the process
     holding it (with its size, reference type and the owner), and each
     node's object store: used and total bytes, and bytes spilled to disk
@@ -609,7 +636,7 @@ def memory_summary(address: str | None = None) -> dict:
          "processes": [{"node_id", "pid", "type", "worker_id", "address",
                         "objects": [ObjectState as dict], "left_out"}],
          "totals": {"objects", "object_bytes", "by_reference_type": {...}}}"""
-    client = _Client(address)
+    client = _Client(address, timeout)
     nodes = [node for node in _node_rows(client) if node.alive]
     stats = client._run([(node.address, "get_node_stats") for node in nodes])
     node_rows = []
@@ -657,7 +684,7 @@ def list_workers(address: str | None = None, filters: list | None = None,
     """Every worker process each live node knows (and every driver), with
     its pid where a task it ran said so."""
     checked = _check_query(WorkerState, filters, limit)
-    client = _Client(address)
+    client = _Client(address, timeout)
     nodes = [node for node in _node_rows(client) if node.alive]
     lists = client._run([(node.address, "list_workers") for node in nodes])
     pids = {}
@@ -696,7 +723,7 @@ def list_jobs(address: str | None = None, filters: list | None = None,
     import json
 
     checked = _check_query(JobState, filters, limit)
-    client = _Client(address)
+    client = _Client(address, timeout)
     records = [JobState(job_id=_job_hex(job), submission_id=None, type="DRIVER",
                         status="RUNNING", entrypoint="", driver_address=driver)
                for job, driver in client.gcs_call("list_driver_jobs")]
@@ -725,7 +752,7 @@ def list_placement_groups(address: str | None = None, filters: list | None = Non
                           detail: bool = False, raise_on_missing_output: bool = True
                           ) -> list[PlacementGroupState]:
     checked = _check_query(PlacementGroupState, filters, limit)
-    client = _Client(address)
+    client = _Client(address, timeout)
     records = [PlacementGroupState(
         placement_group_id=info.pg_id, name=info.name, state=info.state,
         strategy=info.strategy, bundles=[dict(b) for b in info.bundles],
@@ -741,7 +768,7 @@ def summarize_tasks(address: str | None = None, timeout: float | None = None,
     """Task attempts counted by function (Ray's ``summary by func_name``):
     ``{"summary": {name: {"func_or_class_name", "type", "state_counts"}},
     "total_tasks", "total_actor_tasks", "total_actor_scheduled"}``."""
-    tasks = list_tasks(address, limit=10**9, detail=False)
+    tasks = list_tasks(address, limit=10**9, timeout=timeout, detail=False)
     summary: dict = {}
     for task in tasks:
         entry = summary.setdefault(task.func_or_class_name or task.name, {
@@ -758,7 +785,7 @@ def summarize_actors(address: str | None = None, timeout: float | None = None,
                      raise_on_missing_output: bool = True) -> dict:
     """Actors counted by class: ``{"summary": {class: {"class_name",
     "state_counts"}}, "total_actors"}``."""
-    actors = list_actors(address, limit=10**9)
+    actors = list_actors(address, limit=10**9, timeout=timeout)
     summary: dict = {}
     for actor in actors:
         entry = summary.setdefault(actor.class_name, {"class_name": actor.class_name,
@@ -773,7 +800,7 @@ def summarize_objects(address: str | None = None, timeout: float | None = None,
     their known total size: ``{"summary": {"total_objects",
     "total_size_bytes", "by_reference_type", "by_task_status"},
     "total_objects"}``."""
-    objects = list_objects(address, limit=10**9)
+    objects = list_objects(address, limit=10**9, timeout=timeout)
     by_type = Counter(o.reference_type for o in objects)
     by_status = Counter(o.task_status for o in objects)
     size = sum(o.object_size or 0 for o in objects)
