@@ -20,7 +20,8 @@ import subprocess
 import sys
 
 DEFAULT_PORT = 8265  # Ray's
-INFO_FILE = "dashboard.json"  # in the session directory: the URL and pid, once serving
+INFO_FILE = "dashboard.json"
+SESSION_ENV = "TRAY_DASHBOARD_SESSION"  # in the session directory: the URL and pid, once serving
 
 # The first stage (see _lazy.py): holds the port; the server starts on first use.
 _LAZY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_lazy.py")
@@ -58,10 +59,13 @@ def start_dashboard(*, gcs_address: str, session_dir: str, host: str, port: int,
     serves a moment later). The token comes from the session directory,
     never the command line. Nothing here imports the web stack: the
     driver's ``init()`` pays a fork and an exec."""
-    command = [sys.executable, "-P", _LAZY, "--gcs", gcs_address,
-               "--session", session_dir, "--host", host, "--port", str(port),
-               "--follow-pid", str(follow_pid)]
+    command = [sys.executable, "-P", _LAZY, "--gcs", gcs_address, "--host", host,
+               "--port", str(port), "--follow-pid", str(follow_pid)]
+    # The session directory goes in the environment, not on the command line:
+    # the dashboard is an HTTP server, not one of the cluster's RPC processes
+    # (which tools, and the TLS test, find by their --session argument).
     env = {key: value for key, value in os.environ.items() if key != "TRAY_CLUSTER_TOKEN"}
+    env[SESSION_ENV] = session_dir
     log = open(log_path or os.path.join(session_dir, "dashboard.log"), "ab")
     try:
         process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=log,

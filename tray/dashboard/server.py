@@ -34,7 +34,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
-from . import DEFAULT_PORT, INFO_FILE
+from . import DEFAULT_PORT, INFO_FILE, SESSION_ENV
 from .data import ClusterReader
 
 GCS_LOST_S = 10.0
@@ -401,7 +401,8 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(prog="python -m tray.dashboard")
     parser.add_argument("--gcs", required=True, help="the GCS address, tcp:HOST:PORT")
-    parser.add_argument("--session", default=None, help="the head's session directory")
+    parser.add_argument("--session", default=os.environ.get(SESSION_ENV),
+                        help=f"the head's session directory (default: ${SESSION_ENV})")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=DEFAULT_PORT)
     parser.add_argument("--follow-pid", type=int, default=None,
