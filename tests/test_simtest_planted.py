@@ -12,6 +12,7 @@ from tray.core.worker.actor_host import ActorHost
 from tray.core.worker.actor_task_submitter import ActorTaskSubmitter
 from tray.core.worker.core_worker import CoreWorker
 from tray.core.worker.normal_task_submitter import NormalTaskSubmitter
+from tray.core.worker.object_getter import ObjectGetter
 from tray.core.worker.object_recovery import ObjectRecoveryManager
 from tray.core.worker.reference_counter import ReferenceCounter
 from tray.core.worker.task_manager import TaskManager
@@ -179,3 +180,12 @@ def test_actors_that_stop_restarting_early_are_caught_within_5_seeds(monkeypatch
     result = _first_failure(range(5), "actors", "chaos", "gives-up-only-when-the-budget-is-spent")
     assert "after 0 restarts" in result.message
 
+
+
+def test_wait_reporting_unfinished_refs_ready_is_caught_within_5_seeds(monkeypatch):
+    async def hasty(self, refs, num_returns, timeout, fetch_local):
+        return refs[:num_returns], refs[num_returns:]  # "ready" without looking
+
+    monkeypatch.setattr(ObjectGetter, "wait", hasty)
+    result = _first_failure(range(5), "wait", "none", "wait-ready-means-ready")
+    assert "get did not answer" in result.message

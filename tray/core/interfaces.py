@@ -161,6 +161,10 @@ class ProcessEnv:
     # Called with a task's GPU ids and its TaskSpec before user code runs (a
     # real worker sets CUDA_VISIBLE_DEVICES and OMP_NUM_THREADS).
     on_gpu_ids: Callable[[list, Any], None] | None = None
+    # Simulated workers: the virtual seconds a task or actor call costs once
+    # its user code returned (the TaskSpec in; backends/sim/task_cost.py).
+    # None: real work takes real time.
+    task_cost_s: Callable[[Any], float] | None = None
     # Workers: await run_sync_in_thread(fn, concurrency_group) runs a threaded
     # actor's synchronous method in a thread (None: inline, as the simulator).
     run_sync_in_thread: Callable | None = None

@@ -41,6 +41,8 @@ from . import workloads
 LIVENESS_S = 120.0  # virtual seconds for all outstanding work once faults stop
 QUIESCE_S = 10.0  # virtual seconds for frees, lease returns and orphan reclaims to settle
 WAIT_TIMEOUT_S = 5.0
+# A ref `wait(fetch_local=True)` reported ready answers `get` within this.
+READY_GET_S = 0.05
 HANG_S = 300.0  # any single blocking driver call (a hang beyond the liveness bound)
 # Every component's validate_state() runs after every this many simulated
 # steps (0: never); a broken invariant fails the seed at the step that broke it.
@@ -164,6 +166,7 @@ class Program:
         # events to say): retries spent per task and restarts per actor
         # (hex ids), and the actors killed on purpose.
         self.spent: Spent | None = None
+        self.not_ready: list[str] = []  # refs wait reported ready that get did not answer
         self._keys = 0
         self._retries = 0
 
@@ -204,6 +207,19 @@ class Program:
     def actor_call(self, actor_key: str, caller: str, seq: int, max_task_retries: int) -> None:
         limit = -1 if max_task_retries < 0 else 1 + max_task_retries
         self.actor_calls.setdefault(actor_key, {})[(caller, seq)] = limit
+
+    def check_ready(self, refs: list, label: str) -> None:
+        """``wait(fetch_local=True)`` reported ``refs`` ready: ``get`` must
+        answer each (a value or its error) without waiting on work or
+        transfers."""
+        for ref in refs:
+            try:
+                tray.get(ref, timeout=READY_GET_S)
+            except exceptions.GetTimeoutError:
+                self.not_ready.append(f"{label}: wait reported {ref!r} ready, and get did not "
+                                      f"answer within {READY_GET_S} s of virtual time")
+            except Exception:  # noqa: BLE001 - a ready error is ready
+                pass
 
     def actor_restarts(self, actor_key: str, max_restarts: int) -> None:
         """The actor may come back at most ``max_restarts`` times."""
@@ -526,6 +542,8 @@ def _run_seed(seed, workload, faults, trace_path, config, started,
         faults_start_s = cluster.clock.current_time()
         try:
             workloads.WORKLOADS[workload](program)
+            if program.not_ready:
+                raise InvariantViolation("wait-ready-means-ready", "\n".join(program.not_ready))
             refs = [e.ref for e in program.expectations]
             window_end_s = max([f.at_s for f in schedule], default=0.0) + 0.01
             if refs:

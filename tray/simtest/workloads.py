@@ -345,21 +345,38 @@ def objects(program) -> None:
 
 
 def wait_loop(program) -> None:
+    """``wait`` over small and large results, with and without
+    ``fetch_local``, with short and long timeouts: with ``fetch_local``
+    every ref it reports ready must be ready (``Program.check_ready``)."""
     rng = program.rng
     n = rng.randint(2, 8)
     retries = program.task_retries()
-    refs = [leaf.options(max_retries=retries).remote(program.key(f"wait{i}"), i,
-                                                     rng.random() * 0.2) for i in range(n)]
-    expected = {ref: i * i for i, ref in enumerate(refs)}
+    large = rng.random() < 0.4
+    fetch_local = rng.random() < 0.5
+    timeout_s = rng.choice([0.05, program.wait_timeout_s])
+    if large:  # spread over the nodes, so fetch_local has something to fetch
+        size = 20_000
+        refs = [make_array.options(max_retries=retries, scheduling_strategy="SPREAD").remote(
+            program.key(f"wait{i}"), size, float(i)) for i in range(n)]
+        expected = {ref: ("array", size, float(i)) for i, ref in enumerate(refs)}
+    else:
+        refs = [leaf.options(max_retries=retries).remote(program.key(f"wait{i}"), i,
+                                                         rng.random() * 0.2) for i in range(n)]
+        expected = {ref: i * i for i, ref in enumerate(refs)}
     pending = list(refs)
-    while pending:
-        ready, pending = tray.wait(pending, num_returns=1, timeout=program.wait_timeout_s)
-        if not ready:
+    for _ in range(max(1, int(program.wait_timeout_s / timeout_s))):
+        if not pending:
             break
+        ready, pending = tray.wait(pending, num_returns=1, timeout=timeout_s,
+                                   fetch_local=fetch_local)
+        if fetch_local:  # (otherwise a ready object may still be a transfer away)
+            program.check_ready(ready, "wait loop (fetch_local)")
         for ref in ready:
-            program.expect(ref, expected[ref], label="wait loop", unlimited=retries < 0, retries=retries)
+            program.expect(ref, expected[ref], label="wait loop", unlimited=retries < 0,
+                           retries=retries)
     for ref in pending:
-        program.expect(ref, expected[ref], label="wait loop (late)", unlimited=retries < 0, retries=retries)
+        program.expect(ref, expected[ref], label="wait loop (late)", unlimited=retries < 0,
+                       retries=retries)
 
 
 def actors(program) -> None:

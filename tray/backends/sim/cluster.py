@@ -28,6 +28,7 @@ from ...exceptions import TrayError
 from ...runtime_env.worker_environ import SimWorkerEnv, WorkerEnviron
 from ...transports.sim import SimNetwork
 from .stores import MemoryObjectStore, MemoryStorage, SimulatedMemory
+from .task_cost import TaskCostModel
 
 logger = logging.getLogger("tray.sim")
 
@@ -111,11 +112,13 @@ class SimSpawner:
 class SimCluster:
     def __init__(self, *, seed: int, num_nodes: int, num_cpus: float, num_gpus: float,
                  resources: dict, config=None, object_store_memory: int | None = None,
-                 worker_start_delay_s: float = 0.005, validate_every_steps: int = 0) -> None:
+                 worker_start_delay_s: float = 0.005, validate_every_steps: int = 0,
+                 task_cost_s: float | dict | None = None) -> None:
         if num_nodes < 1:
             raise ValueError(f"num_nodes must be at least 1, got {num_nodes}")
         self.seed = seed
         self.num_nodes = num_nodes
+        self.task_costs = TaskCostModel(seed, task_cost_s)
         self.config = config or config_module.DEFAULT_CONFIG
         self.clock = trio.testing.MockClock(autojump_threshold=0)
         self._pending_host_callbacks = 0
@@ -405,7 +408,8 @@ class SimCluster:
                 self._machine_resources.get(node_index, self.node_resources).get("GPU", 0.0))
             env = self._env(address, node_index,
                             exit_process=lambda: self.kill_process(address),
-                            on_gpu_ids=environ.before_task)
+                            on_gpu_ids=environ.before_task,
+                            task_cost_s=self.task_costs.cost_s)
             worker = CoreWorker(env, WORKER, nursery, worker_id=worker_id)
             process.component = worker
             current_worker.set(worker)
@@ -739,7 +743,8 @@ class SimRuntime:
 
 def start(*, address=None, num_cpus=None, num_gpus=None, resources=None, seed: int = 0,
           num_nodes: int = 1, object_store_memory: int | None = None, config=None,
-          validate_every_steps: int = 0, **unknown) -> SimRuntime:
+          validate_every_steps: int = 0, task_cost_s: float | dict | None = None,
+          **unknown) -> SimRuntime:
     if unknown:
         raise ValueError(f"unknown option(s) for the sim backend: {', '.join(sorted(unknown))}")
     if address is not None:
@@ -756,7 +761,7 @@ def start(*, address=None, num_cpus=None, num_gpus=None, resources=None, seed: i
                          num_cpus=4 if num_cpus is None else num_cpus,
                          num_gpus=num_gpus or 0, resources=resources or {}, config=config,
                          object_store_memory=object_store_memory,
-                         validate_every_steps=validate_every_steps)
+                         validate_every_steps=validate_every_steps, task_cost_s=task_cost_s)
     cluster.start()
     return SimRuntime(cluster)
 

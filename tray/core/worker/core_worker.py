@@ -159,7 +159,8 @@ class CoreWorker:
             node_manager_address=env.node_manager_address, config=config,
             functions=functions, references=references, getter=getter,
             on_gpu_ids=env.on_gpu_ids, exit_process=env.exit_process,
-            cancel_children=self._cancel_children, events=task_events)
+            cancel_children=self._cancel_children, events=task_events,
+            task_cost_s=env.task_cost_s)
         self.actor_host = ActorHost(nursery=nursery,
                                     run_sync_in_thread=env.run_sync_in_thread,
                                     name=name, worker_id=worker_id, tracer=tracer,

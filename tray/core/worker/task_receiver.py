@@ -108,8 +108,10 @@ class TaskReceiver:
     def __init__(self, *, address: str, name: str, endpoint: Endpoint, tracer, store,
                  node_id: str, node_manager_address: str, config, functions: FunctionTable,
                  references: ReferenceCounter, getter: ObjectGetter, on_gpu_ids,
-                 exit_process, cancel_children, events: TaskEventBuffer | None = None) -> None:
+                 exit_process, cancel_children, events: TaskEventBuffer | None = None,
+                 task_cost_s=None) -> None:
         self._address = address
+        self._task_cost_s = task_cost_s  # (simulated workers: see ProcessEnv)
         # RUNNING, the run's spans and its end are recorded here (None or
         # disabled: not recorded).
         self._events = events if events is not None and events.enabled else None
@@ -249,6 +251,8 @@ class TaskReceiver:
                         value = await function(*args, **kwargs)
                     else:
                         value = function(*args, **kwargs)
+                    if self._task_cost_s is not None:
+                        await trio.sleep(self._task_cost_s(spec))
                 finally:
                     if spans is not None:
                         spans.append(("task:execute", run_start, trio.current_time()))
