@@ -115,6 +115,10 @@ def test_state_commands_on_a_live_cluster(cluster_address, tmp_path):
 
     memory = _run("memory", "--address", address).output
     assert "Object store per node" in memory and held.hex() in memory
+    owner_block = memory[memory.index(held.hex()) - 2000:memory.index(held.hex())]
+    assert "--- owner " in owner_block  # grouped by owner (the driver owns the put)
+    by_process = _run("memory", "--group-by", "process", "--address", address).output
+    assert "DRIVER pid" in by_process and held.hex() in by_process
 
     listing = _run("logs", "--address", address).output
     assert f"logs/worker-{keeper_worker[:12]}.out" in listing

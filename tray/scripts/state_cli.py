@@ -209,13 +209,19 @@ def _bytes(count) -> str:
 
 
 @click.command()
+@click.option("--group-by", type=click.Choice(["owner", "process"]), default="owner",
+              show_default=True,
+              help="group references by the process that owns each object, or by the "
+                   "process that holds the reference")
 @_FORMAT
 @_ADDRESS
-def memory(output_format: str, address: str) -> int:
-    """Object references grouped by the process holding them (size, reference
-    type, owner, call site) and each node's object store, spilled bytes
+def memory(group_by: str, output_format: str, address: str) -> int:
+    """Object references grouped by owner (or by holding process) with size,
+    reference type and call site, and each node's object store, spilled bytes
     included."""
     result = _call("memory_summary", address=address)
+    if group_by == "owner":
+        result = {**result, "processes": _by_owner(result["processes"])}
     if output_format == "json":
         _echo_json(result)
         return 0
@@ -233,16 +239,41 @@ def memory(output_format: str, address: str) -> int:
     for process in result["processes"]:
         if not process["objects"]:
             continue
-        click.echo(f"\n--- {process['type']} pid {process['pid']} on node "
-                   f"{(process['node_id'] or '-')[:12]} ({process['address']})")
+        if group_by == "owner":
+            click.echo(f"\n--- owner {process['address']}"
+                       + (f" ({process['type']} pid {process['pid']} on node "
+                          f"{(process['node_id'] or '-')[:12]})" if process["pid"] else ""))
+        else:
+            click.echo(f"\n--- {process['type']} pid {process['pid']} on node "
+                       f"{(process['node_id'] or '-')[:12]} ({process['address']})")
         _print_table([{"object_id": o["object_id"], "size": _bytes(o["object_size"]),
                        "reference_type": o["reference_type"],
                        "task_status": o["task_status"],
-                       "owner": "this process" if o["owned"] else o["owner_address"],
+                       **({"held_by": o["held_by"]} if group_by == "owner" else
+                          {"owner": "this process" if o["owned"] else o["owner_address"]}),
                        "call_site": o["call_site"]} for o in process["objects"]])
         if process.get("left_out"):
             click.echo(f"({process['left_out']} more left out)")
     return 0
+
+
+def _by_owner(processes: list[dict]) -> list[dict]:
+    """memory_summary's per-holder groups regrouped by each object's owner
+    (the process whose address owns it), with who holds each reference."""
+    known = {p["address"]: p for p in processes}
+    groups: dict[str, dict] = {}
+    for holder in processes:
+        for row in holder["objects"]:
+            owner = holder["address"] if row["owned"] else row["owner_address"]
+            info = known.get(owner, {})
+            group = groups.setdefault(owner, {
+                "address": owner, "type": info.get("type", "?"), "pid": info.get("pid"),
+                "node_id": info.get("node_id"), "objects": [], "left_out": 0})
+            group["objects"].append({**row, "held_by": f"{holder['type']} pid {holder['pid']}"})
+    for holder in processes:
+        if holder.get("left_out") and holder["address"] in groups:
+            groups[holder["address"]]["left_out"] += holder["left_out"]
+    return [groups[key] for key in sorted(groups, key=str)]
 
 
 # ===================================================================== logs
