@@ -99,6 +99,8 @@ METRICS = [
            dask="scatter() then Future.result(): copies, over TCP to a worker and back"),
     Metric("get 80 MB array across two nodes", "GB/s",
            dask="an array made on a worker, fetched by the client (TCP)"),
+    Metric("user metric Counter.inc in tasks", "incs/s",
+           dask=NA + "no user metrics API"),
     Metric("simulated tasks per wall-clock second", "tasks/s",
            dask=NA + "no simulator"),
     Metric("simtest seeds per minute (mixed workload)", "seeds/min",

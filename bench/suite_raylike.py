@@ -538,3 +538,30 @@ def large_within_node():
             return array.nbytes / 1e9
         return body
     return _run(make, num_cpus=1)
+
+
+# ------------------------------------------------------------ user metrics
+
+@metric("user metric Counter.inc in tasks")
+def user_metric_incs():
+    """``util.metrics.Counter.inc()`` with a tag, called in a loop inside one
+    task per CPU: what recording a user metric costs where the work runs
+    (tray: a dict update, the flush a task of its own once a second; Ray: its
+    metrics agent's recorder)."""
+    def make():
+        @rt.remote
+        def count(times):
+            import importlib
+
+            metrics = importlib.import_module(f"{rt.__name__}.util.metrics")
+            counter = metrics.Counter("bench_incs", description="bench", tag_keys=("k",))
+            for _ in range(times):
+                counter.inc(tags={"k": "a"})
+            return times
+
+        per_task = n(20_000)
+
+        def body():
+            return sum(rt.get([count.remote(per_task) for _ in range(CPUS)]))
+        return body
+    return _run(make)

@@ -80,7 +80,7 @@ class _Registry:
     def record(self, definition: dict, tags: tuple, update) -> None:
         with self.lock:
             series = self.define(definition)["series"]
-            key = json.dumps(tags)
+            key = tags  # a tuple; JSON (a list) only when the record is written
             if key not in series and len(series) >= SERIES_MAX:
                 raise ValueError(f"metric {definition['name']!r} has {SERIES_MAX} tag "
                                  "combinations in this process (the limit): use fewer "
@@ -94,7 +94,10 @@ class _Registry:
             if not self.dirty:
                 return None
             self.dirty = False
-            blob = json.dumps(self.metrics, sort_keys=True).encode()
+            record = {name: {**entry, "series": {json.dumps(list(tags)): value
+                                                 for tags, value in entry["series"].items()}}
+                      for name, entry in self.metrics.items()}
+        blob = json.dumps(record, sort_keys=True).encode()
         if len(blob) > RECORD_BYTES_MAX:
             raise ValueError(f"this process's metrics are {len(blob)} bytes, over "
                              f"{RECORD_BYTES_MAX}")
@@ -116,10 +119,12 @@ def _current() -> tuple[object | None, _Registry]:
     worker = get_worker(required=False)
     if worker is None:
         return None, _unconnected
-    with _registries_lock:
-        registry = _registries.get(worker)
-        if registry is None:
-            registry = _registries[worker] = _Registry()
+    registry = _registries.get(worker)
+    if registry is None:
+        with _registries_lock:
+            registry = _registries.get(worker)
+            if registry is None:
+                registry = _registries[worker] = _Registry()
     return worker, registry
 
 
