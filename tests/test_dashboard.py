@@ -231,6 +231,9 @@ def _metrics_endpoint_has_ray_names_and_live_values(live_cluster):
               if s.name.endswith("_count")]
     assert counts and counts[0].value >= 7
     assert "ray_object_store_memory" in families
+    workers = {s.labels["State"]: s.value for s in families["tray_workers"].samples
+               if s.labels["NodeId"] == context["node_id"]}
+    assert workers.get("actor", 0) >= 1  # the greeter's worker
     # A user metric, aggregated over the workers that recorded it (flushed
     # within a second).
 

@@ -121,6 +121,12 @@ class ClusterReader:
 
         return getattr(state, function)(address=self.address, **options)
 
+    # ---------------------------------------------------------- workers
+
+    def workers(self) -> list[dict]:
+        return [worker.asdict() for worker in self._state("list_workers", detail=True,
+                                                           limit=ROWS_UNLIMITED)]
+
     # ------------------------------------------------------------- jobs
 
     def jobs(self) -> list[dict]:

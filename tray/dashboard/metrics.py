@@ -11,8 +11,8 @@ where Ray has the metric:
 * ``ray_object_store_memory{Location,NodeId}``: bytes in the shared-memory
   store (``MMAP_SHM``) and spilled to disk (``SPILLED``), per node;
 * ``ray_cluster_active_nodes`` / ``tray_cluster_dead_nodes``;
-* ``tray_workers{NodeId}``: worker processes that ran a kept task or hold a
-  live actor;
+* ``tray_workers{NodeId,State}``: live worker processes per node, by state
+  (idle, leased, actor...: the node managers' own account);
 * ``tray_task_duration_seconds`` (histogram): run time (RUNNING to
   FINISHED/FAILED) of the kept task attempts, and
   ``tray_task_scheduling_seconds``: from submission to RUNNING.
@@ -95,17 +95,12 @@ class _Collector:
         yield GaugeMetricFamily("tray_cluster_dead_nodes", "Dead nodes",
                                 value=len(nodes) - alive)
 
-        workers: dict[str, set] = {}
-        for task in tasks:
-            if task.get("worker_id") and task.get("node_id"):
-                workers.setdefault(task["node_id"], set()).add(task["worker_id"])
-        for actor in actors:
-            if actor["state"] == "ALIVE" and actor["worker_id"] and actor["node_id"]:
-                workers.setdefault(actor["node_id"], set()).add(actor["worker_id"])
-        family = GaugeMetricFamily("tray_workers", "Worker processes seen per node",
-                                   labels=["NodeId"])
-        for node_id, ids in sorted(workers.items()):
-            family.add_metric([node_id], len(ids))
+        family = GaugeMetricFamily("tray_workers", "Live worker processes per node and state",
+                                   labels=["NodeId", "State"])
+        for (node_id, state), count in sorted(Counter(
+                (w["node_id"], w["state"] or "?") for w in reader.workers()
+                if w["is_alive"] and w["worker_type"] == "WORKER").items()):
+            family.add_metric([node_id, state], count)
         yield family
 
         yield _histogram("tray_task_duration_seconds", "Task run time (kept attempts)",
