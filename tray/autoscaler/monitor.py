@@ -50,6 +50,8 @@ class Monitor:
         self.rounds = 0
         self.failed_rounds = 0
         self.drain_refusals = 0
+        # The last round's reading: (ClusterLoad, node id -> bytes in its store).
+        self.last_load = None
 
     @property
     def status(self):
@@ -89,6 +91,7 @@ class Monitor:
                     objects_held[node.node_id] = -1
                     continue
                 objects_held[node.node_id] = stats["store_used_bytes"]
+        self.last_load = (load, objects_held)
         decisions = self.autoscaler.update(load, self.provider.nodes(), now, objects_held)
         addresses = {node.node_id: node.address for node in load.nodes}
         provider_nodes = {node.provider_id: node for node in self.provider.nodes()}

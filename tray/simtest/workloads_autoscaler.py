@@ -88,14 +88,31 @@ def autoscaler_bursts(program) -> None:
     counts_seen: list = []
     original = monitor.run_once
 
+    idle_since: dict = {}  # provider id -> since when this workload saw it idle
+
     async def checked_round():
         decisions = await original()
+        now = cluster.clock.current_time()
         nodes = monitor.provider.nodes()
         by_type: dict = {}
         for node in nodes:
             by_type[node.node_type] = by_type.get(node.node_type, 0) + 1
-        counts_seen.append((cluster.clock.current_time(), len(nodes), by_type))
+        counts_seen.append((now, len(nodes), by_type))
         del counts_seen[:-2000]
+        # Idleness judged here from the round's reading, not from the
+        # policy's own timers (a policy that resets them would hide itself).
+        load, objects = monitor.last_load
+        loads = {node.node_id: node for node in load.nodes}
+        for node in nodes:
+            seen = loads.get(node.node_id)
+            idle = seen is not None and seen.leases == 0 and seen.bundles == 0 and \
+                objects.get(node.node_id, 0) == 0 and \
+                all(seen.available.get(name, 0.0) + 1e-9 >= amount
+                    for name, amount in seen.total.items())
+            if idle:
+                idle_since.setdefault(node.provider_id, now)
+            else:
+                idle_since.pop(node.provider_id, None)
         return decisions
     monitor.run_once = checked_round
 
@@ -165,11 +182,11 @@ def autoscaler_bursts(program) -> None:
         cluster.advance(IDLE_TIMEOUT_S + 2 * PERIOD_S + 2 * cluster.config.heartbeat_period_s
                         + 1.0)
         monitor.stop()
-        _check(monitor, cluster, counts_seen, done_at)
+        _check(monitor, cluster, counts_seen, done_at, idle_since)
     program.later(scale_down)
 
 
-def _check(monitor, cluster, counts_seen: list, done_at: float) -> None:
+def _check(monitor, cluster, counts_seen: list, done_at: float, idle_since: dict) -> None:
     config = monitor.config
     for at_s, total, by_type in counts_seen:
         if total > config.max_workers:
@@ -190,7 +207,8 @@ def _check(monitor, cluster, counts_seen: list, done_at: float) -> None:
     # A node launched late (for demand reported just before the work
     # ended) may be idle for less than the timeout yet: it may stay. Any
     # other node beyond min_workers must be gone.
-    idle_s = {provider_id: seconds for provider_id, _, seconds in monitor.status.idle}
+    now = cluster.clock.current_time()
+    idle_s = {provider_id: now - since for provider_id, since in idle_since.items()}
     limit_s = config.idle_timeout_s + config.autoscaler_period_s
     left: dict = {}
     for node in monitor.provider.nodes():
