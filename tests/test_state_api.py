@@ -93,7 +93,7 @@ def test_tasks_finished_and_failed_with_error(one_node):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         assert len(state.list_tasks(limit=2)) == 2
-    assert any("showing 2" in str(w.message) for w in caught)
+    assert any("showing the newest 2" in str(w.message) for w in caught)
 
 
 def test_actors_alive_then_dead_with_cause(one_node):

@@ -416,12 +416,12 @@ def get_node(id: str, address: str | None = None, timeout: float | None = None
 def _actor_records(client: _Client, actor_id: str | None = None) -> list[ActorState]:
     reply = client.gcs_call("list_actor_states", actor_id)
     now = reply["now"]
-    events = client.gcs_call("get_task_events", None, None) if actor_id is None else None
+    filters = [("type", "=", "ACTOR_CREATION_TASK")]
+    if actor_id is not None:
+        filters.append(("actor_id", "=", actor_id))
     creations = {}
-    if events is not None:
-        for row in events["rows"]:
-            if row["type"] == "ACTOR_CREATION_TASK":
-                creations[row["actor_id"]] = row
+    for row in client.gcs_call("get_task_events", None, None, filters, None)["rows"]:
+        creations[row["actor_id"]] = row
     records = []
     known = set()
     for row in reply["rows"]:
@@ -479,15 +479,38 @@ def get_actor(id: str, address: str | None = None, timeout: float | None = None
 # ================================================================= tasks
 
 
-def _task_reply(client: _Client, task_id: str | None = None) -> dict:
+# TaskState fields the GCS's rows hold as they are: filters on them are
+# applied there (with the limit, when every filter is one of them).
+_ROW_KEYS = {"task_id", "attempt_number", "name", "state", "actor_id", "type",
+             "func_or_class_name", "parent_task_id", "node_id", "worker_id", "worker_pid",
+             "error_type"}
+
+
+def _task_reply(client: _Client, task_id: str | None = None, filters: list = (),
+                limit: int | None = None) -> dict:
     client.flush_own_events()
-    return client.gcs_call("get_task_events", task_id, None)
+    at_gcs = [(key, predicate, _normal(key, value)) for key, predicate, value in filters
+              if key in _ROW_KEYS]
+    all_there = len(at_gcs) == len(filters)
+    return client.gcs_call("get_task_events", task_id, None, at_gcs,
+                           limit if all_there else None)
+
+
+_STATE_RANK = {"PENDING_ARGS_AVAIL": 0, "PENDING_NODE_ASSIGNMENT": 1,
+               "SUBMITTED_TO_WORKER": 2, "RUNNING": 3, "FINISHED": 4, "FAILED": 5}
 
 
 def _task_record(row: dict, now: float) -> TaskState:
-    events = sorted(row["events"].items(), key=lambda item: item[1])
-    start = row["events"].get("RUNNING")
-    end = row["events"].get("FINISHED", row["events"].get("FAILED")) \
+    # In the order a task goes through its states, with times made
+    # non-decreasing: the owner's and the executor's clocks agree only to
+    # within a message's latency, and a fast task's RUNNING could otherwise
+    # come after its end.
+    events = []
+    for state, at in sorted(row["events"].items(), key=lambda item: _STATE_RANK[item[0]]):
+        events.append((state, max(at, events[-1][1]) if events else at))
+    times = dict(events)
+    start = times.get("RUNNING")
+    end = times.get("FAILED", times.get("FINISHED")) \
         if row["state"] in ("FINISHED", "FAILED") else None
     created = events[0][1] if events else None
     return TaskState(
@@ -533,9 +556,13 @@ def list_tasks(address: str | None = None, filters: list | None = None,
     checked = _check_query(TaskState, filters, limit)
     _check_events_enabled()
     client = _Client(address, timeout)
-    reply = _task_reply(client)
+    limit = DEFAULT_LIMIT if limit is None else limit
+    reply = _task_reply(client, None, checked, limit)
     _warn_dropped(reply)
     records = [_task_record(row, reply["now"]) for row in reply["rows"]]
+    if reply.get("more"):
+        warnings.warn(f"more than {limit} task attempts match, showing the newest {limit} "
+                      "(pass limit= to see more)", stacklevel=2)
     return _finish(TaskState, records, checked, limit, detail, "task attempts")
 
 
@@ -687,13 +714,10 @@ def list_workers(address: str | None = None, filters: list | None = None,
     client = _Client(address, timeout)
     nodes = [node for node in _node_rows(client) if node.alive]
     lists = client._run([(node.address, "list_workers") for node in nodes])
-    pids = {}
     try:
-        for row in client.gcs_call("get_task_events", None, None)["rows"]:
-            if row["worker_id"]:
-                pids[row["worker_id"]] = row["worker_pid"]
+        pids = client.gcs_call("worker_pids")
     except Exception:  # noqa: BLE001 - pids are a nicety
-        pass
+        pids = {}
     records = []
     for node, workers in zip(nodes, lists, strict=True):
         if isinstance(workers, Exception):
@@ -768,17 +792,17 @@ def summarize_tasks(address: str | None = None, timeout: float | None = None,
     """Task attempts counted by function (Ray's ``summary by func_name``):
     ``{"summary": {name: {"func_or_class_name", "type", "state_counts"}},
     "total_tasks", "total_actor_tasks", "total_actor_scheduled"}``."""
-    tasks = list_tasks(address, limit=10**9, timeout=timeout, detail=False)
-    summary: dict = {}
-    for task in tasks:
-        entry = summary.setdefault(task.func_or_class_name or task.name, {
-            "func_or_class_name": task.func_or_class_name or task.name, "type": task.type,
-            "state_counts": {}})
-        entry["state_counts"][task.state] = entry["state_counts"].get(task.state, 0) + 1
+    client = _Client(address, timeout)
+    client.flush_own_events()
+    reply = client.gcs_call("summarize_task_events")
+    _warn_dropped(reply)
+    summary = reply["summary"]
+    totals = Counter()
+    for entry in summary.values():
+        totals[entry["type"]] += sum(entry["state_counts"].values())
     return {"summary": dict(sorted(summary.items())),
-            "total_tasks": sum(t.type == "NORMAL_TASK" for t in tasks),
-            "total_actor_tasks": sum(t.type == "ACTOR_TASK" for t in tasks),
-            "total_actor_scheduled": sum(t.type == "ACTOR_CREATION_TASK" for t in tasks)}
+            "total_tasks": totals["NORMAL_TASK"], "total_actor_tasks": totals["ACTOR_TASK"],
+            "total_actor_scheduled": totals["ACTOR_CREATION_TASK"]}
 
 
 def summarize_actors(address: str | None = None, timeout: float | None = None,
