@@ -549,10 +549,10 @@ def list_tasks(address: str | None = None, filters: list | None = None,
                limit: int | None = None, timeout: float | None = None,
                detail: bool = False, raise_on_missing_output: bool = True
                ) -> list[TaskState]:
-    """Task attempts (one row per attempt, as Ray's), oldest first: the
-    tasks and actor calls every process submitted and ran, from the task
-    events (up to ~1 s late). Actor constructors appear as
-    ``ACTOR_CREATION_TASK``."""
+    """Task attempts (one row per attempt, as Ray's): the newest ``limit``
+    that match, oldest first — the tasks and actor calls every process
+    submitted and ran, from the task events (up to ~1 s late). Actor
+    constructors appear as ``ACTOR_CREATION_TASK``."""
     checked = _check_query(TaskState, filters, limit)
     _check_events_enabled()
     client = _Client(address, timeout)
