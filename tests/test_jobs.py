@@ -650,3 +650,29 @@ def test_cli_finds_the_job_api_and_token_of_the_head_started_here(cluster):
                             env=env, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "found by itself" in result.stdout and "succeeded" in result.stdout
+
+
+def test_init_without_an_address_joins_the_cluster_tray_address_names(cluster, tmp_path):
+    # As Ray's drivers join RAY_ADDRESS; an http URL there is the job API's
+    # (tray job), which init() leaves alone.
+    script = tmp_path / "joins.py"
+    script.write_text("import tray\nctx = tray.init()\nprint('GCS', ctx['gcs_address'])\n"
+                      "tray.shutdown()\n")
+    address = cluster["gcs"].removeprefix("tcp:")
+    env = {**os.environ, "TRAY_ADDRESS": address, "TRAY_CLUSTER_TOKEN": cluster["token"],
+           "TRAY_SESSION_ROOT": str(cluster["root"])}
+    env.pop("TRAY_JOB_SUBMISSION_ID", None)
+    env.pop("TRAY_JOB_RUNTIME_ENV", None)
+    done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"GCS {address}" in done.stdout or f"GCS tcp:{address}" in done.stdout, done.stdout
+
+    from tray.core import api
+
+    for value, expected in ((address, address), ("http://127.0.0.1:8265", None), ("", None)):
+        os.environ["TRAY_ADDRESS"] = value
+        try:
+            assert api._address_from_environment() == expected
+        finally:
+            del os.environ["TRAY_ADDRESS"]

@@ -11,6 +11,7 @@ import contextlib
 import functools
 import importlib
 import inspect
+import json
 import logging
 import numbers
 import os
@@ -191,6 +192,14 @@ def init(address: str | None = None, *, backend: str | None = None, num_cpus=Non
             runtime_env = job_config.runtime_env or None
     from .. import runtime_env as runtime_envs
 
+    joined = address is None and backend == "local" and _address_from_environment()
+    if joined:
+        # As Ray's drivers join RAY_ADDRESS: a submitted job's driver joins
+        # its cluster, in its job's runtime_env (the script's keys win).
+        address = joined
+        job_env = os.environ.get("TRAY_JOB_RUNTIME_ENV")
+        if job_env:
+            runtime_env = runtime_envs.merge(json.loads(job_env), runtime_env) or None
     runtime_envs.validate(runtime_env)
     module_name, _, function_name = _backends[backend].partition(":")
     start = getattr(importlib.import_module(module_name), function_name)
@@ -205,7 +214,22 @@ def init(address: str | None = None, *, backend: str | None = None, num_cpus=Non
     except BaseException:
         shutdown()
         raise
+    if joined and os.environ.get("TRAY_JOB_SUBMISSION_ID"):
+        from ..job_submission._common import link_driver
+
+        link_driver(lambda *args: _block(runtime.driver, runtime.driver.gcs_call, *args),
+                    os.environ["TRAY_JOB_SUBMISSION_ID"], runtime.driver.job_id.hex())
     return _context_of(runtime)
+
+
+def _address_from_environment() -> str | None:
+    """The cluster ``TRAY_ADDRESS`` names (host:port of its GCS), which
+    ``init()`` with no address joins; an http(s) URL there is the job API's
+    (``tray job``), not a cluster's."""
+    address = os.environ.get("TRAY_ADDRESS", "").strip()
+    if not address or address.startswith(("http://", "https://")):
+        return None
+    return address
 
 
 def _set_job_runtime_env(runtime, runtime_env: dict | None) -> None:
@@ -283,9 +307,12 @@ def _worker():
     with _bridges.AUTO_INIT_LOCK:
         if _global_state["runtime"] is None:
             init()
-            logger.warning("tray.init() had not been called: started a local cluster on this "
-                           "machine, as Ray does (set TRAY_AUTO_INIT=0 to make such calls "
-                           "raise NotInitializedError instead)")
+            joined = _address_from_environment()
+            where = f"joined the cluster at {joined} (TRAY_ADDRESS)" if joined else \
+                "started a local cluster on this machine"
+            logger.warning("tray.init() had not been called: %s, as Ray does (set "
+                           "TRAY_AUTO_INIT=0 to make such calls raise NotInitializedError "
+                           "instead)", where)
     return get_worker()
 
 

@@ -149,3 +149,21 @@ def write_job(gcs_address: str, token: bytes, info: JobInfo, *, create: bool = F
 def list_job_records(gcs_address: str, token: bytes) -> list[JobInfo]:
     return [JobInfo.from_record(record)
             for _, record in gcs_call(gcs_address, token, "job_submission_list")]
+
+
+def link_driver(gcs_call, submission_id: str, driver_job_id: str) -> None:
+    """Put a submitted job's driver's job id into its record (Ray's
+    ``JobDetails.job_id``), so a submission and its driver are one job in
+    ``tray list jobs``. ``tray.init()`` calls it in a job's driver, with
+    ``gcs_call(method, *args)`` blocking on this driver's GCS connection.
+    Best effort: a job runs the same without it."""
+    try:
+        record = gcs_call("job_submission_get", submission_id)
+        if record is None:
+            return
+        fields = json.loads(record)
+        fields["driver_job_id"] = driver_job_id
+        gcs_call("job_submission_put", submission_id,
+                 json.dumps(fields, sort_keys=True).encode(), False)
+    except Exception:  # noqa: BLE001 - never fail the user's init for it
+        pass

@@ -17,7 +17,8 @@ writes the job's record in the GCS until the job ends:
 3. it runs the entrypoint with a shell, in a process group of its own, its
    stdout and stderr in ``job-driver-<submission id>.log``, with
    ``TRAY_ADDRESS`` and the token in its environment so that the script's
-   ``tray.init()`` joins this cluster, and records RUNNING;
+   ``tray.init()`` joins this cluster (``init`` reads it, as Ray's reads
+   ``RAY_ADDRESS``), and records RUNNING;
 4. it records how the driver ended: SUCCEEDED (exit 0), FAILED (with the
    exit code and the end of the log), or STOPPED.
 
@@ -61,7 +62,6 @@ STOP_WAIT_S = 3.0
 POLL_S = 0.1
 GCS_CHECK_S = 2.0
 GCS_LOST_S = 30.0
-HOOK_DIRECTORY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_driver_hook")
 
 
 def _now_ms() -> int:
@@ -107,7 +107,8 @@ class Supervisor:
     def _update(self, **fields) -> None:
         """Write the record with ``fields`` changed. The supervisor is its
         only writer but for the driver's job id, which the driver adds
-        itself (``_driver_hook``): that one is kept from the GCS's copy."""
+        itself (``tray.init`` calls ``link_driver``): that one is kept from
+        the GCS's copy."""
         current = read_job(self.gcs_address, self.token, self.submission_id)
         if current is not None and current.driver_job_id and "driver_job_id" not in fields:
             fields["driver_job_id"] = current.driver_job_id
@@ -143,7 +144,7 @@ class Supervisor:
 
     def _environment(self, prepared, runtime_env: dict) -> tuple[dict, str | None]:
         env = dict(os.environ)
-        python_path = [HOOK_DIRECTORY, *prepared.sys_path]
+        python_path = list(prepared.sys_path)
         if env.get("PYTHONPATH"):
             python_path.append(env["PYTHONPATH"])
         env["PYTHONPATH"] = os.pathsep.join(python_path)
