@@ -94,8 +94,8 @@ def test_options_are_checked_where_given():
         Adder.options(num_replicas=2, autoscaling_config={"max_replicas": 2})
     with pytest.raises(ValueError, match="invalid ray_actor_options"):
         Adder.options(ray_actor_options={"num_cpu": 1})
-    with pytest.raises(NotImplementedError, match="runtime_env"):
-        Adder.options(ray_actor_options={"runtime_env": {"pip": ["x"]}})
+    with pytest.raises(ValueError, match="runtime_env"):
+        Adder.options(ray_actor_options={"runtime_env": {"pipp": ["x"]}})
     with pytest.raises(TypeError, match="unknown option"):
         serve.deployment(num_replica=2)
     with pytest.raises(ValueError, match="max_batch_size"):
@@ -181,6 +181,20 @@ def call_from_a_task(handle, values):
 def test_handles_travel_to_tasks(sim):
     handle = serve.run(Adder.bind(100), name="a")
     assert tray.get(call_from_a_task.remote(handle, [1, 2, 3])) == [101, 102, 103]
+
+
+@serve.deployment(ray_actor_options={"num_cpus": 0,
+                                     "runtime_env": {"env_vars": {"GREETING": "hello"}}})
+class Greeter:
+    def __call__(self, name: str) -> str:
+        import os
+
+        return f"{os.environ.get('GREETING')} {name}"
+
+
+def test_replicas_run_in_their_runtime_env(sim):
+    handle = serve.run(Greeter.bind(), name="greeter")
+    assert handle.remote("tray").result() == "hello tray"
 
 
 # ========================================================== bad deployments

@@ -157,9 +157,10 @@ class DeploymentConfig:
 CONFIG_OPTIONS = ("num_replicas", "max_ongoing_requests", "max_queued_requests", "user_config",
                   "autoscaling_config", "health_check_period_s", "health_check_timeout_s",
                   "graceful_shutdown_wait_loop_s", "graceful_shutdown_timeout_s")
-# ray_actor_options a replica may take (Ray's list, less runtime_env and
-# object_store_memory, which tray does not have).
-ACTOR_OPTIONS = ("num_cpus", "num_gpus", "memory", "resources", "accelerator_type")
+# ray_actor_options a replica may take (Ray's list, less object_store_memory,
+# which tray does not have).
+ACTOR_OPTIONS = ("num_cpus", "num_gpus", "memory", "resources", "accelerator_type",
+                 "runtime_env")
 
 
 def validate_actor_options(options) -> dict:
@@ -168,16 +169,16 @@ def validate_actor_options(options) -> dict:
     if not isinstance(options, dict):
         raise TypeError(f"ray_actor_options must be a dict, got {options!r}")
     for name in options:
-        if name == "runtime_env":
-            raise NotImplementedError("ray_actor_options runtime_env: tray has no runtime "
-                                      "environments yet; install what replicas need on every "
-                                      "node")
         if name not in ACTOR_OPTIONS:
             raise ValueError(f"invalid ray_actor_options key {name!r}; valid keys are "
                              f"{', '.join(ACTOR_OPTIONS)}")
     for name in ("num_cpus", "num_gpus", "memory"):
         if name in options:
             _number(f"ray_actor_options[{name!r}]", options[name])
+    if options.get("runtime_env"):
+        from .. import runtime_env
+
+        runtime_env.validate(options["runtime_env"])
     if "resources" in options and not isinstance(options["resources"], dict):
         raise TypeError(f"ray_actor_options['resources'] must be a dict, got "
                         f"{options['resources']!r}")
