@@ -301,14 +301,21 @@ def test_tray_start_head_serves_the_dashboard_until_stop(tmp_path):
     _wait_until(gone, "the dashboard to exit with its head node", timeout_s=15)
 
 
-def test_a_busy_dashboard_port_is_named():
+def test_a_busy_dashboard_port_is_named_and_8265_taken_means_another():
     from tray import dashboard
 
     with __import__("socket").socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
         sock.listen()
-        with pytest.raises(ValueError, match=f"dashboard port {port} .* busy"):
-            dashboard.choose_port("127.0.0.1", port)
-        assert dashboard.choose_port("127.0.0.1", None) != port
+        with pytest.raises(ValueError, match=f"dashboard port {port} on 127.0.0.1 is busy"):
+            dashboard.bind_port("127.0.0.1", port)
+    # Two dashboards asked for the default port at once get two ports.
+    first = dashboard.bind_port("127.0.0.1", None)
+    second = dashboard.bind_port("127.0.0.1", None)
+    try:
+        assert first.getsockname()[1] != second.getsockname()[1]
+    finally:
+        first.close()
+        second.close()
 

@@ -26,41 +26,45 @@ SESSION_ENV = "TRAY_DASHBOARD_SESSION"  # in the session directory: the URL and 
 # The first stage (see _lazy.py): holds the port; the server starts on first use.
 _LAZY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_lazy.py")
 
-__all__ = ["DEFAULT_PORT", "INFO_FILE", "choose_port", "read_url", "start_dashboard"]
+__all__ = ["DEFAULT_PORT", "INFO_FILE", "bind_port", "read_url", "start_dashboard"]
 
 
-def _port_free(host: str, port: int) -> bool:
-    with socket.socket() as sock:
+def bind_port(host: str, port: int | None) -> socket.socket:
+    """A listening socket for the dashboard, bound here (so that two clusters
+    started at once cannot both count on port 8265, and the printed URL is
+    always this cluster's): ``port`` when given (busy: a ``ValueError``
+    saying so); else 8265, or a free port when 8265 is taken."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    listener = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            sock.bind((host, port))
-        except OSError:
-            return False
-    return True
+            listener.bind((host, DEFAULT_PORT if port is None else port))
+        except OSError as error:
+            if port is not None:
+                raise ValueError(f"the dashboard port {port} on {host} is busy ({error.strerror}"
+                                 "); choose another with --dashboard-port") from None
+            listener.bind((host, 0))
+        listener.listen(128)
+    except BaseException:
+        listener.close()
+        raise
+    return listener
 
 
-def choose_port(host: str, port: int | None) -> int:
-    """``port`` when given (busy: a ``ValueError`` saying so); else 8265, or
-    a free port when 8265 is taken."""
-    if port is not None:
-        if not _port_free(host, port):
-            raise ValueError(f"the dashboard port {port} on {host} is busy; choose another "
-                             "with --dashboard-port")
-        return port
-    if _port_free(host, DEFAULT_PORT):
-        return DEFAULT_PORT
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
-
-
-def start_dashboard(*, gcs_address: str, session_dir: str, host: str, port: int,
-                    follow_pid: int, log_path: str | None = None) -> tuple[subprocess.Popen, str]:
-    """Spawn the dashboard process; returns it and its URL at once (it
-    serves a moment later). The token comes from the session directory,
-    never the command line. Nothing here imports the web stack: the
-    driver's ``init()`` pays a fork and an exec."""
+def start_dashboard(*, gcs_address: str, session_dir: str, host: str,
+                    port: int | None = None, follow_pid: int,
+                    log_path: str | None = None) -> tuple[subprocess.Popen, str]:
+    """Spawn the dashboard process on a port bound here (``bind_port``);
+    returns it and its URL at once (it serves a moment later; a client that
+    connects before waits in the socket's queue). The token comes from the
+    session directory, never the command line. Nothing here imports the web
+    stack: the driver's ``init()`` pays a bind, a fork and an exec."""
+    listener = bind_port(host, port)
+    port = listener.getsockname()[1]
     command = [sys.executable, "-P", _LAZY, "--gcs", gcs_address, "--host", host,
-               "--port", str(port), "--follow-pid", str(follow_pid)]
+               "--port", str(port), "--follow-pid", str(follow_pid),
+               "--fd", str(listener.fileno())]
     # The session directory goes in the environment, not on the command line:
     # the dashboard is an HTTP server, not one of the cluster's RPC processes
     # (which tools, and the TLS test, find by their --session argument).
@@ -69,9 +73,11 @@ def start_dashboard(*, gcs_address: str, session_dir: str, host: str, port: int,
     log = open(log_path or os.path.join(session_dir, "dashboard.log"), "ab")
     try:
         process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                   start_new_session=True, env=env)
+                                   start_new_session=True, env=env,
+                                   pass_fds=(listener.fileno(),))
     finally:
         log.close()
+        listener.close()  # the dashboard holds it now
     shown_host = "127.0.0.1" if host in ("0.0.0.0", "") else host
     url = f"http://{shown_host}:{port}"
     try:  # for `tray status`

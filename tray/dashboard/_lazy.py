@@ -5,8 +5,8 @@ neither tray nor the web stack: an idle dashboard costs a Python start-up
 (tens of milliseconds), not the ~0.4 s of CPU that importing tray,
 Starlette and uvicorn takes, which every ``tray.init()`` on a two-core
 machine would otherwise pay. It binds the port at once (the URL printed is
-right from the start), waits until a client connects or the process it
-follows is gone, and on a connection replaces itself (``exec``) with the
+right from the start; the starting process binds it and hands it over),
+waits until a client connects or the process it follows is gone, and on a connection replaces itself (``exec``) with the
 real server (``python -m tray.dashboard --fd N``), handing it the listening
 socket: the waiting connection is the server's first request."""
 
@@ -30,12 +30,9 @@ def _alive(pid: int) -> bool:
 
 def main(argv: list[str]) -> int:
     args = dict(zip(argv[0::2], argv[1::2], strict=False))
-    host, port = args["--host"], int(args["--port"])
     follow_pid = int(args.get("--follow-pid") or 0)
-    listener = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
-    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    listener.bind((host, port))
-    listener.listen(128)
+    # The listening socket, bound by the process that started us.
+    listener = socket.socket(fileno=int(args["--fd"]))
     while True:
         ready, _, _ = select.select([listener], [], [], POLL_S)
         if ready:
@@ -43,8 +40,7 @@ def main(argv: list[str]) -> int:
         if follow_pid and not _alive(follow_pid):
             return 0
     listener.set_inheritable(True)
-    command = [sys.executable, "-P", "-m", "tray.dashboard", *argv,
-               "--fd", str(listener.fileno())]
+    command = [sys.executable, "-P", "-m", "tray.dashboard", *argv]
     os.execv(sys.executable, command)
     return 1  # not reached
 

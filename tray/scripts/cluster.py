@@ -305,10 +305,9 @@ def _start_dashboard(args, session: Session, gcs: str, head_pid: int) -> None:
     from .. import dashboard
 
     try:
-        port = dashboard.choose_port(args.dashboard_host, args.dashboard_port)
         _, url = dashboard.start_dashboard(gcs_address=gcs, session_dir=session.directory,
-                                           host=args.dashboard_host, port=port,
-                                           follow_pid=head_pid)
+                                           host=args.dashboard_host,
+                                           port=args.dashboard_port, follow_pid=head_pid)
     except (OSError, ValueError) as error:
         print(f"tray start: the dashboard did not start: {error}", file=sys.stderr)
         return

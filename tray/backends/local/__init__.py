@@ -250,7 +250,6 @@ def _start_dashboard(runtime, session, head_info, host, port, *, required: bool)
     from ... import dashboard
 
     try:
-        port = dashboard.choose_port(host, port)
         process, url = dashboard.start_dashboard(
             gcs_address=head_info["gcs_address"], session_dir=session.directory, host=host,
             port=port, follow_pid=os.getpid())
