@@ -195,6 +195,8 @@ def _every_page_shows_the_live_cluster_in_chromium(live_cluster):
     assert held.hex()[:24] in pages["objects"]["text"]
     assert context["node_id"][:16] in pages["objects"]["text"]
     assert "logs/worker-" in pages["logs"]["text"]
+    greeter_logs = [r for r in pages["logs"]["rows"] if "actor Greeter 'front-desk'" in r]
+    assert len(greeter_logs) == 2  # its stdout and stderr, named by whose they are
     assert "Download the timeline" in pages["timeline"]["text"]
     # This test's own driver is a job of the cluster.
     assert any("DRIVER" in row and "RUNNING" in row for row in pages["jobs"]["rows"])

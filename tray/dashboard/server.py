@@ -257,9 +257,26 @@ def _objects(ctx: DashboardContext, request: Request) -> Response:
 
 def _logs(ctx: DashboardContext, request: Request) -> Response:
     files = ctx.reader.log_files()
-    rows = [[f"<a href='/logs/view?name={quote(f['name'])}'>{_e(f['name'])}</a>",
-             _bytes(f["size_bytes"])] for f in files]
-    return _page("Logs", "/logs", _table(["File", "Size"], rows, "no log files"))
+    # Which worker each file is: its pid and state, and the actor it hosts.
+    about: dict[str, str] = {}
+    for worker in ctx.reader.workers():
+        if worker["worker_type"] == "WORKER" and worker["worker_id"]:
+            about[worker["worker_id"][:12]] = (
+                f"worker pid {worker['pid'] or '?'}, {worker['state'] or '?'}"
+                + ("" if worker["is_alive"] else " (exited)"))
+    for actor in ctx.reader.actors():
+        if actor["worker_id"] and actor["state"] != "DEAD":
+            key = actor["worker_id"][:12]
+            label = f"actor {actor['class_name']}" + (f" '{actor['name']}'" if actor["name"]
+                                                      else "")
+            about[key] = f"{label}; {about.get(key, 'worker')}"
+    rows = []
+    for f in files:
+        base = f["name"].rsplit("/", 1)[-1]
+        worker = base[len("worker-"):].split(".")[0] if base.startswith("worker-") else ""
+        rows.append([f"<a href='/logs/view?name={quote(f['name'])}'>{_e(f['name'])}</a>",
+                     _e(about.get(worker, "")), _bytes(f["size_bytes"])])
+    return _page("Logs", "/logs", _table(["File", "Whose", "Size"], rows, "no log files"))
 
 
 def _log_view(ctx: DashboardContext, request: Request) -> Response:
