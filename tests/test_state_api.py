@@ -285,6 +285,15 @@ def test_queries_from_a_process_outside_the_cluster(tmp_path, monkeypatch):
         seen = json.loads(result.stdout.strip().splitlines()[-1])
         assert seen["nodes"] == 1 and seen["actors"] == ["ALIVE"]
         assert seen["failed"] == ["boom"] and seen["jobs"] == 1
+        [job] = state.list_jobs()
+        assert job.status == "RUNNING"
+        tray.shutdown()  # the driver goes away: its job is over (Ray's is_dead)
+        job = _until(lambda: state.list_jobs(address=f"127.0.0.1:{port}")[0],
+                     lambda job: job.status == "SUCCEEDED")
+        assert job.type == "DRIVER"
+        [driver] = [w for w in state.list_workers(address=f"127.0.0.1:{port}")
+                    if w.worker_type == "DRIVER"]
+        assert not driver.is_alive
     finally:
         if tray.is_initialized():
             tray.shutdown()
@@ -328,3 +337,40 @@ def test_state_simtest_workload_passes_and_catches_a_planted_bug(monkeypatch):
     planted = runner.run_seed(2, "state", "default")
     assert not planted.ok
     assert planted.invariant == "failed-tasks-say-why", planted.report()
+
+
+@tray.remote(max_retries=0)
+def die():
+    os._exit(1)
+
+
+def test_a_driver_sends_its_last_events_as_it_exits(tmp_path, monkeypatch):
+    # A worker that died never reports; only its task's owner knows the task
+    # failed (WORKER_DIED). With a flush period far beyond the test, only the
+    # flush at shutdown can tell the GCS.
+    import dataclasses
+
+    import tray.backends.local as local_backend
+
+    root = tmp_path / "sessions"
+    env = {**os.environ, "TRAY_SESSION_ROOT": str(root)}
+    port = free_port()
+    subprocess.run([sys.executable, "-m", "tray.scripts.cli", "start", "--head", "--port",
+                    str(port), "--num-cpus", "1", "--no-include-dashboard"], env=env,
+                   check=True, timeout=120, capture_output=True)
+    try:
+        with open(root / "current_cluster.json") as file:
+            monkeypatch.setenv("TRAY_CLUSTER_TOKEN", json.load(file)["token"])
+        monkeypatch.setattr(local_backend, "DEFAULT_CONFIG", dataclasses.replace(
+            local_backend.DEFAULT_CONFIG, task_events_flush_period_s=3600.0))
+        tray.init(address=f"127.0.0.1:{port}")
+        with pytest.raises(tray.exceptions.WorkerCrashedError):
+            tray.get(die.remote())
+        tray.shutdown()
+        failed = state.list_tasks(address=f"127.0.0.1:{port}", filters=[("state", "=", "FAILED")])
+        assert [(t.name, t.error_type) for t in failed] == [("die", "WORKER_DIED")]
+    finally:
+        if tray.is_initialized():
+            tray.shutdown()
+        subprocess.run([sys.executable, "-m", "tray.scripts.cli", "stop"], env=env,
+                       timeout=120, capture_output=True)

@@ -43,6 +43,7 @@ from .store import ShmObjectStore
 
 HEAD_START_TIMEOUT_S = 30.0
 SHUTDOWN_TIMEOUT_S = 5.0
+FLUSH_AT_SHUTDOWN_S = 1.0  # the task events still buffered, sent as the driver exits
 OBJECT_STORE_FRACTION = 0.3
 MEMORY_FRACTION = 0.7
 
@@ -136,6 +137,14 @@ class LocalRuntime:
         if self._stopped:
             return
         self._stopped = True
+        if self.driver is not None and self._trio_token is not None and \
+                self._thread.is_alive():
+            # What the state API shows of this driver's last second of tasks
+            # (a final failure, say) goes out before it does.
+            try:
+                self.run(_flush_task_events, self.driver)
+            except Exception:  # noqa: BLE001 - the cluster is gone already: nothing to tell
+                pass
         if self.driver is not None:
             self.driver.begin_shutdown()
         if self._trio_token is not None and self._thread.is_alive():
@@ -147,6 +156,11 @@ class LocalRuntime:
         _stop_nodes(self.nodes)
         if self.session is not None:
             self.session.remove()
+
+
+async def _flush_task_events(driver) -> None:
+    with trio.move_on_after(FLUSH_AT_SHUTDOWN_S):
+        await driver.task_events.flush()
 
 
 def _stop_nodes(nodes: list[subprocess.Popen]) -> None:

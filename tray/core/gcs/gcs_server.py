@@ -98,6 +98,7 @@ class GcsServer:
         self.placement_groups.owner_died(address)
         if address in self.node_table.addresses():
             return
+        self.kv.driver_exited(address)
         for _node_id, node in sorted(self.node_table.nodes.items()):
             if node.alive:
                 self.nursery.start_soon(self.endpoint.notify_reliable, node.address,

@@ -18,6 +18,7 @@ deletes records (the job manager bounds how many there are)."""
 from __future__ import annotations
 
 T_KV, T_JOBS, T_JOB_SUBMISSIONS = "kv", "jobs", "job_submissions"
+T_JOBS_ENDED = "jobs_ended"  # job number -> b"" once its driver went away
 
 
 class KvStore:
@@ -30,6 +31,21 @@ class KvStore:
         self._storage.put(T_JOBS, f"{job_id:08d}", driver_address.encode())
         self._tracer.record("gcs", "job_registered", job=job_id)
         return job_id
+
+    def driver_exited(self, address: str) -> None:
+        """The driver at ``address`` went away (the GCS saw its connection
+        close, which is also when its actors go): its job is over, as in
+        Ray's job table (``is_dead``)."""
+        for key, driver in self._storage.scan(T_JOBS):
+            if driver.decode() == address and self._storage.get(T_JOBS_ENDED, key) is None:
+                self._storage.put(T_JOBS_ENDED, key, b"")
+                self._tracer.record("gcs", "job_ended", job=int(key))
+
+    def handle_list_driver_jobs(self, conn) -> list:
+        """Every job a driver registered: [(job number, driver address,
+        whether its driver went away)] (the state API's ``list_jobs``)."""
+        return [(int(key), value.decode(), self._storage.get(T_JOBS_ENDED, key) is not None)
+                for key, value in self._storage.scan(T_JOBS)]
 
     def handle_kv_put(self, conn, key: str, value: bytes, overwrite: bool) -> bool:
         if not overwrite and self._storage.get(T_KV, key) is not None:

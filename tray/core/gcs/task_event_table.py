@@ -155,14 +155,6 @@ class TaskEventTable:
         return {"summary": summary, "dropped_at_gcs": self.dropped_here,
                 "dropped_at_sources": self.dropped_at_sources, "stored": len(self.rows)}
 
-    def handle_list_driver_jobs(self, conn) -> list:
-        """Every job a driver registered: [(job number, driver address)]
-        (the state API's ``list_jobs``; the job table is ``kv_store``'s)."""
-        if self._storage is None:
-            return []
-        return [(int(key), value.decode()) for key, value in self._storage.scan("jobs")]
-
-
 # Keys whose values are Ray enum names: compared case-insensitively (the
 # state API sends them upper-cased).
 _ENUM_KEYS = {"state", "type", "error_type"}

@@ -594,8 +594,9 @@ def _process_addresses(client: _Client) -> list[tuple[str, str]]:
         for worker in workers:
             if worker["address"] and worker["state"] != "dead":
                 addresses.append((node.node_id, worker["address"]))
-    for _job, driver in client.gcs_call("list_driver_jobs"):
-        addresses.append(("", driver))
+    for _job, driver, ended in client.gcs_call("list_driver_jobs"):
+        if not ended:
+            addresses.append(("", driver))
     if client.worker is not None and all(a != client.worker.address for _, a in addresses):
         addresses.append((client.worker.node_id, client.worker.address))
     return addresses
@@ -729,10 +730,10 @@ def list_workers(address: str | None = None, filters: list | None = None,
                 exit_type=None if alive else "SYSTEM_ERROR", node_id=node.node_id,
                 ip=_node_ip(node), pid=pids.get(worker["worker_id"]), state=worker["state"],
                 address=worker["address"]))
-    for _job, driver in client.gcs_call("list_driver_jobs"):
-        records.append(WorkerState(worker_id=driver, is_alive=True, worker_type="DRIVER",
-                                   exit_type=None, node_id=None, ip=None, pid=None,
-                                   address=driver))
+    for _job, driver, ended in client.gcs_call("list_driver_jobs"):
+        records.append(WorkerState(worker_id=driver, is_alive=not ended, worker_type="DRIVER",
+                                   exit_type="INTENDED_USER_EXIT" if ended else None,
+                                   node_id=None, ip=None, pid=None, address=driver))
     return _finish(WorkerState, records, checked, limit, detail, "workers")
 
 
@@ -748,9 +749,12 @@ def list_jobs(address: str | None = None, filters: list | None = None,
 
     checked = _check_query(JobState, filters, limit)
     client = _Client(address, timeout)
+    # A driver's job is over once its driver went away (Ray's is_dead: the
+    # dashboard shows such a job SUCCEEDED).
     records = [JobState(job_id=_job_hex(job), submission_id=None, type="DRIVER",
-                        status="RUNNING", entrypoint="", driver_address=driver)
-               for job, driver in client.gcs_call("list_driver_jobs")]
+                        status="SUCCEEDED" if ended else "RUNNING", entrypoint="",
+                        driver_address=driver)
+               for job, driver, ended in client.gcs_call("list_driver_jobs")]
     try:
         submissions = client.gcs_call("job_submission_list")
     except Exception:  # noqa: BLE001 - a GCS without the job manager's table
