@@ -268,6 +268,17 @@ def test_include_dashboard_false_starts_none():
         tray.shutdown()
 
 
+def test_the_simulator_accepts_rays_dashboard_options_and_serves_none():
+    # Ray programs pass include_dashboard=False; a simulated cluster has no
+    # sockets to serve one on.
+    context = tray.init(backend="sim", seed=1, include_dashboard=False, dashboard_port=8265)
+    try:
+        assert context.address_info.get("webui_url") is None
+        assert tray.get(tray.put(3)) == 3
+    finally:
+        tray.shutdown()
+
+
 def test_tray_start_head_serves_the_dashboard_until_stop(tmp_path):
     root = tmp_path / "sessions"
     env = {**os.environ, "TRAY_SESSION_ROOT": str(root)}

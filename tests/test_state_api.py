@@ -304,16 +304,10 @@ def test_queries_from_a_process_outside_the_cluster(tmp_path, monkeypatch):
 
 
 def test_readme_observability_example_runs(tmp_path):
-    import pathlib
-    import re
+    import readme_examples
 
-    readme = (pathlib.Path(__file__).resolve().parent.parent / "README.md").read_text()
-    [block] = [b for b in re.findall(r"```python\n(.*?)```", readme, flags=re.S)
-               if "from tray.util.state import" in b]
-    script = tmp_path / "observability.py"
-    script.write_text(block)
-    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                            timeout=120, cwd=tmp_path)
+    result = readme_examples.run(readme_examples.block("from tray.util.state import"),
+                                 tmp_path)
     assert result.returncode == 0, result.stderr
     assert "broken TASK_EXECUTION_EXCEPTION" in result.stdout
     assert "ValueError: bad input" in result.stdout
@@ -374,3 +368,27 @@ def test_a_driver_sends_its_last_events_as_it_exits(tmp_path, monkeypatch):
             tray.shutdown()
         subprocess.run([sys.executable, "-m", "tray.scripts.cli", "stop"], env=env,
                        timeout=120, capture_output=True)
+
+
+def test_the_owner_reports_what_a_killed_worker_never_flushed():
+    # The worker that ran a failing task, and the one that ran an actor's
+    # constructor, die before their first flush: the owner's own events
+    # still say why the task failed and that the constructor finished.
+    tray.init(backend="sim", seed=4, num_cpus=2)
+    try:
+        sim = tray.simtest.cluster()
+        with pytest.raises(ValueError):
+            tray.get(boom.remote())
+        counter = Counter.remote(1)
+        assert tray.get(counter.add.remote(1)) == 2
+        for worker_id in sim.workers():
+            sim.kill_worker(worker_id)
+        tasks = _until(lambda: state.list_tasks(detail=True),
+                       lambda ts: {t.name for t in ts} >= {"boom", "Counter.__init__"},
+                       tick_s=1.0)
+        by_name = {t.name: t for t in tasks}
+        assert by_name["boom"].state == "FAILED"
+        assert "boom from a task" in (by_name["boom"].error_message or "")
+        assert by_name["Counter.__init__"].state == "FINISHED"
+    finally:
+        tray.shutdown()

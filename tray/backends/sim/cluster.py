@@ -744,7 +744,11 @@ class SimRuntime:
 def start(*, address=None, num_cpus=None, num_gpus=None, resources=None, seed: int = 0,
           num_nodes: int = 1, object_store_memory: int | None = None, config=None,
           validate_every_steps: int = 0, task_cost_s: float | dict | None = None,
-          **unknown) -> SimRuntime:
+          include_dashboard: bool | None = None, dashboard_host: str | None = None,
+          dashboard_port: int | None = None, **unknown) -> SimRuntime:
+    # A simulated cluster serves no dashboard (it needs real sockets): Ray
+    # programs' include_dashboard=False & co. are accepted and mean nothing.
+    del include_dashboard, dashboard_host, dashboard_port
     if unknown:
         raise ValueError(f"unknown option(s) for the sim backend: {', '.join(sorted(unknown))}")
     if address is not None:

@@ -106,8 +106,9 @@ class ActorTaskSubmitter:
     def __init__(self, *, address: str, name: str, endpoint: Endpoint, gcs: GcsClient,
                  bridge: LoopBridge, outbox: Outbox, tracer, task_manager: TaskManager,
                  resolver: DependencyResolver, functions: FunctionTable,
-                 references: ReferenceCounter) -> None:
+                 references: ReferenceCounter, events=None) -> None:
         self._address = address
+        self._events = events  # the owner's task events (its constructor call's end)
         self._outbox = outbox
         self._name = name
         self._endpoint = endpoint
@@ -303,20 +304,35 @@ class ActorTaskSubmitter:
             self._references.release_submitted(holds)
             return reply.existing
         self._tracer.record(self._name, "actor_submitted", actor=actor.actor_id)
-        self._bridge.spawn(self._release_when_done, actor.actor_id, holds)
+        self._bridge.spawn(self._release_when_done, actor, holds)
         return None
 
-    async def _release_when_done(self, actor_id: str, holds: list) -> None:
+    async def _release_when_done(self, actor: ActorSpec, holds: list) -> None:
         """Hold the constructor's arguments while the actor may run its
         constructor again: until it is dead, or alive with no restart left
         (a restart needs the same arguments, as in Ray; the simtest chaos
         profile found restarts failing with "object ... was freed" when they
         were released at the first start). Also stops when the GCS stays
-        unreachable: then calls to the actor fail, and nothing waits here."""
+        unreachable: then calls to the actor fail, and nothing waits here.
+        The first ALIVE (or a DEAD before it) ends the constructor call in
+        the owner's task events: its worker's own report may never come (a
+        worker killed before its next flush)."""
         seen_incarnation = 0
+        ended = False
         try:
             while True:
-                info = await self._gcs.call("wait_actor_ready", actor_id, seen_incarnation)
+                info = await self._gcs.call("wait_actor_ready", actor.actor_id,
+                                            seen_incarnation)
+                if not ended and self._events is not None and info.state in (ALIVE, DEAD):
+                    ended = True
+                    if info.state == ALIVE:
+                        self._events.task_state(actor.creation, "FINISHED",
+                                                actor_id=actor.actor_id)
+                    else:
+                        self._events.task_state(
+                            actor.creation, "FAILED", actor_id=actor.actor_id,
+                            error=exceptions.ActorDiedError(
+                                f"the actor {actor.actor_id} died before it was alive"))
                 if info.state == DEAD or info.max_restarts == 0 or \
                         0 < info.max_restarts <= info.restarts:
                     break

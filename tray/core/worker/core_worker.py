@@ -147,7 +147,7 @@ class CoreWorker:
             address=address, name=name, endpoint=endpoint, gcs=gcs, bridge=bridge,
             outbox=outbox, tracer=tracer,
             task_manager=task_manager, resolver=resolver, functions=functions,
-            references=references)
+            references=references, events=task_events)
         self.recovery = recovery = ObjectRecoveryManager(
             address=address, name=name, endpoint=endpoint, bridge=bridge, outbox=outbox,
             tracer=tracer, references=references, task_manager=task_manager,

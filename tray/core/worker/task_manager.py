@@ -235,6 +235,8 @@ class TaskManager:
                 references.maybe_release(oid, entry)
         self.forget_lineage(task_id)
         if self._events is not None:
+            if cause is None and task.state == FAILED:
+                cause = _error_of(results)
             self._events.task_state(spec, task.state,
                                     error=cause if isinstance(cause, BaseException) else None)
         self._tracer.record(self._name, "task_finished", task=task_id,
@@ -248,3 +250,17 @@ class TaskManager:
             del self.lineage[oldest]
             self.lineage_evicted += 1
             self._tracer.record(self._name, "lineage_evicted", task=oldest)
+
+
+def _error_of(results: list) -> BaseException | None:
+    """The error a task's first failed return raises (for its FAILED event:
+    the owner holds it even when the worker that ran the task never reports,
+    killed before its next flush); None if it cannot be read back."""
+    for result in results:
+        if isinstance(result, FailedResult):
+            try:
+                error = deserialize(result.error)
+            except Exception:  # noqa: BLE001 - an error that cannot be read back
+                return None
+            return error if isinstance(error, BaseException) else None
+    return None
