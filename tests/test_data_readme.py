@@ -2,26 +2,17 @@
 and the batch inference example must run."""
 
 import pathlib
-import re
 import subprocess
 import sys
+
+import readme_examples  # (tests/ is on sys.path)
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
-def _data_section() -> str:
-    text = (ROOT / "README.md").read_text()
-    start = text.index("\n## Data\n")
-    end = text.index("\n## ", start + 1)
-    return text[start:end]
-
-
 def test_readme_data_example_runs(tmp_path):
-    [block] = re.findall(r"```python\n(.*?)```", _data_section(), flags=re.S)
-    script = tmp_path / "data_example.py"
-    script.write_text(block)
-    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                            timeout=120, cwd=tmp_path)
+    result = readme_examples.run(readme_examples.block(text=readme_examples.section("## Data")),
+                                 tmp_path)
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert lines[0] == "6666"

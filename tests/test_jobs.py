@@ -508,20 +508,16 @@ def test_cli_submit_streams_logs_and_the_other_commands_work(cluster, tmp_path, 
 def test_readme_jobs_example_runs(cluster, tmp_path):
     """The README's job example, as written, but for the address of this
     test's cluster; the token comes from the session files alone."""
-    readme = (os.path.join(os.path.dirname(__file__), os.pardir, "README.md"))
-    with open(readme) as file:
-        text = file.read()
-    section = text[text.index("### Jobs\n"):]
-    [block] = [b for b in re.findall(r"```python\n(.*?)```", section, flags=re.S)
-               if "JobSubmissionClient(" in b][:1]
+    import readme_examples
+
+    block = readme_examples.block("JobSubmissionClient(",
+                                  text=readme_examples.section("### Jobs"))
     assert "http://127.0.0.1:8265" in block
-    script = tmp_path / "readme_jobs.py"
-    script.write_text(block.replace("http://127.0.0.1:8265", cluster["url"]))
     env = {key: value for key, value in os.environ.items()
            if key not in ("TRAY_CLUSTER_TOKEN", "TRAY_ADDRESS", "TRAY_API_SERVER_ADDRESS")}
     env["TRAY_SESSION_ROOT"] = str(cluster["root"])
-    result = subprocess.run([sys.executable, str(script)], env=env, capture_output=True,
-                            text=True, timeout=120, cwd=tmp_path)
+    result = readme_examples.run(block.replace("http://127.0.0.1:8265", cluster["url"]),
+                                 tmp_path, env=env)
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout == "HELLO FROM THE WORKING_DIR blue\n"
 

@@ -126,17 +126,9 @@ def test_bad_definitions_and_tags_fail_with_rays_errors():
 
 
 def test_readme_metrics_walkthrough_runs(tmp_path):
-    import pathlib
-    import re
-    import subprocess
-    import sys
+    import readme_examples
 
-    readme = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text()
-    [block] = [b for b in re.findall(r"```python\n(.*?)```", readme, flags=re.S)
-               if "from tray.util.metrics import" in b]
-    script = tmp_path / "metrics_walkthrough.py"
-    script.write_text(block)
-    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                            timeout=120, cwd=tmp_path)
+    result = readme_examples.run(readme_examples.block("from tray.util.metrics import"),
+                                 tmp_path)
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == ["{('/a',): 2.0, ('/b',): 1.0}", "{(): 4.0}"]

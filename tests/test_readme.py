@@ -1,37 +1,27 @@
 """The README's tutorial and the first example program must keep working."""
 
 import pathlib
-import re
 import subprocess
 import sys
 
 import pytest
+import readme_examples  # (tests/ is on sys.path)
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
-def _python_blocks(text: str) -> list[str]:
-    return re.findall(r"```python\n(.*?)```", text, flags=re.S)
-
-
 def test_readme_tutorial_runs(tmp_path):
-    blocks = _python_blocks((ROOT / "README.md").read_text())
+    blocks = readme_examples.python_blocks()
     assert blocks, "README has no python example"
-    script = tmp_path / "tutorial.py"
-    script.write_text(blocks[0])
-    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                            timeout=120, cwd=tmp_path)
+    result = readme_examples.run(blocks[0], tmp_path)
     assert result.returncode == 0, result.stderr
     assert "bad input" in result.stdout
 
 
 def test_readme_fault_tolerance_example_runs(tmp_path):
-    [block] = [b for b in _python_blocks((ROOT / "README.md").read_text())
+    [block] = [b for b in readme_examples.python_blocks()
                if "sim.kill_node" in b and "sim.advance" in b]
-    script = tmp_path / "fault_tolerance.py"
-    script.write_text(block)
-    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                            timeout=120, cwd=tmp_path)
+    result = readme_examples.run(block, tmp_path)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "1000000.0"
 

@@ -553,17 +553,11 @@ def test_env_runners_and_sampling_work_without_torch(tmp_path):
 
 
 def test_readme_rllib_example_runs(tmp_path):
-    import re
+    import readme_examples
 
-    readme = open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                               "README.md")).read()
-    section = readme[readme.index("\n## RLlib\n"):]
-    section = section[:section.index("\n## ", 1)]
-    [block] = re.findall(r"```python\n(.*?)```", section, flags=re.S)[:1]
-    script = tmp_path / "rllib_readme.py"
-    script.write_text(block)
-    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                          timeout=240, cwd=tmp_path, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    block = readme_examples.python_blocks(readme_examples.section("## RLlib"))[0]
+    done = readme_examples.run(block, tmp_path, timeout_s=240,
+                               env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split("\n")[:4] == ["8 8000", "True", "True", "1"], done.stdout
 

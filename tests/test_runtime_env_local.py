@@ -174,18 +174,10 @@ def test_a_failed_pip_install_fails_only_the_tasks_that_need_it():
 
 
 def test_readme_runtime_env_example_runs(tmp_path):
-    import pathlib
-    import re
-    import subprocess
-    import sys
+    import readme_examples
 
-    readme = (pathlib.Path(__file__).resolve().parent.parent / "README.md").read_text()
-    [block] = [b for b in re.findall(r"```python\n(.*?)```", readme, flags=re.S)
-               if "# runtime environments example" in b]
-    script = tmp_path / "runtime_envs.py"
-    script.write_text(block)
-    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                            timeout=120, cwd=tmp_path)
+    result = readme_examples.run(readme_examples.block("# runtime environments example"),
+                                 tmp_path)
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines()[:4] == ["60 m2", "60 ft2", "cm2", "10 m2 False"]
 

@@ -6,16 +6,14 @@ import re
 import subprocess
 import sys
 
+import readme_examples  # (tests/ is on sys.path)
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
 def test_readme_train_example_runs(tmp_path):
-    blocks = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), flags=re.S)
-    [block] = [b for b in blocks if "from tray.train.torch import TorchTrainer" in b]
-    script = tmp_path / "train_example.py"
-    script.write_text(block)
-    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                          timeout=240, cwd=tmp_path)
+    done = readme_examples.run(readme_examples.block("from tray.train.torch import TorchTrainer"),
+                               tmp_path, timeout_s=240)
     assert done.returncode == 0, done.stderr[-4000:]
     lines = done.stdout.splitlines()
     assert "4 True" in lines

@@ -1,22 +1,19 @@
 """The README's Tune example runs, and replays: it is on the simulator."""
 
 import pathlib
-import re
 import subprocess
 import sys
+
+import readme_examples  # (tests/ is on sys.path)
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
 def test_readme_tune_example_runs_and_replays(tmp_path):
-    blocks = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), flags=re.S)
-    [block] = [b for b in blocks if "from tray import tune" in b]
-    script = tmp_path / "tune_example.py"
-    script.write_text(block)
+    block = readme_examples.block("from tray import tune")
     outputs = []
     for _ in range(2):
-        done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                              timeout=120, cwd=tmp_path)
+        done = readme_examples.run(block, tmp_path)
         assert done.returncode == 0, done.stderr
         outputs.append(done.stdout)
     assert "16 trials; best config:" in outputs[0]

@@ -5,11 +5,9 @@ of each utility cover)."""
 from __future__ import annotations
 
 import pathlib
-import re
-import subprocess
-import sys
 
 import pytest
+import readme_examples  # (tests/ is on sys.path)
 
 pytest.importorskip("sklearn")
 
@@ -18,17 +16,12 @@ SIM_INIT = 'tray.init(backend="sim", num_nodes=2, num_cpus=2, seed=0)'
 
 
 def _utilities_example() -> str:
-    text = (ROOT / "README.md").read_text()
-    section = text.split("\n## Utilities\n", 1)[1].split("\n## ", 1)[0]
-    [block] = re.findall(r"```python\n(.*?)```", section, flags=re.S)
+    block = readme_examples.block(text=readme_examples.section("## Utilities"))
     assert SIM_INIT in block
     return block
 
 
 def test_readme_utilities_example_runs_in_the_simulator(tmp_path):
-    script = tmp_path / "utilities.py"
-    script.write_text(_utilities_example())
-    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                            timeout=180, cwd=tmp_path)
+    result = readme_examples.run(_utilities_example(), tmp_path, timeout_s=180)
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == ["the queue is empty", "best C: 1.0"]
