@@ -21,13 +21,12 @@ import warnings
 
 import trio
 
-from ..backends.local import query_gcs
+from ..backends.local import query_gcs, session
 
 # A log page shows at most the end of a file this long; a JSON listing at most
 # this many rows (the GCS's tables are bounded; this bounds one response).
 LOG_TAIL_BYTES = 256 * 1024
 ROWS_MAX = 10_000
-LOG_SUFFIXES = (".out", ".err", ".log")
 
 
 ROWS_UNLIMITED = 10**9
@@ -156,19 +155,8 @@ class ClusterReader:
     def log_files(self) -> list[dict]:
         if not self.session_dir:
             return []
-        directory = os.path.join(self.session_dir, "logs")
-        files = []
-        for root in (directory, self.session_dir):
-            try:
-                names = sorted(os.listdir(root))
-            except OSError:
-                continue
-            for name in names:
-                path = os.path.join(root, name)
-                if name.endswith(LOG_SUFFIXES) and os.path.isfile(path):
-                    rel = os.path.relpath(path, self.session_dir)
-                    files.append({"name": rel, "size_bytes": os.path.getsize(path)})
-        return files
+        return [{"name": name, "size_bytes": os.path.getsize(path)}
+                for name, path in session.log_files(self.session_dir)]
 
     def read_log(self, name: str, tail_bytes: int = LOG_TAIL_BYTES) -> str:
         """The end of the log file ``name`` (as ``log_files`` names it); a
@@ -177,7 +165,7 @@ class ClusterReader:
             raise FileNotFoundError(name)
         path = os.path.realpath(os.path.join(self.session_dir, name))
         if not path.startswith(os.path.realpath(self.session_dir) + os.sep) or \
-                not name.endswith(LOG_SUFFIXES):
+                not name.endswith(session.LOG_SUFFIXES):
             raise FileNotFoundError(name)
         with open(path, "rb") as file:
             file.seek(0, os.SEEK_END)

@@ -34,6 +34,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
+from ..backends.local.session import human_bytes
 from . import DEFAULT_PORT, INFO_FILE, SESSION_ENV
 from .data import ClusterReader
 
@@ -105,16 +106,6 @@ def _state(state) -> str:
     return f"<span class='{_e(state)}'>{_e(state)}</span>"
 
 
-def _bytes(count) -> str:
-    if count is None:
-        return "?"
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(count) < 1024 or unit == "GiB":
-            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
-        count /= 1024
-    return str(count)
-
-
 def _bar(used, total) -> str:
     if not total:
         return ""
@@ -141,12 +132,12 @@ def _overview(ctx: DashboardContext, request: Request) -> Response:
             f"{_bar(node['resources_used'].get(name, 0), total)}"
             for name, total in sorted(node["resources_total"].items())
             if name not in ("memory", "object_store_memory"))
-        store = (f"{_bytes(node['object_store_bytes_used'])} / "
-                 f"{_bytes(node['object_store_bytes_total'])} "
+        store = (f"{human_bytes(node['object_store_bytes_used'])} / "
+                 f"{human_bytes(node['object_store_bytes_total'])} "
                  f"{_bar(node['object_store_bytes_used'], node['object_store_bytes_total'])}")
         rows.append([_short(node["node_id"], 16), _state(node["state"]), _e(node["node_ip"]),
                      _e(node["node_name"]), resources, store,
-                     _bytes(node["object_store_bytes_spilled"])])
+                     human_bytes(node["object_store_bytes_spilled"])])
     by_state = Counter(task["state"] for task in tasks)
     summary = (f"<p>{len(alive)} live node(s), {len(nodes) - len(alive)} dead · "
                f"{sum(1 for a in actors if a['state'] == 'ALIVE')} live actor(s) of "
@@ -228,15 +219,15 @@ def _tasks(ctx: DashboardContext, request: Request) -> Response:
 
 def _objects(ctx: DashboardContext, request: Request) -> Response:
     memory = ctx.reader.memory()
-    rows = [[_short(n["node_id"], 16), _e(n["node_ip"]), _bytes(n["store_used_bytes"]),
-             _bytes(n["store_total_bytes"]), _bar(n["store_used_bytes"], n["store_total_bytes"]),
-             _bytes(n["spilled_bytes"]), _e(n["spilled_objects"])] for n in memory["nodes"]]
+    rows = [[_short(n["node_id"], 16), _e(n["node_ip"]), human_bytes(n["store_used_bytes"]),
+             human_bytes(n["store_total_bytes"]), _bar(n["store_used_bytes"], n["store_total_bytes"]),
+             human_bytes(n["spilled_bytes"]), _e(n["spilled_objects"])] for n in memory["nodes"]]
     body = "<h2>Object store per node</h2>" + _table(
         ["Node", "IP", "Used", "Capacity", "", "Spilled to disk", "Spilled objects"], rows)
     totals = memory["totals"]
     kinds = ", ".join(f"{_e(k)} {v}" for k, v in totals["by_reference_type"].items())
     body += (f"<h2>Object references</h2><p>{totals['objects']} reference(s), "
-             f"{_bytes(totals['object_bytes'])} known" + (f" · {kinds}" if kinds else "")
+             f"{human_bytes(totals['object_bytes'])} known" + (f" · {kinds}" if kinds else "")
              + "</p>")
     for process in memory["processes"]:
         if not process["objects"]:
@@ -246,7 +237,7 @@ def _objects(ctx: DashboardContext, request: Request) -> Response:
                  f"{_e(process['address'])}</span></h3>")
         body += _table(["Object", "Size", "Reference type", "Task status", "Owner",
                         "Call site"],
-                       [[_short(o["object_id"], 24), _bytes(o["object_size"]),
+                       [[_short(o["object_id"], 24), human_bytes(o["object_size"]),
                          _e(o["reference_type"]), _e(o["task_status"]),
                          _e("this process" if o["owned"] else o["owner_address"]),
                          _e(o["call_site"])] for o in process["objects"][:500]])
@@ -275,7 +266,7 @@ def _logs(ctx: DashboardContext, request: Request) -> Response:
         base = f["name"].rsplit("/", 1)[-1]
         worker = base[len("worker-"):].split(".")[0] if base.startswith("worker-") else ""
         rows.append([f"<a href='/logs/view?name={quote(f['name'])}'>{_e(f['name'])}</a>",
-                     _e(about.get(worker, "")), _bytes(f["size_bytes"])])
+                     _e(about.get(worker, "")), human_bytes(f["size_bytes"])])
     return _page("Logs", "/logs", _table(["File", "Whose", "Size"], rows, "no log files"))
 
 

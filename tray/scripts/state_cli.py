@@ -198,16 +198,6 @@ def get(resource: str, resource_id: str, address: str) -> int:
 # =================================================================== memory
 
 
-def _bytes(count) -> str:
-    if count is None:
-        return "?"
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(count) < 1024 or unit == "GiB":
-            return f"{count} B" if unit == "B" else f"{count:.1f} {unit}"
-        count /= 1024
-    return str(count)
-
-
 @click.command()
 @click.option("--group-by", type=click.Choice(["owner", "process"]), default="owner",
               show_default=True,
@@ -219,6 +209,8 @@ def memory(group_by: str, output_format: str, address: str) -> int:
     """Object references grouped by owner (or by holding process) with size,
     reference type and call site, and each node's object store, spilled bytes
     included."""
+    from ..backends.local.session import human_bytes
+
     result = _call("memory_summary", address=address)
     if group_by == "owner":
         result = {**result, "processes": _by_owner(result["processes"])}
@@ -227,12 +219,12 @@ def memory(group_by: str, output_format: str, address: str) -> int:
         return 0
     click.echo("Object store per node")
     _print_table([{"node_id": n["node_id"], "ip": n["node_ip"],
-                   "used": _bytes(n["store_used_bytes"]),
-                   "capacity": _bytes(n["store_total_bytes"]),
-                   "spilled": _bytes(n["spilled_bytes"]),
+                   "used": human_bytes(n["store_used_bytes"]),
+                   "capacity": human_bytes(n["store_total_bytes"]),
+                   "spilled": human_bytes(n["spilled_bytes"]),
                    "spilled_objects": n["spilled_objects"]} for n in result["nodes"]])
     totals = result["totals"]
-    click.echo(f"\n{totals['objects']} object reference(s), {_bytes(totals['object_bytes'])} "
+    click.echo(f"\n{totals['objects']} object reference(s), {human_bytes(totals['object_bytes'])} "
                "known; by reference type: "
                + (", ".join(f"{k} {v}" for k, v in totals["by_reference_type"].items())
                   or "none"))
@@ -246,7 +238,7 @@ def memory(group_by: str, output_format: str, address: str) -> int:
         else:
             click.echo(f"\n--- {process['type']} pid {process['pid']} on node "
                        f"{(process['node_id'] or '-')[:12]} ({process['address']})")
-        _print_table([{"object_id": o["object_id"], "size": _bytes(o["object_size"]),
+        _print_table([{"object_id": o["object_id"], "size": human_bytes(o["object_size"]),
                        "reference_type": o["reference_type"],
                        "task_status": o["task_status"],
                        **({"held_by": o["held_by"]} if group_by == "owner" else
@@ -294,18 +286,10 @@ def _session_dirs(address: str) -> list[str]:
 
 def _log_files(address: str) -> list[tuple[str, str]]:
     """(name as shown, path) of every log file of the cluster on this machine."""
-    files = []
-    for directory in _session_dirs(address):
-        for root in (os.path.join(directory, "logs"), directory):
-            try:
-                names = sorted(os.listdir(root))
-            except OSError:
-                continue
-            for name in names:
-                path = os.path.join(root, name)
-                if name.endswith((".out", ".err", ".log")) and os.path.isfile(path):
-                    files.append((os.path.relpath(path, directory), path))
-    return files
+    from ..backends.local import session
+
+    return [entry for directory in _session_dirs(address)
+            for entry in session.log_files(directory)]
 
 
 def _worker_of(kind: str, identifier: str, address: str) -> str:

@@ -193,3 +193,35 @@ def read_current_cluster() -> dict | None:
         return json.loads(read_private_file(CURRENT_CLUSTER_FILE))
     except (FileNotFoundError, json.JSONDecodeError):
         return None
+
+
+LOG_SUFFIXES = (".out", ".err", ".log")
+
+
+def log_files(session_dir: str) -> list[tuple[str, str]]:
+    """Every log file of a session on this machine, as (its path relative
+    to the session, which is how the dashboard and ``tray logs`` name it;
+    its full path): the workers' and nodes' under ``logs/``, then the
+    session's own."""
+    files = []
+    for root in (os.path.join(session_dir, "logs"), session_dir):
+        try:
+            names = sorted(os.listdir(root))
+        except OSError:
+            continue
+        for name in names:
+            path = os.path.join(root, name)
+            if name.endswith(LOG_SUFFIXES) and os.path.isfile(path):
+                files.append((os.path.relpath(path, session_dir), path))
+    return files
+
+
+def human_bytes(count) -> str:
+    """``count`` bytes as people read them (B, KiB, MiB, GiB); ``?`` for None."""
+    if count is None:
+        return "?"
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(count) < 1024 or unit == "GiB":
+            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
+        count /= 1024
+    return str(count)
