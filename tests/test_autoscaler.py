@@ -477,3 +477,13 @@ def test_a_node_drains_only_when_empty_and_then_takes_no_work():
         assert set(tray.get([hold.remote(0.5) for _ in range(4)])) == {sim.node_ids()[0]}
     finally:
         tray.shutdown()
+
+
+def test_policy_gives_up_on_a_node_that_booted_but_never_registered():
+    policy = Autoscaler(config())
+    stuck = [ProviderNode("p1", "small", RUNNING, node_id="never")]
+    assert policy.update(load([HEAD]), stuck, now=0.0) == []
+    assert policy.update(load([HEAD]), stuck, now=20.0) == []
+    decisions = policy.update(load([HEAD]), stuck, now=21.0)
+    assert [(d.action, d.provider_id) for d in decisions] == [("node_lost", "p1")]
+    assert "did not register within 20 s" in decisions[0].reason

@@ -55,6 +55,8 @@ DECISIONS_MAX = 100
 DEMAND_UNITS_MAX = 20_000
 BOOT_BACKOFF_S = 5.0
 BOOT_BACKOFF_MAX_S = 300.0
+# A booted node the GCS has not listed alive within this is taken for lost.
+REGISTRATION_TIMEOUT_S = 20.0
 # Ray: "the number of nodes allowed to be pending" is at least this.
 PENDING_NODES_MIN = 5
 
@@ -129,6 +131,7 @@ class Autoscaler:
         self.failed_boots = 0
         self._seen_failed: set = set()
         self._registered: set = set()  # provider ids whose node the GCS listed alive
+        self._booted_at: dict[str, float] = {}  # booted, not registered yet: since when
         self._warned_infeasible: set = set()
         self.status: AutoscalerStatus | None = None
 
@@ -205,6 +208,8 @@ class Autoscaler:
         listed = {node.provider_id for node in provider_nodes}
         self._seen_failed &= listed
         self._registered &= listed
+        for provider_id in sorted(set(self._booted_at) - listed):
+            del self._booted_at[provider_id]
         for provider_id in sorted(set(self.idle_since) - listed):
             del self.idle_since[provider_id]
         for node in sorted(provider_nodes, key=lambda n: n.provider_id):
@@ -234,10 +239,21 @@ class Autoscaler:
                         provider_id=node.provider_id))
                     continue
                 if node.node_id not in gcs_nodes:
+                    since = self._booted_at.setdefault(node.provider_id, now)
+                    if now - since > REGISTRATION_TIMEOUT_S:
+                        # Booted and never seen alive: it died before the
+                        # first round that could see it.
+                        self._booted_at.pop(node.provider_id, None)
+                        self._decide(decisions, Decision(
+                            now, "node_lost", node.node_type, reason="booted but did not "
+                            f"register within {REGISTRATION_TIMEOUT_S:g} s",
+                            provider_id=node.provider_id))
+                        continue
                     launching.append(node)  # booted, not registered yet
-                else:
-                    self.boot_failures.pop(node.node_type, None)
-                    live.append(node)
+                    continue
+                self._booted_at.pop(node.provider_id, None)
+                self.boot_failures.pop(node.node_type, None)
+                live.append(node)
         counts = collections.Counter(node.node_type for node in live + launching)
         total_workers = len(live) + len(launching)
 

@@ -22,7 +22,9 @@ Reference models and invariants:
   and a period for the last lease's return to be reported and read) have
   passed, no node beyond ``min_workers`` remains that is busy or has been
   idle longer than ``idle_timeout + one period`` (a node launched for
-  demand reported just before the work ended may still be counting down);
+  demand reported just before the work ended may still be counting down;
+  a node whose store holds objects stays: the results the runner reads
+  later may live there);
 * ``autoscaler-terminates-only-idle-nodes``: the provider saw no node
   terminated with a lease or an object in its store;
 * ``autoscaler-scaled-up``: the work ran, so at least one node was launched.
@@ -212,12 +214,14 @@ def _check(monitor, cluster, counts_seen: list, done_at: float, idle_since: dict
     limit_s = config.idle_timeout_s + config.autoscaler_period_s
     left: dict = {}
     for node in monitor.provider.nodes():
-        left.setdefault(node.node_type, []).append(node.provider_id)
+        if node.state != "launching":  # a replacement may be booting: not idle yet
+            left.setdefault(node.node_type, []).append(node.provider_id)
     for name, node_type in sorted(config.node_types.items()):
         if name == config.head_node_type or len(left.get(name, [])) <= node_type.min_workers:
             continue
         overdue = [provider_id for provider_id in left[name]
-                   if idle_s.get(provider_id, float("inf")) >= limit_s]
+                   if idle_s.get(provider_id, float("inf")) >= limit_s and
+                   not _holds_objects(monitor, provider_id)]
         if len(left[name]) - len(overdue) < node_type.min_workers:
             overdue = overdue[node_type.min_workers - (len(left[name]) - len(overdue)):]
         if overdue:
@@ -226,7 +230,33 @@ def _check(monitor, cluster, counts_seen: list, done_at: float, idle_since: dict
                              f"{name} node(s) {overdue} remain {after_s:.1f} s after the work ended, not idle or idle longer "
                              f"than the idle timeout ({config.idle_timeout_s:g} s) + one "
                              f"period ({config.autoscaler_period_s:g} s) (min_workers "
-                             f"{node_type.min_workers}); status: {monitor.status}")
+                             f"{node_type.min_workers}); their last reading: "
+                             f"{_readings(monitor, left[name])}; status: {monitor.status}")
+
+
+def _holds_objects(monitor, provider_id: str) -> bool:
+    """Whether the last reading saw objects in the node's store: the
+    workload's results are still referenced (the runner reads them after
+    this check), so such a node is rightly kept (when the seed's knobs
+    store small results in the node's store rather than inline)."""
+    load, objects = monitor.last_load
+    by_id = {node.provider_id: node.node_id for node in monitor.provider.nodes()}
+    return objects.get(by_id.get(provider_id), 0) > 0
+
+
+def _readings(monitor, provider_ids: list) -> list:
+    """What the last round read of these nodes (for a failure's message)."""
+    load, objects = monitor.last_load
+    by_id = {node.provider_id: node.node_id for node in monitor.provider.nodes()}
+    loads = {node.node_id: node for node in load.nodes}
+    found = []
+    for provider_id in provider_ids:
+        node = loads.get(by_id.get(provider_id))
+        found.append((provider_id, None if node is None else
+                      (f"leases={node.leases}", f"bundles={node.bundles}",
+                       f"store_bytes={objects.get(node.node_id)}",
+                       f"free={node.available}", f"total={node.total}")))
+    return found
 
 
 WORKLOADS = {"autoscaler": autoscaler_bursts}
