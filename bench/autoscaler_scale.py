@@ -63,12 +63,14 @@ def main(argv=None) -> int:
     def alive_workers() -> int:
         return sum(1 for node in monitor.provider.nodes() if node.state == "running")
 
-    peak = {"nodes": 0}
+    peak = {"nodes": 0, "launched": 0, "terminated": 0}
     original = monitor.run_once
 
     async def counting_round():
         decisions = await original()
         peak["nodes"] = max(peak["nodes"], alive_workers())
+        peak["launched"] += sum(d.count for d in decisions if d.action == "launch")
+        peak["terminated"] += sum(1 for d in decisions if d.action == "terminate")
         return decisions
     monitor.run_once = counting_round
 
@@ -80,11 +82,11 @@ def main(argv=None) -> int:
     while alive_workers() > 0 and sim.clock.current_time() - v1 < 3600:
         time.sleep(10.0)  # virtual: the driver's sleep advances the simulation
     v2, w2 = sim.clock.current_time(), time.perf_counter()
-    launched = sum(d.count for d in monitor.decisions if d.action == "launch")
     result = {
         "tasks": args.tasks, "max_nodes": args.max_nodes, "per_node": args.per_node,
         "task_s": args.task_s, "heartbeat_s": args.heartbeat_s, "peak_worker_nodes": peak["nodes"],
-        "launch_decisions_recent": launched, "left_after_scale_down": alive_workers(),
+        "launched": peak["launched"], "terminated": peak["terminated"],
+        "left_after_scale_down": alive_workers(),
         "burst_virtual_s": round(v1 - v0, 1), "burst_wall_s": round(w1 - w0, 1),
         "scale_down_virtual_s": round(v2 - v1, 1), "scale_down_wall_s": round(w2 - w1, 1),
         "total_wall_s": round(time.perf_counter() - started, 1), "digest": trace_digest(),
