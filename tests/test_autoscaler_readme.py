@@ -1,22 +1,13 @@
 """The README's Autoscaling example runs, and replays: it is on the simulator."""
 
-import pathlib
-import re
-import subprocess
-import sys
-
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+import readme_examples  # (tests/ is on sys.path)
 
 
 def test_readme_autoscaling_example_runs_and_replays(tmp_path):
-    blocks = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), flags=re.S)
-    [block] = [b for b in blocks if "autoscaler.start(" in b]
-    script = tmp_path / "autoscaling_example.py"
-    script.write_text(block)
+    block = readme_examples.block(text=readme_examples.section("## Autoscaling"))
     outputs = []
     for _ in range(2):
-        done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                              timeout=120, cwd=tmp_path)
+        done = readme_examples.run(block, tmp_path, "autoscaling_example.py")
         assert done.returncode == 0, done.stderr
         outputs.append(done.stdout)
     out = outputs[0]
