@@ -263,6 +263,10 @@ def _check_value(program: Program, expectation: Expectation, value) -> None:
         ok = True
     elif isinstance(expected, ExpectError):
         ok = False
+    elif isinstance(expected, tuple) and expected[:1] == ("one of",):
+        ok = value in expected[1:]
+    elif isinstance(expected, tuple) and expected[:1] == ("int between",):
+        ok = isinstance(value, int) and expected[1] <= value <= expected[2]
     elif isinstance(expected, tuple) and expected[:1] == ("array",):
         _, size, fill = expected
         ok = isinstance(value, np.ndarray) and value.shape == (size,) and \

@@ -87,6 +87,10 @@ class ActorState:
     info: ActorInfo | None = None
     seen_incarnation: int = 0
     refresh: trio.Event | None = None
+    # The latest call that ended unanswered (-1: none), and the last floor
+    # sent: the actor may wait for such a call until a floor passes it.
+    abandoned_max: int = -1
+    floor_sent: int = 0
 
 
 def actor_died_error(info: ActorInfo, call_name: str) -> Exception:
@@ -224,15 +228,24 @@ class ActorTaskSubmitter:
         return False
 
     def _call_ended(self, task: PendingTask, state: ActorState, answered: bool) -> None:
-        state.unfinished.pop(task.spec.seq, None)
-        if answered:
-            return  # it ran: the actor moved past it
-        # It never ran (or may not have): calls sent after it must not wait
-        # for it at the actor.
+        """A call ended. One that never ran (or may not have) must not hold
+        up the calls after it at the actor: the floor (every call below it
+        ended) tells the actor to skip it — once no earlier call is still
+        pending, so also when the last call before it ends later, answered
+        (simtest chaos seed 559: call #4 failed while #0-#3 were in flight,
+        and the actor waited for #4 forever)."""
+        seq = task.spec.seq
+        state.unfinished.pop(seq, None)
+        if not answered:
+            state.abandoned_max = max(state.abandoned_max, seq)
+        elif state.abandoned_max < state.floor_sent:
+            return  # it ran: the actor moved past it, and waits for nothing skipped
         info = state.info
-        if info is not None and info.state == ALIVE and info.address:
-            floor = min(state.unfinished, default=state.next_seq)
+        floor = min(state.unfinished, default=state.next_seq)
+        if info is not None and info.state == ALIVE and info.address and \
+                (not answered or floor > state.floor_sent):
             self._outbox.send_later(info.address, "actor_floor", self._address, floor)
+            state.floor_sent = max(state.floor_sent, floor)
 
     async def kill_actor(self, actor_id: str, no_restart: bool) -> None:
         await self._gcs.call("kill_actor", actor_id, no_restart)
