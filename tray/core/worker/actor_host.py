@@ -248,6 +248,20 @@ class ActorHost:
             await first.wait()
             if spec.seq in queue.replies:
                 return queue.replies[spec.seq]
+            # The first copy ended without a reply kept (it failed, or the
+            # caller's floor passed it meanwhile): it is not run twice.
+            raise exceptions.ActorError(
+                f"call #{spec.seq} ({spec.name}) from {spec.caller} was sent to the actor "
+                f"{self.actor_id} again, and its first copy ended without a reply to give: "
+                "not run twice", self.actor_id)
+        if spec.seq < queue.next_seq and not self.concurrent:
+            # Behind the caller's floor and not here before: the caller gave
+            # up on it (its copies were held up by the network) or it ran
+            # long ago. Running it now would run it after later calls, maybe
+            # twice (simtest chaos seed 873).
+            raise exceptions.ActorError(
+                f"call #{spec.seq} ({spec.name}) from {spec.caller} reached the actor "
+                f"{self.actor_id} after its caller gave up on it: not run", self.actor_id)
         done = queue.started[spec.seq] = trio.Event()
         self._running += 1
         try:
