@@ -22,9 +22,10 @@ prestarted worker takes an env only if it sets no variables.
 Idle workers beyond one per CPU (or the prestart count) are stopped after
 ``idle_worker_timeout_s``. At most ``workers_per_node_max`` live at once: a
 lease that needs a worker beyond that waits (with a warning) until one is
-free, as an actor stays pending in Ray when a node cannot start more. A worker that exits before registering counts as
-a failed start; after ``worker_start_failures_max`` in a row, lease requests
-fail with the reason instead of waiting for workers that never come.
+free, as an actor stays pending in Ray when a node cannot start more. A worker that exits before registering (by
+itself: not killed by a signal) counts as a failed start; after
+``worker_start_failures_max`` in a row, lease requests fail with the reason
+instead of waiting for workers that never come.
 
 The pool never holds resources: leases do (``lease_manager``). When a
 worker dies, the lease manager releases whatever lease it held (the hook
@@ -261,11 +262,16 @@ class WorkerPool:
         if worker is None or worker.state == "dead":
             return
         if worker.state == "starting":
-            self.failed_worker_starts += 1
-            self.last_start_failure = f"worker {worker_id[:8]} exited with code {exit_code} " \
-                                      "before registering"
-            logger.error("%s", self.last_start_failure)
-            self.worker_died(worker, self.last_start_failure)
+            why = f"worker {worker_id[:8]} exited with code {exit_code} before registering"
+            if exit_code >= 0:
+                # A start that failed by itself (a bad interpreter, an import
+                # error) counts; one killed by a signal from outside (a kill,
+                # the OOM killer) says nothing about the next start (the local
+                # chaos test SIGKILLs workers every 0.5 s, starting ones too).
+                self.failed_worker_starts += 1
+                self.last_start_failure = why
+                logger.error("%s", why)
+            self.worker_died(worker, why)
             return
         self.worker_died(worker, f"its process exited with code {exit_code}")
 
