@@ -173,29 +173,12 @@ class JobSubmissionClient:
         return runtime_env
 
     def _upload_module(self, module, excludes: list[str]) -> str:
-        import hashlib
-        import types
-
+        from .. import runtime_env
         from ..runtime_env import packaging
 
         if isinstance(module, str) and packaging.is_package_uri(module):
             return module
-        if isinstance(module, types.ModuleType):
-            origin = getattr(module, "__file__", None)
-            if origin is None:
-                raise ValueError(f"runtime_env py_modules: module {module.__name__} has no "
-                                 "file to ship")
-            module = os.path.dirname(origin)
-        path = os.path.abspath(os.fspath(module))
-        if os.path.isfile(path) and path.endswith((".whl", ".zip")):
-            with open(path, "rb") as file:
-                data = file.read()
-            package = packaging.Package(
-                f"{packaging.URI_PREFIX}{hashlib.sha256(data).hexdigest()}.zip", data)
-        else:
-            package = packaging.pack_directory(path, excludes, what="py_modules",
-                                               include_parent=True)
-        return self._upload(package)
+        return self._upload(runtime_env.local_package(module, "py_modules", excludes))
 
     def _upload(self, package) -> str:
         path = f"/api/packages/{package.uri}"

@@ -288,6 +288,28 @@ def _normalized_pip(pip) -> dict:
             "pip_install_options": list(pip.get("pip_install_options", []))}
 
 
+def local_package(path, kind: str, excludes: list) -> Package:
+    """The package a local ``working_dir`` or ``py_modules`` entry ships as
+    (``kind`` names which): a directory zipped (a module's package directory
+    for an imported module), a wheel or .zip as it is. The driver's resolve
+    and the job client's upload both pack through here."""
+    if isinstance(path, types.ModuleType):
+        origin = getattr(path, "__file__", None)
+        if origin is None:
+            raise ValueError(f"runtime_env['py_modules']: module {path.__name__} has no "
+                             "file to ship")
+        path = os.path.dirname(origin) if origin.endswith("__init__.py") else origin
+    absolute = os.path.abspath(os.fspath(path))
+    if kind == "py_modules" and os.path.isfile(absolute) and absolute.endswith((".whl", ".zip")):
+        with open(absolute, "rb") as handle:
+            data = handle.read()
+        return Package(f"{URI_PREFIX}{hashlib.sha256(data).hexdigest()}.zip", data)
+    if kind == "py_modules" and os.path.isfile(absolute) and absolute.endswith(".py"):
+        raise ValueError(f"runtime_env['py_modules']: {absolute!r} is a single file; "
+                         "ship its package directory, a wheel or a .zip")
+    return pack_directory(absolute, excludes, what=kind, include_parent=kind == "py_modules")
+
+
 def resolve(runtime_env: dict | None, upload) -> dict:
     """The env as tasks carry it: local paths packed and stored with
     ``upload(package)`` (which returns once the cluster holds it), the pip
@@ -299,27 +321,11 @@ def resolve(runtime_env: dict | None, upload) -> dict:
     def ship(path, kind: str) -> str:
         if isinstance(path, str) and is_package_uri(path):
             return path
-        if isinstance(path, types.ModuleType):
-            origin = getattr(path, "__file__", None)
-            if origin is None:
-                raise ValueError(f"runtime_env['py_modules']: module {path.__name__} has no "
-                                 "file to ship")
-            path = os.path.dirname(origin) if origin.endswith("__init__.py") else origin
-        absolute = os.path.abspath(os.fspath(path))
-        key = (kind, absolute, tuple(excludes))
+        key = (kind, path if isinstance(path, types.ModuleType) else
+               os.path.abspath(os.fspath(path)), tuple(excludes))
         uri = _packed.get(key)
         if uri is None:
-            if kind == "py_modules" and os.path.isfile(absolute) and \
-                    absolute.endswith((".whl", ".zip")):
-                with open(absolute, "rb") as handle:
-                    data = handle.read()
-                package = Package(f"{URI_PREFIX}{hashlib.sha256(data).hexdigest()}.zip", data)
-            elif kind == "py_modules" and os.path.isfile(absolute) and absolute.endswith(".py"):
-                raise ValueError(f"runtime_env['py_modules']: {absolute!r} is a single file; "
-                                 "ship its package directory, a wheel or a .zip")
-            else:
-                package = pack_directory(absolute, excludes, what=kind,
-                                         include_parent=kind == "py_modules")
+            package = local_package(path, kind, excludes)
             upload_package(package, upload)
             uri = _packed[key] = package.uri
         return uri
