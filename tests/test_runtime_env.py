@@ -352,3 +352,16 @@ def test_runs_with_runtime_envs_replay_bit_for_bit(tmp_path):
     assert values[1] == {"COLOR": "blue", "JOB_VAR": "job", "WRITTEN": "x",
                          "CUDA_VISIBLE_DEVICES": "0"}
     assert values[2] == {"COLOR": "blue", "JOB_VAR": "job"}
+
+
+def test_py_modules_that_cannot_ship_say_why(tmp_path):
+    import sys as builtin_module
+
+    from tray import runtime_env
+
+    single = tmp_path / "alone.py"
+    single.write_text("X = 1\n")
+    with pytest.raises(ValueError, match="is a single file"):
+        runtime_env.local_package(str(single), "py_modules", [])
+    with pytest.raises(ValueError, match="has no file to ship"):
+        runtime_env.local_package(builtin_module, "py_modules", [])
