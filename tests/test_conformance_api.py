@@ -139,7 +139,7 @@ def test_init_returns_a_context(backend):
     assert context.address_info["gcs_address"] == context["address"]
     assert context.address_info["node_id"] == tray.get_runtime_context().get_node_id()
     assert context["backend"] == backend  # tray's own keys still read as before
-    assert context.dashboard_url is None  # no dashboard yet
+    assert context.dashboard_url == context.address_info.get("webui_url")  # None in the sim
     assert "address" in context and len(context) == len(context.address_info)
     again = tray.init(backend=backend, ignore_reinit_error=True)
     assert again.address_info == context.address_info

@@ -52,6 +52,7 @@ def live_cluster():
     actor that printed to its log, and a killed actor."""
     context = tray.init(num_cpus=2, dashboard_port=free_port())
     try:
+        assert context.dashboard_url == context["webui_url"]
         url = "http://" + context["webui_url"]
 
         @tray.remote
@@ -276,6 +277,7 @@ def test_the_simulator_accepts_rays_dashboard_options_and_serves_none():
     context = tray.init(backend="sim", seed=1, include_dashboard=False, dashboard_port=8265)
     try:
         assert context.address_info.get("webui_url") is None
+        assert context.dashboard_url is None
         assert tray.get(tray.put(3)) == 3
     finally:
         tray.shutdown()

@@ -100,7 +100,8 @@ def _root_task(nursery):
 class TrayContext(Mapping):
     """What ``tray.init()`` returns, as Ray's ``RayContext``: the cluster's
     ``address_info`` (``ctx["address"]`` reads it too), its
-    ``dashboard_url`` (``None``: tray has no dashboard yet), and a context
+    ``dashboard_url`` (host:port of the dashboard, ``webui_url``; ``None``
+    without one: the simulator, ``include_dashboard=False``), and a context
     manager that shuts the cluster down on exit::
 
         with tray.init(backend="sim") as ctx:
@@ -113,7 +114,7 @@ class TrayContext(Mapping):
 
     def __init__(self, address_info: dict) -> None:
         self.address_info = address_info
-        self.dashboard_url = None
+        self.dashboard_url = address_info.get("webui_url")
         self.python_version = "{}.{}.{}".format(*sys.version_info[:3])
         from .. import __version__
         self.tray_version = __version__
