@@ -100,3 +100,69 @@ def _curve(ax, rows: list[dict], runtimes: list[str]) -> None:
     ax.set_ylim(bottom=0)
     ax.legend(fontsize=7)
     ax.set_title(f"{rows[0]['metric']}\n({rows[0]['unit']} against workers)", fontsize=8)
+
+
+# The scaling curves (bench/scale_curves.py): per curve, the figures a point
+# records that are time (or memory) per operation, against N on log axes.
+SCALE_PANELS = (
+    ("tasks", "submit_us_per_task", "tasks at once: submit, µs/task"),
+    ("tasks", "results_us_per_task", "tasks at once: to results, µs/task"),
+    ("tasks", "cpu_us_per_task", "tasks at once: CPU (all processes), µs/task"),
+    ("tasks", "driver_rss_bytes_per_pending_task", "tasks at once: driver RSS B/pending task"),
+    ("objects", "put_us_per_object", "live objects: put, µs/object"),
+    ("objects", "put_cpu_us_per_object", "live objects: put CPU (driver), µs/object"),
+    ("objects", "get_us_per_object", "live objects: get, µs/object"),
+    ("objects", "free_us_per_object", "live objects: free, µs/object"),
+    ("actors", "create_and_call_ms_per_actor", "actors: create + call, ms/actor"),
+    ("actors", "cpu_ms_per_actor", "actors: CPU, ms/actor"),
+    ("actors", "kill_cpu_ms_per_actor", "actors: kill one by one, CPU ms/actor"),
+    ("actors", "idle_cpu_ms_per_actor_second", "actors (sim): idle, CPU ms/actor-second"),
+    ("sim_cluster", "cpu_us_per_task", "sim cluster: CPU µs/task"),
+    ("sim_cluster", "idle_cpu_ms_per_node_second", "sim cluster: idle CPU ms/node-second"),
+    ("sim_cluster", "start_cpu_s", "sim cluster: start CPU s"),
+)
+
+
+def write_scale(record: dict, path: str) -> str:
+    """One panel per figure of SCALE_PANELS, a line per backend (local: tray's
+    real processes, sim: the simulator, sim1: the simulator with every actor
+    on one node, ray: Ray on the same curve); flat is good (start_cpu_s
+    excepted)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = [(curve, key, title) for curve, key, title in SCALE_PANELS
+              if any(key in row for row in record["curves"].get(curve, ()))]
+    columns = 4
+    lines = max(1, math.ceil(len(panels) / columns))
+    figure, axes = plt.subplots(lines, columns, figsize=(columns * 3.6, lines * 2.8),
+                                squeeze=False)
+    for index, (curve, key, title) in enumerate(panels):
+        ax = axes[index // columns][index % columns]
+        rows = record["curves"][curve]
+        for backend, color in (("local", COLORS["tray"]), ("sim", "#7a4fb0"),
+                               ("sim1", "#b04f8a"), ("ray", COLORS["ray"])):
+            points = sorted((row["n"], row[key]) for row in rows
+                            if row["backend"] == backend and
+                            isinstance(row.get(key), (int, float)))
+            if points:
+                ax.plot([n for n, _ in points], [v for _, v in points], marker="o",
+                        color=color, label=backend)
+        ax.set_xscale("log")
+        ax.set_ylim(bottom=0)
+        ax.set_title(title, fontsize=8)
+        ax.tick_params(labelsize=7)
+        ax.legend(fontsize=6)
+    for index in range(len(panels), lines * columns):
+        axes[index // columns][index % columns].axis("off")
+    peers = " and Ray" if any(row.get("backend") == "ray" for rows in record["curves"].values()
+                              for row in rows) else ""
+    figure.suptitle(f"tray{peers} scaling curves, {record['date']}  {record['machine']['cpus']} CPUs, "
+                    f"Python {record['machine']['python']}" +
+                    ("  (quick)" if record.get("quick") else ""), fontsize=10)
+    figure.tight_layout(rect=(0, 0, 1, 0.96))
+    figure.savefig(path, dpi=80)
+    plt.close(figure)
+    return path

@@ -61,6 +61,8 @@ METRICS = [
     Metric("single client wait 1k refs", "rounds/s",
            dask="distributed.wait(FIRST_COMPLETED), taking one future at a time"),
     Metric("single client tasks sync", "tasks/s", dask="submit(f).result()"),
+    Metric("nested fan-out (tasks submitting tasks)", "tasks/s",
+           dask="a task submit()s 10 tasks that each submit() 10, through worker_client()"),
     Metric("single client tasks async", "tasks/s", dask="gather() of 1,000 submit()s"),
     Metric("multi client tasks async", "tasks/s",
            dask="4 tasks, each submit()s and gather()s through worker_client()"),

@@ -199,6 +199,33 @@ def _small_value_batch(count):
         client.gather(_submit(client, count))
 
 
+def _one():
+    return 1
+
+
+def _fan_out_middle(width):
+    with worker_client() as client:
+        return sum(client.gather([client.submit(_one, pure=False) for _ in range(width)]))
+
+
+def _fan_out_top(width):
+    with worker_client() as client:
+        return sum(client.gather([client.submit(_fan_out_middle, width, pure=False)
+                                  for _ in range(width)]))
+
+
+@metric("nested fan-out (tasks submitting tasks)")
+def nested_fan_out():
+    def make(client):
+        width = 10
+
+        def body():
+            assert client.submit(_fan_out_top, width, pure=False).result() == width * width
+            return 1 + width + width * width
+        return body
+    return _run(make)
+
+
 @metric("multi client tasks async")
 def multi_client_tasks_async():
     def make(client):

@@ -4,13 +4,22 @@
 
 from __future__ import annotations
 
-import ray
-import suite_raylike
-from harness import metric as _metric
+import os
+
+# Loopback only: Ray binds and connects to the host's own address unless
+# told, and reads this switch when it is imported (its processes inherit it).
+os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+
+import ray  # noqa: E402
+import suite_raylike  # noqa: E402
+from harness import metric as _metric  # noqa: E402
+
+LOOPBACK = "127.0.0.1"
 
 # No dashboard (``ray`` without ``[default]`` has none anyway), quiet logs.
 METRICS: dict = suite_raylike.bind(
-    ray, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    ray, include_dashboard=False, logging_level="ERROR", log_to_driver=False,
+    _node_ip_address=LOOPBACK)
 
 
 def metric(name):
@@ -23,9 +32,11 @@ def large_across_nodes():
 
     store = 1_000_000_000
     cluster = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": 1, "object_store_memory": store, "include_dashboard": False})
-    cluster.add_node(num_cpus=1, object_store_memory=store)
-    ray.init(address=cluster.address, logging_level="ERROR", log_to_driver=False)
+        "num_cpus": 1, "object_store_memory": store, "include_dashboard": False,
+        "node_ip_address": LOOPBACK})
+    cluster.add_node(num_cpus=1, object_store_memory=store, node_ip_address=LOOPBACK)
+    ray.init(address=cluster.address, logging_level="ERROR", log_to_driver=False,
+             _node_ip_address=LOOPBACK)
     try:
         cluster.wait_for_nodes()
         here = ray.get_runtime_context().get_node_id()

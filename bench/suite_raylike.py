@@ -272,6 +272,33 @@ def wait_1k_refs():
     return _run(make)
 
 
+@metric("nested fan-out (tasks submitting tasks)")
+def nested_fan_out():
+    """A task submits 10 tasks that each submit 10 tasks, and gets them all:
+    111 tasks a round, submitted from workers rather than the driver, with
+    tasks blocked in ``get`` lending their CPU to the ones they wait for."""
+    def make():
+        width = 10
+
+        @rt.remote
+        def leaf():
+            return 1
+
+        @rt.remote
+        def middle():
+            return sum(rt.get([leaf.remote() for _ in range(width)]))
+
+        @rt.remote
+        def top():
+            return sum(rt.get([middle.remote() for _ in range(width)]))
+
+        def body():
+            assert rt.get(top.remote()) == width * width
+            return 1 + width + width * width
+        return body
+    return _run(make)
+
+
 @metric("single client tasks sync")
 def tasks_sync():
     def make():

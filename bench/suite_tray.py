@@ -15,7 +15,8 @@ from harness import metric as _metric
 
 import tray
 
-METRICS: dict = suite_raylike.bind(tray)
+# No dashboard, as Ray's side (its install has none): the same cluster on both.
+METRICS: dict = suite_raylike.bind(tray, include_dashboard=False)
 _defs = suite_raylike._defs
 
 
@@ -25,7 +26,7 @@ def metric(name):
 
 @metric("get 80 MB array across two nodes")
 def large_across_nodes():
-    tray.init(num_nodes=2, num_cpus=1)
+    tray.init(num_nodes=2, num_cpus=1, include_dashboard=False)
     try:
         here = tray.get_runtime_context().get_node_id()
         other = [node["NodeID"] for node in tray.nodes()

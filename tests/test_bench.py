@@ -4,6 +4,7 @@ how fast anything is (speed is measured, not asserted)."""
 
 import json
 import os
+import socket
 import subprocess
 import sys
 
@@ -24,3 +25,148 @@ def test_bench_harness_writes_json_and_table(tmp_path):
     assert rows["single client tasks sync"]["median"] > 0
     assert rows["placement group create/removal"]["median"] > 0
     assert "| single client tasks sync | tasks/s |" in done.stdout
+
+
+# ------------------------------------------------------------ loopback only
+# Every load test, bench and peer run sends traffic to 127.0.0.1 only (issue
+# 14): Ray binds and connects to the machine's network address unless told
+# otherwise. While a small metric runs, every process of the run (the bench's
+# driver and all its descendants: tray's GCS, node managers and workers, or
+# Ray's GCS, raylet and workers) is sampled with psutil; none may hold an
+# inet socket whose local or remote address is not loopback.
+
+LOOPBACK_SAMPLE_PERIOD_S = 0.2
+LOOPBACK_RUN_TIMEOUT_S = 240
+
+
+def _is_loopback(address) -> bool:
+    import ipaddress
+
+    if not address:
+        return True  # not connected (a listening or unbound socket has no peer)
+    host = address.ip if hasattr(address, "ip") else address[0]
+    ip = ipaddress.ip_address(host.split("%")[0])
+    if ip.version == 6 and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return ip.is_loopback
+
+
+def _sample_sockets(root_pid: int, seen: dict, offending: list, strict: bool) -> None:
+    """One look at every process of the run: names of those with sockets
+    in ``seen``, non-loopback sockets in ``offending``. With ``strict``, a
+    listener on every interface (0.0.0.0 or ::) is one too: tray binds
+    127.0.0.1 only; Ray keeps a few such listeners that carry no traffic
+    when started on loopback, so for Ray only connections count."""
+    import psutil
+
+    try:
+        root = psutil.Process(root_pid)
+        processes = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return
+    for process in processes:
+        try:
+            name = " ".join(process.cmdline()[:2])[-80:] or process.name()
+            # Every socket counts as seen (a local tray cluster talks over
+            # Unix sockets: with no dashboard it may hold no inet socket at
+            # all); only inet ones can be off loopback.
+            connections = process.net_connections(kind="all")
+        except psutil.Error:
+            continue
+        for connection in connections:
+            seen[name] = seen.get(name, 0) + 1
+            if connection.family == socket.AF_UNIX:
+                continue
+            laddr_ok = _is_loopback(connection.laddr)
+            # 0.0.0.0 / :: listeners accept on every interface: not loopback-only.
+            unspecified = connection.laddr and connection.laddr.ip in ("0.0.0.0", "::")
+            if not laddr_ok and (strict or not unspecified) or \
+                    not _is_loopback(connection.raddr):
+                offending.append((name, connection.status, connection.laddr,
+                                  connection.raddr))
+
+
+def _run_watching_sockets(command: list, env: dict, strict: bool = True
+                          ) -> tuple[object, dict, list]:
+    import time
+
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True, env=env, cwd=ROOT)
+    seen: dict = {}
+    offending: list = []
+    deadline = time.monotonic() + LOOPBACK_RUN_TIMEOUT_S
+    try:
+        while process.poll() is None and time.monotonic() < deadline:
+            _sample_sockets(process.pid, seen, offending, strict)
+            time.sleep(LOOPBACK_SAMPLE_PERIOD_S)
+    finally:
+        if process.poll() is None:
+            process.kill()
+        output = process.communicate(timeout=30)[0]
+    return process.returncode, {"output": output, "seen": seen}, offending
+
+
+def _interpreter_with_ray() -> str | None:
+    """This interpreter if it has Ray, else the bench's nox environment's
+    (``.nox/bench``, where Ray 2.60 is installed) if it exists."""
+    import importlib.util
+
+    if importlib.util.find_spec("ray") is not None:
+        return sys.executable
+    candidate = os.path.join(ROOT, ".nox", "bench", "bin", "python")
+    if os.path.exists(candidate):
+        found = subprocess.run([candidate, "-c", "import ray, psutil"], capture_output=True,
+                               timeout=120)
+        if found.returncode == 0:
+            return candidate
+    return None
+
+
+def test_the_loopback_check_sees_a_listener_on_every_interface():
+    """The check can fail: a child listening on 0.0.0.0 (no traffic sent)."""
+    import pytest
+
+    pytest.importorskip("psutil")
+    listener = ("import socket, time; s = socket.socket(); s.bind(('0.0.0.0', 0)); "
+                "s.listen(); time.sleep(1.5)")
+    code, run, offending = _run_watching_sockets(
+        [sys.executable, "-c", f"import subprocess, sys; subprocess.run([sys.executable, "
+                               f"'-c', {listener!r}])"], dict(os.environ))
+    assert code == 0, run["output"]
+    assert offending and offending[0][2].ip == "0.0.0.0", (offending, run["seen"])
+
+
+def test_tray_processes_use_loopback_only(tmp_path):
+    import pytest
+
+    pytest.importorskip("psutil")
+    code, run, offending = _run_watching_sockets(
+        [sys.executable, os.path.join(ROOT, "bench", "run.py"), "--quick", "--no-chart",
+         "--rounds", "1", "--only", "single client tasks sync",
+         "--json", str(tmp_path / "results.json")],
+        dict(os.environ, PYTHONPATH=ROOT))
+    assert code == 0, run["output"][-3000:]
+    assert run["seen"], "no process of the run was seen holding a socket: the check saw nothing"
+    assert not offending, f"tray sockets off loopback: {offending[:10]}"
+
+
+def test_ray_peer_uses_loopback_only(tmp_path):
+    import pytest
+
+    pytest.importorskip("psutil")
+    python = _interpreter_with_ray()
+    if python is None:
+        pytest.skip("Ray is not installed here nor in .nox/bench (nox -s bench creates it)")
+    code, run, offending = _run_watching_sockets(
+        [python, os.path.join(ROOT, "bench", "run.py"), "--quick", "--no-chart",
+         "--rounds", "1", "--peers", "ray", "--only", "single client tasks sync",
+         "--json", str(tmp_path / "results.json")],
+        dict(os.environ, PYTHONPATH=ROOT, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0"), strict=False)
+    # Checked first: sockets seen off loopback fail the test even when the
+    # run itself failed.
+    assert not offending, f"Ray sockets off loopback: {offending[:10]}"
+    if code != 0 and "timed out during startup" in run["output"]:
+        pytest.skip("Ray did not start in time on this machine (overloaded?)")
+    assert code == 0, run["output"][-3000:]
+    assert any("raylet" in name or "gcs_server" in name for name in run["seen"]), \
+        f"Ray's raylet/GCS were never seen with sockets: {sorted(run['seen'])}"

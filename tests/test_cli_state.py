@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import json
 import os
-import time
 
 import pytest
 from click.testing import CliRunner
+from polling import wait_for  # (tests/ is on sys.path)
 
 import tray
 from tray.scripts import cli
@@ -29,16 +29,6 @@ def cluster_address(monkeypatch):
         monkeypatch.setenv("TRAY_CLUSTER_TOKEN", file.read().strip())
     yield context["gcs_address"], context
     tray.shutdown()
-
-
-def _wait_for(check, what: str, timeout_s: float = 30.0):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def test_state_commands_on_a_live_cluster(cluster_address, tmp_path):
@@ -71,7 +61,7 @@ def test_state_commands_on_a_live_cluster(cluster_address, tmp_path):
         return rows if sum(1 for r in rows if r["func_or_class_name"].endswith("add")
                            and r["state"] == "FINISHED") == 4 and \
             any(r["state"] == "FAILED" and r["error_type"] for r in rows) else None
-    rows = _wait_for(tasks_in, "the task events")
+    rows = wait_for(tasks_in, "the task events")
     failed = [r for r in rows if r["state"] == "FAILED"]
     assert len(failed) == 1 and failed[0]["func_or_class_name"].endswith("fail")
 
@@ -103,7 +93,7 @@ def test_state_commands_on_a_live_cluster(cluster_address, tmp_path):
         got = json.loads(_run("get", "task", failed[0]["task_id"], "--address",
                               address).output)
         return got if got["error_message"] else None
-    got = _wait_for(failure_told, "the failed task's error message")
+    got = wait_for(failure_told, "the failed task's error message")
     assert got["error_type"] and "cli must show this" in got["error_message"]
     listed = json.loads(_run("list", "actors", "--filter", "name=keeper", "--format", "json",
                              "--address", address).output)

@@ -108,6 +108,17 @@ def test_max_calls_under_a_queue_of_tasks(one_node):
     assert len(set(workers)) == 6
 
 
+def test_max_calls_worker_takes_no_task_after_its_last(one_node):
+    # Regression (CI): the owner reused the lease of a worker that was
+    # exiting after its max_calls-th call, so queued tasks reached it, died
+    # with it and spent their retries. Its reply now says it is exiting, and
+    # the lease goes back: with no retries at all, every task still runs.
+    calls = one_call_per_worker.options(max_retries=0)
+    refs = [calls.remote() for _ in range(8)]
+    workers = [worker for _, worker in tray.get(refs, timeout=120 * one_node.tick_s)]
+    assert len(set(workers)) == 8
+
+
 def test_max_calls_options():
     with pytest.raises(ValueError, match="max_calls"):
         one_call_per_worker.options(max_calls=3)  # as Ray: only in @remote

@@ -85,3 +85,36 @@ def test_cancelling_a_finished_borrowed_ref_changes_nothing():
     assert tray.get(inner) == "slept"
 
 
+
+
+def test_cancel_between_dequeue_and_push_never_runs_the_task(monkeypatch):
+    """Regression (CI, 2026-11-23): a cancel that landed after the submitter
+    took the task off its queue for a free lease, and before the push began,
+    failed an assertion that ended the owner's process (its refs then raised
+    OwnerDiedError). The task must stay cancelled, unsent, and the lease
+    serve the next task."""
+    from tray.core.context import get_worker
+    from tray.core.ids import ObjectID
+    from tray.core.worker.normal_task_submitter import NormalTaskSubmitter
+
+    tray.init(backend="sim", seed=3, num_cpus=1)
+    try:
+        worker = get_worker()
+        original = NormalTaskSubmitter._push
+        cancelled = []
+
+        async def push_after_a_cancel(self, key, queue, lease, task):
+            if task.spec.name.endswith("sleeper") and not cancelled:
+                task_id = ObjectID(task.spec.return_ids[0]).task_id()
+                cancelled.append(task_id)
+                await worker._cancel_owned(task_id, False, False)
+            await original(self, key, queue, lease, task)
+
+        monkeypatch.setattr(NormalTaskSubmitter, "_push", push_after_a_cancel)
+        victim = sleeper.remote(0.5, "ran")
+        with pytest.raises(tex.TaskCancelledError):
+            tray.get(victim, timeout=10)
+        assert cancelled == [victim.task_id()]
+        assert tray.get(sleeper.remote(0.1, "next"), timeout=10) == "next"
+    finally:
+        tray.shutdown()

@@ -9,10 +9,10 @@ import json
 import os
 import subprocess
 import sys
-import time
 import urllib.request
 
 import pytest
+from polling import wait_for  # (tests/ is on sys.path)
 from prometheus_client.parser import text_string_to_metric_families
 
 import tray
@@ -29,20 +29,6 @@ SCREENSHOT_DIR = os.environ.get("TRAY_DASHBOARD_SCREENSHOTS")
 def _get(url: str, timeout_s: float = 10.0) -> str:
     with urllib.request.urlopen(url, timeout=timeout_s) as response:
         return response.read().decode()
-
-
-def _wait_until(check, what: str, timeout_s: float = 30.0):
-    deadline = time.monotonic() + timeout_s
-    last = None
-    while time.monotonic() < deadline:
-        try:
-            value = check()
-            if value:
-                return value
-        except OSError as error:  # not serving yet
-            last = error
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what} (last error: {last})")
 
 
 @pytest.fixture
@@ -93,7 +79,7 @@ def live_cluster():
             return failed and len(squares) == 6
         # The executor's events (the traceback) leave with its next flush: the
         # doomed actor below may reuse that worker, so it is killed only after.
-        _wait_until(tasks_reported, "the task events to reach the dashboard")
+        wait_for(tasks_reported, "the task events to reach the dashboard", retry_on=(OSError,))
         doomed = Doomed.remote()
         assert tray.get(doomed.ping.remote()) == "pong"
         tray.kill(doomed)
@@ -101,7 +87,7 @@ def live_cluster():
         def killed():
             actors = json.loads(_get(url + "/api/actors"))
             return [a for a in actors if a["class_name"] == "Doomed" and a["state"] == "DEAD"]
-        _wait_until(killed, "the killed actor to show DEAD")
+        wait_for(killed, "the killed actor to show DEAD", retry_on=(OSError,))
         held = tray.put(b"x" * 300_000)  # the objects page lists the driver's reference
         yield url, context, held
     finally:
@@ -246,7 +232,7 @@ def _metrics_endpoint_has_ray_names_and_live_values(live_cluster):
         text = _get(url + "/metrics")
         found = {f.name: f for f in text_string_to_metric_families(text)}.get("app_squares")
         return found and [s.value for s in found.samples if s.name == "app_squares_total"]
-    assert _wait_until(user_metric, "the user metric in /metrics", timeout_s=15) == [6.0]
+    assert wait_for(user_metric, "the user metric in /metrics", timeout_s=15) == [6.0]
 
 
 def _a_log_name_outside_the_session_is_refused(live_cluster):
@@ -299,7 +285,7 @@ def test_tray_start_head_serves_the_dashboard_until_stop(tmp_path):
         url = f"http://127.0.0.1:{dashboard_port}"
         assert f"Dashboard:                 {url}" in started.stdout
         assert f"Dashboard: {url}" in cli("status").stdout
-        page = _wait_until(lambda: _get(url + "/"), "the dashboard to serve")
+        page = wait_for(lambda: _get(url + "/"), "the dashboard to serve", retry_on=(OSError,))
         assert "1 live node(s)" in page
         # The job API is mounted and wants the token.
         with pytest.raises(urllib.error.HTTPError) as refused:
@@ -315,7 +301,7 @@ def test_tray_start_head_serves_the_dashboard_until_stop(tmp_path):
         except OSError:
             return True
         return False
-    _wait_until(gone, "the dashboard to exit with its head node", timeout_s=15)
+    wait_for(gone, "the dashboard to exit with its head node", timeout_s=15)
 
 
 def test_a_busy_dashboard_port_is_named_and_8265_taken_means_another():

@@ -22,6 +22,7 @@ from test_local_backend import _wait_until
 
 import tray
 from tray.backends.local.session import free_port
+from tray.backends.local.zygote import WORKER_PROCESS_NAME
 from tray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 pytestmark = pytest.mark.skipif("local" not in os.environ.get("TRAY_TEST_BACKENDS", "local"),
@@ -267,11 +268,14 @@ class ChaosSquarer:
 
 
 def _tray_workers() -> list[psutil.Process]:
+    """Worker processes: started fresh, or forked by a node's zygote (whose
+    command line they share; their process name says "tray::worker")."""
     found = []
     for node in psutil.Process().children():
         try:
-            for child in node.children():
-                if "tray.backends.local.worker" in child.cmdline():
+            for child in node.children(recursive=True):
+                if "tray.backends.local.worker" in child.cmdline() or \
+                        child.name() == WORKER_PROCESS_NAME:
                     found.append(child)
         except psutil.NoSuchProcess:
             continue

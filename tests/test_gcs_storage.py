@@ -51,3 +51,21 @@ def test_unreachable_redis_fails_fast_with_the_address():
 def test_bad_redis_address():
     with pytest.raises(ValueError, match="host:port"):
         RedisStorage("nonsense")
+
+
+def test_job_table_survives_a_gcs_restart_and_ends_jobs_by_driver():
+    """The GCS keeps driver address -> running jobs (no scan of the job table
+    per closed connection); a restarted GCS rebuilds it from storage."""
+    from tray.core.gcs.kv_store import KvStore
+    from tray.core.interfaces import NullTracer
+
+    storage = MemoryStorage()
+    kv = KvStore(storage, NullTracer())
+    assert [kv.handle_register_job(None, driver) for driver in ("a", "b", "a")] == [1, 2, 3]
+    kv.driver_exited("b")
+    restarted = KvStore(storage, NullTracer())
+    assert restarted.handle_register_job(None, "c") == 4
+    restarted.driver_exited("a")
+    restarted.driver_exited("a")  # twice: nothing more to end
+    assert restarted.handle_list_driver_jobs(None) == [
+        (1, "a", True), (2, "b", True), (3, "a", True), (4, "c", False)]

@@ -25,6 +25,7 @@ import httpx
 import psutil
 import pytest
 import trio
+from polling import wait_for  # (tests/ is on sys.path)
 
 from tray.backends.local import query_gcs
 from tray.backends.local.session import free_port
@@ -73,16 +74,6 @@ def _wait_terminal(client: JobSubmissionClient, submission_id: str,
         time.sleep(0.2)
     raise AssertionError(f"job {submission_id} did not end within {timeout_s} s: "
                          f"{client.get_job_info(submission_id)}")
-
-
-def _wait_for(predicate, what: str, timeout_s: float = WAIT_S):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def _cpus(cluster) -> tuple[float, float]:
@@ -137,7 +128,7 @@ def cluster(tmp_path_factory):
             "gcs": "tcp:" + current["address"], "session_dir": current["session_dir"],
             "env": env}
     client = JobSubmissionClient(url, token=current["token"])
-    _wait_for(lambda: _answers(client), "the job API to answer", 30)
+    wait_for(lambda: _answers(client), "the job API to answer", timeout_s=30)
     try:
         yield info
     finally:
@@ -300,15 +291,15 @@ def test_stop_ends_the_driver_and_frees_its_resources(cluster, client, tmp_path)
     assert available == total == 2.0
     submission_id = client.submit_job(entrypoint="python hold.py",
                                       runtime_env={"working_dir": str(tmp_path)})
-    _wait_for(lambda: "holding" in client.get_job_logs(submission_id), "the job to hold CPUs")
-    _wait_for(lambda: _cpus(cluster)[1] == 0.0, "both CPUs to be taken")
+    wait_for(lambda: "holding" in client.get_job_logs(submission_id), "the job to hold CPUs", timeout_s=WAIT_S)
+    wait_for(lambda: _cpus(cluster)[1] == 0.0, "both CPUs to be taken", timeout_s=WAIT_S)
     driver = psutil.Process(client.get_job_info(submission_id).driver_pid)
     assert client.stop_job(submission_id) is True
     info = _wait_terminal(client, submission_id, 30)
     assert info.status is JobStatus.STOPPED and info.message == "Job was intentionally stopped."
     assert not driver.is_running() or driver.status() == psutil.STATUS_ZOMBIE
     # The actor and the task went with their driver: the CPUs are back.
-    _wait_for(lambda: _cpus(cluster)[1] == 2.0, "the job's CPUs to be freed", 30)
+    wait_for(lambda: _cpus(cluster)[1] == 2.0, "the job's CPUs to be freed", timeout_s=30)
     assert client.stop_job(submission_id) is False  # it had already ended
     with pytest.raises(JobSubmissionError, match="already exists"):
         client.submit_job(entrypoint="true", submission_id=submission_id)
@@ -361,8 +352,8 @@ def test_unauthenticated_requests_get_401_and_do_nothing(cluster, client):
 
 def test_a_killed_supervisor_fails_its_job_instead_of_running_forever(client):
     submission_id = client.submit_job(entrypoint="sleep 600")
-    info = _wait_for(lambda: (lambda i: i if i.status is JobStatus.RUNNING else None)(
-        client.get_job_info(submission_id)), "the job to run")
+    info = wait_for(lambda: (lambda i: i if i.status is JobStatus.RUNNING else None)(
+        client.get_job_info(submission_id)), "the job to run", timeout_s=WAIT_S)
     os.kill(info.driver_pid, 9)  # the driver goes too: nothing left running
     os.kill(info.supervisor_pid, 9)
     info = _wait_terminal(client, submission_id, 30)
@@ -545,12 +536,12 @@ def test_stop_during_setup_cancels_pip(client):
                     found.append(process)
             return found
 
-        _wait_for(pip_processes, "pip to start")
+        wait_for(pip_processes, "pip to start", timeout_s=WAIT_S)
         assert client.get_job_status(submission_id) is JobStatus.PENDING
         assert client.stop_job(submission_id) is True
         info = _wait_terminal(client, submission_id, 30)
         assert info.status is JobStatus.STOPPED, info
-        _wait_for(lambda: not pip_processes(), "pip to be killed", 15)
+        wait_for(lambda: not pip_processes(), "pip to be killed", timeout_s=15)
 
 
 # ------------------------------------------------------------ without a cluster process

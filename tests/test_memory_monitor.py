@@ -275,6 +275,7 @@ CHUNK_BYTES = 128 * 1024**2
 
 @tray.remote
 def _wait_for_file(path: str, timeout_s: float):
+    open(path + ".running", "w").close()
     deadline = time.monotonic() + timeout_s
     while not os.path.exists(path + ".retried") and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -317,7 +318,12 @@ def test_local_real_memory_kill_retry_and_out_of_memory(monkeypatch, tmp_path):
         # A companion task of the same owner holds the other CPU, so the hog
         # (the newer lease) is not its owner's last task there: retried.
         companion = _wait_for_file.remote(str(tmp_path / "a"), 120)
-        tray.wait([companion], timeout=1)
+        # Running before the hog starts (CI, loaded machine: a second's wait
+        # was not enough, the hog was its owner's only task there and was
+        # not retried).
+        deadline = time.monotonic() + 60
+        while not os.path.exists(tmp_path / "a.running") and time.monotonic() < deadline:
+            time.sleep(0.05)
         retried = _hog_real_memory.options(max_retries=1).remote(str(tmp_path / "a"), 3 * GiB)
         assert tray.get(retried, timeout=120) == "retried"
         assert tray.get(companion, timeout=120) == "done"

@@ -7,7 +7,8 @@ memory, subprocesses, Redis) or simulated ones (virtual network, in-process
 bytes, trio task groups, memory that survives a simulated GCS crash).
 
 Time is trio's clock (``trio.current_time``/``trio.sleep``): the real clock
-in real processes, ``MockClock(autojump_threshold=0)`` in the simulator.
+in real processes, the simulator's ``VirtualClock`` (tray/backends/sim/cluster.py),
+which jumps to the next deadline whenever no simulated task can run.
 """
 
 from __future__ import annotations
@@ -165,6 +166,12 @@ class ProcessEnv:
     # its user code returned (the TaskSpec in; backends/sim/task_cost.py).
     # None: real work takes real time.
     task_cost_s: Callable[[Any], float] | None = None
+    # Core workers whose state other threads reach (the local backend's
+    # driver, whose script runs beside the loop's thread; workers with
+    # threaded actors): makes a re-entrant lock with a condition
+    # (``threading.Condition(threading.RLock())``). None: one thread, as in
+    # the simulator.
+    thread_condition: Callable[[], Any] | None = None
     # Workers: await run_sync_in_thread(fn, concurrency_group) runs a threaded
     # actor's synchronous method in a thread (None: inline, as the simulator).
     run_sync_in_thread: Callable | None = None

@@ -3,8 +3,11 @@
 Every message is a small dataclass (frozen where nobody needs to change it)
 rather than a tagged tuple or a dict told apart by which key is present, so
 a reader sees what a message holds and a type checker sees a missing case.
-They are plain data: they pickle, and nothing in them is shared by
-reference between processes (the transports copy every message).
+They are plain data: they pickle, and nothing mutable in them is shared by
+reference between processes (the transports copy every message; the
+simulated one shares a frozen message whose fields are all immutable,
+``transports/sim.copy_message``: keep frozen ones free of lists and dicts
+where that is natural, and they cross simulated processes for free).
 
 * Results and object states: ``InlineResult`` (the value travels in the
   message), ``StoredResult`` (the value is in node stores, at
@@ -12,7 +15,7 @@ reference between processes (the transports copy every message).
 * Leases: ``LeaseRequest``, answered by ``LeaseGranted``, ``Spillback``,
   ``Infeasible`` or ``LeaseWithdrawn``.
 * Membership: ``NodeRecord`` (the GCS's row for a node), views as
-  ``scheduling.NodeView`` per node, ``HeartbeatReply``.
+  ``scheduling.NodeView`` per node, ``ViewUpdate``, ``HeartbeatReply``.
 * Actors: ``ActorSpec`` (what the owner registers), ``ActorRecord`` (the
   GCS's row, stored in ``Storage`` with a ``version``), ``ActorInfo`` (what
   callers learn).
@@ -72,9 +75,13 @@ def inline_or_failed(value: SerializedObject) -> InlineResult | FailedResult:
 @dataclass(frozen=True, slots=True)
 class TaskReply:
     """A worker's answer to a pushed task or an actor call: one result per
-    return, and whether the task raised (so the owner may retry it)."""
+    return, and whether the task raised (so the owner may retry it).
+    ``worker_exiting``: the worker ran its function's ``max_calls``-th call
+    and exits now, so its lease must not take another task (Ray's
+    PushTaskReply.worker_exiting)."""
     results: list  # [TaskResult]
     application_error: bool = False
+    worker_exiting: bool = False
 
 
 # ================================================================= leases
@@ -150,8 +157,20 @@ class NodeRecord:
 
 
 @dataclass(frozen=True, slots=True)
+class ViewUpdate:
+    """The cluster view, whole or as what changed in it (see
+    gcs/node_table.py): ``nodes`` holds every node when ``base_version`` is
+    -1, else only the nodes that changed after ``base_version``; applying it
+    brings a view to ``version`` of the GCS incarnation ``epoch``."""
+    epoch: int
+    version: int
+    base_version: int
+    nodes: dict  # node id -> NodeView
+
+
+@dataclass(frozen=True, slots=True)
 class HeartbeatReply:
-    view: dict  # node id -> NodeView
+    view: ViewUpdate | None  # None when `dead`
     dead: bool = False  # the GCS declared the sender dead: it must fence itself
 
 

@@ -29,6 +29,18 @@ class ObjectRef:
         if worker is not None:
             worker.add_local_ref(object_id, owner)
 
+    @classmethod
+    def counted_by_caller(cls, object_id: ObjectID, owner: str, worker) -> ObjectRef:
+        """A ref whose local reference its maker counts itself: a submission
+        or ``put`` counts its new refs on the loop, in the same step that
+        registers the object (a user's thread queues that step, and the
+        ref's count-down, if it is dropped first, is queued after it)."""
+        ref = cls.__new__(cls)
+        ref._id = object_id
+        ref._owner = owner
+        ref._worker = worker
+        return ref
+
     def __del__(self) -> None:
         worker = self._worker
         if worker is not None:

@@ -27,6 +27,7 @@ import hashlib
 import json
 import os
 import shutil
+import site
 import sys
 from dataclasses import dataclass
 
@@ -109,6 +110,20 @@ async def _run(command: list, what: str) -> None:
         raise RuntimeEnvSetupError(f"{what} failed (exit code {result.returncode}):\n{output}")
 
 
+def _inherit_parent_env(venv: str) -> None:
+    """``--system-site-packages`` shows a virtualenv the base Python's
+    packages, not those of the virtualenv tray itself runs in (tray, trio,
+    numpy...): a ``.pth`` file adds those after the env's own, so a job's
+    driver or a worker in the env imports what the node's Python can (a pip
+    job's ``import tray`` failed on a machine whose base Python lacks it)."""
+    if sys.prefix == sys.base_prefix:
+        return  # tray runs in the base Python: --system-site-packages is it
+    lines = "".join(f"import site; site.addsitedir({path!r})\n"
+                    for path in site.getsitepackages() if os.path.isdir(path))
+    with open(os.path.join(_site_packages(venv), "_tray_parent_env.pth"), "w") as file:
+        file.write(lines)
+
+
 async def ensure_pip(pip: dict, cache_dir: str, python: str = sys.executable) -> str:
     """The site-packages directory of the virtualenv for ``pip`` on this
     node, created and installed on first use."""
@@ -123,6 +138,8 @@ async def ensure_pip(pip: dict, cache_dir: str, python: str = sys.executable) ->
         try:
             await _run([python, "-m", "venv", "--system-site-packages", "--without-pip", venv],
                        "creating the virtualenv")
+            if python == sys.executable:
+                _inherit_parent_env(venv)
             await _run([python, "-m", "pip", "--python", os.path.join(venv, "bin", "python"),
                         "install", "--disable-pip-version-check", "--no-input",
                         *pip.get("pip_install_options", []), *pip["packages"]],

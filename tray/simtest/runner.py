@@ -140,6 +140,9 @@ class Expectation:
     # of the task that gave up, or restarts of the actor (``actor``: its id).
     budget: int | None = None
     actor: str | None = None
+    # Only the expected outcome will do, whatever the faults (a cancelled
+    # task that never started has nothing a fault could change).
+    strict: bool = False
 
 
 class Program:
@@ -166,7 +169,11 @@ class Program:
         # events to say): retries spent per task and restarts per actor
         # (hex ids), and the actors killed on purpose.
         self.spent: Spent | None = None
+        self.cluster = None  # the simulated cluster, once the values are checked
         self.not_ready: list[str] = []  # refs wait reported ready that get did not answer
+        self.cancels: list[tuple] = []  # (key, runs when cancelled, force, task id hex)
+        self.cancelled_prefixes: list[tuple] = []  # (key prefix, parent task hex)
+        self.own_faults: list[str] = []  # faults the workload itself caused (kill_node)
         self._keys = 0
         self._retries = 0
 
@@ -183,7 +190,8 @@ class Program:
 
     def expect(self, ref, expected, *, label: str, app_retries: bool = False,
                unlimited: bool = False, retries: int | None = None,
-               max_restarts: int | None = None, actor=None, **_details) -> None:
+               max_restarts: int | None = None, actor=None, strict: bool = False,
+               **_details) -> None:
         """Record the model's answer for ``ref``. ``retries`` (the
         max_retries every task behind it has at least), or ``max_restarts``
         with the ``actor`` handle for a call, give the finite budget that
@@ -194,9 +202,24 @@ class Program:
             budget = None
         actor_id = str(actor._actor_id) if actor is not None else None
         self.expectations.append(Expectation(ref, expected, label, app_retries, unlimited,
-                                             budget, actor_id))
+                                             budget, actor_id, strict))
 
-    def error(self, error_class: type) -> ExpectError:
+    def cancelled_run(self, key: str, runs: int, force: bool, task: str | None = None) -> None:
+        """``key``'s task was cancelled while its ``runs``-th run was going:
+        it never runs again nor reaches its end, and with ``force`` the
+        worker of that run is gone. ``task`` (its id, hex) lets the check
+        count a retry that began before the cancel as the run it cancelled."""
+        self.cancels.append((key, runs, force, task))
+
+    def cancelled_children(self, prefix: str, task: str | None = None) -> None:
+        """A recursive cancel: no child whose key starts with ``prefix``
+        reaches its end — if the cancel found its parent (``task``, hex)
+        unfinished: a parent that had ended by itself (a child lost with its
+        node failed it) is not cancelled, nor are its children, as in Ray
+        (mixed default seed 3261)."""
+        self.cancelled_prefixes.append((prefix, task))
+
+    def error(self, error_class) -> ExpectError:
         return ExpectError(error_class)
 
     def actor(self, actor_class, key: str | None = None):
@@ -238,6 +261,24 @@ class Program:
 
     def later(self, fn) -> None:
         self.laters.append(fn)
+
+    def kill_node(self, node_id: str, restart_after_s: float | None) -> None:
+        """A workload's own node crash, at a moment the program chose (the
+        lineage workload's: after the work on that node finished; the
+        autoscaler's: a scaled node mid-burst, never restarted). It is
+        recorded like the injector's faults, so the checks attribute what it
+        causes, and from then on the errors of killed processes are
+        permitted."""
+        from . import cluster as current_cluster
+
+        cluster = current_cluster()
+        restart = "never" if restart_after_s is None else f"{restart_after_s:.3f}"
+        what = (f"t={cluster.clock.current_time():.3f}s node_crash "
+                f"restart_after_s={restart} node={node_id[:8]} (by the workload)")
+        cluster.trace.record("simtest", "fault", what=what)
+        self.own_faults.append(what)
+        self.kills = True
+        cluster.kill_node(node_id, restart_after_s=restart_after_s)
 
 
 # ================================================================== checks
@@ -298,7 +339,9 @@ def _check_error(program: Program, expectation: Expectation, error: BaseExceptio
                                  "its task or actor retries and restarts without limit, so no "
                                  "fault may fail it")
     _check_budget_spent(program, expectation, error, where)
-    if program.kills and _is_fault_error(error):
+    if _check_object_lost(program, error, where) and not expectation.strict:
+        return  # its owner died: true whatever the schedule (see _check_object_lost)
+    if program.kills and _is_fault_error(error) and not expectation.strict:
         return
     if program.kills and expectation.app_retries and \
             isinstance(error, workloads.FlakyError):
@@ -307,6 +350,70 @@ def _check_error(program: Program, expectation: Expectation, error: BaseExceptio
                              f"{where}: got the error {type(error).__name__}: {text[:600]}\n"
                              f"the reference model says {expected!r}, and the injected faults "
                              f"(kills={program.kills}) do not permit this error")
+
+
+def _check_cancels(cluster, program: Program, ledger: workloads.Ledger) -> None:
+    """What ``tray.cancel`` promised, from inside the cancelled bodies."""
+    # Why each worker died: a force cancel's worker exits (or was killed),
+    # and it is not merely reaped later as idle (a gentle cancel's would be).
+    # A worker killed with its node (a crash the cancel may have come too
+    # late for: chaos seed 2036) is gone too, with no worker_died of its own:
+    # its process's kill says so. A force cancel lost on the way would
+    # leave the task running to its end, which the check above catches.
+    died: dict[str, list] = {}
+    killed_processes: set = set()  # worker id prefixes, as process names hold them
+    for event in cluster.trace.events:
+        if event["event"] == "worker_died":
+            died.setdefault(event["worker"], []).append(event.get("reason", ""))
+        elif event["event"] == "process_kill" and "/worker-" in event["process"]:
+            killed_processes.add(event["process"].rsplit("/worker-", 1)[1])
+    # A retry that had reached its worker before the cancel was sent is the
+    # run the cancel interrupts, although its body had not begun when the
+    # workload counted the runs (it was loading the function: default seed
+    # 3240). Ray cancels the attempt that is executing; only one that
+    # starts after the cancel would be a run "again".
+    cancelled_s: dict[str, float] = {}
+    attempts_started: dict[str, list] = {}
+    for event in cluster.trace.events:
+        if event["event"] == "task_cancel" and event["component"].startswith("driver:"):
+            cancelled_s.setdefault(event["task"], event["t"])
+        elif event["event"] == "task_started":
+            attempts_started.setdefault(event["task"], []).append(event["t"])
+    for key, runs, force, task in program.cancels:
+        got = ledger.executions.get(key, 0)
+        if task is not None and task in cancelled_s:
+            runs = max(runs, sum(1 for t in attempts_started.get(task, [])
+                                 if t <= cancelled_s[task]))
+        if got > runs:
+            raise InvariantViolation(
+                "cancelled-task-never-runs-again",
+                f"task {key} was cancelled during its run #{runs} and ran {got} times")
+        if ledger.executions.get(f"{key}:end"):
+            raise InvariantViolation(
+                "cancelled-task-is-interrupted",
+                f"task {key}, cancelled while running (force={force}), ran to its end")
+        # (The worker of the cancelled run, if its body began.)
+        workers = ledger.workers.get(key, [])
+        worker = workers[runs - 1] if len(workers) >= runs else None
+        reasons = died.get(worker, [])
+        killed_with_node = worker is not None and not reasons and \
+            any(worker.startswith(prefix) for prefix in killed_processes)
+        if force and worker is not None and cluster.trace.event_count <= \
+                len(cluster.trace.events) and not killed_with_node and \
+                not any(not reason.startswith("idle") for reason in reasons):
+            raise InvariantViolation(
+                "force-cancel-kills-the-worker",
+                f"task {key} was cancelled with force=True, and worker {worker[:12]} that "
+                f"ran it did not exit ({'reaped as idle later' if reasons else 'it lives on'})")
+    for prefix, task in program.cancelled_prefixes:
+        if task is not None and task not in cancelled_s:
+            continue  # it had ended before the cancel: nothing was cancelled
+        ended = sorted(key for key in ledger.executions
+                       if key.startswith(prefix) and key.endswith(":end"))
+        if ended:
+            raise InvariantViolation(
+                "recursive-cancel-cancels-children",
+                f"children of a task cancelled with recursive=True ran to their end: {ended}")
 
 
 def _check_executions(program: Program, ledger: workloads.Ledger) -> None:
@@ -562,10 +669,14 @@ def _run_seed(seed, workload, faults, trace_path, config, started,
                 program.laters.pop(0)()
             _liveness_and_values(cluster, program)
             _check_executions(program, ledger)
+            _check_attributed(cluster)
             held_twice = workloads.check_gpu_exclusive(ledger)
             if held_twice is not None:
                 raise InvariantViolation("gpu-held-by-one-task-at-a-time", held_twice)
             _quiesce(cluster, program)
+            # After quiescence: a cancelled body that was not interrupted
+            # has had time to reach its end.
+            _check_cancels(cluster, program, ledger)
         except InvariantViolation as violation:
             failure = violation
         except (KeyboardInterrupt, SystemExit):
@@ -604,7 +715,7 @@ def _run_seed(seed, workload, faults, trace_path, config, started,
 
     result = SeedResult(seed=seed, workload=workload, faults=faults, ok=failure is None,
                         digest=trace_digest(), schedule=(injector.applied or
-                        [f.describe() for f in schedule]) +
+                        [f.describe() for f in schedule]) + program.own_faults +
                         [f"buggify {name}={value}" for name, value in sorted(knobs.items())],
                         virtual_time_s=round(virtual_time_s, 6), tasks=tasks,
                         wall_s=time.perf_counter() - started, num_nodes=shape["num_nodes"])
@@ -617,7 +728,13 @@ def _run_seed(seed, workload, faults, trace_path, config, started,
 class Spent:
     """What the trace says was spent, by hex id."""
 
-    retries: dict  # task -> retries spent (worker deaths and exceptions, not memory kills)
+    # task -> retries spent: worker deaths, exceptions and re-runs for
+    # lineage, not memory kills. A re-run for lineage spends one of
+    # ``max_retries`` as in Ray (TaskManager::ResubmitTask decrements
+    # num_retries_left; ObjectReconstructionFailedMaxAttemptsExceededError),
+    # so a task re-run once for a lost result and then hit by a crash may
+    # give up with max_retries=1 (chaos seeds 1305, 1586).
+    retries: dict
     restarts: dict  # actor -> restarts
     killed: set  # actors killed by tray.kill
 
@@ -629,13 +746,212 @@ def spent(cluster) -> Spent | None:
     result = Spent({}, {}, set())
     for event in trace.events:
         name = event["event"]
-        if name == "task_retry" and event.get("reason") != "out of memory":
+        if name == "task_reconstruct" or \
+                (name == "task_retry" and event.get("reason") != "out of memory"):
             result.retries[event["task"]] = result.retries.get(event["task"], 0) + 1
         elif name == "actor_restarting":
             result.restarts[event["actor"]] = result.restarts.get(event["actor"], 0) + 1
         elif name == "actor_kill":
             result.killed.add(event["actor"])
     return result
+
+
+# ======================================================= fault attribution
+#
+# Counting executions against ``1 + max_retries`` lets a runtime re-run work
+# for no reason as long as it stays under the budget (a duplicate push, a
+# retry of a task whose worker was fine). So every extra execution must have
+# a cause in the trace: the execution before it ended in an application
+# error that the task retries, or a memory kill, or a fault hit a process it
+# depended on while it ran (between its start and the next one's): its
+# worker was killed, or its worker's node or its owner's node crashed, was
+# reset, stalled, slowed or cut off by a partition. A fault on the head node
+# (the GCS's and the driver's) and a GCS restart hit every node: the GCS may
+# declare any node dead then, and a node declared dead fences its workers.
+
+# A restarted GCS re-creates the actors it finds pending, and answers
+# requests made before it went down, for a while after it is back up.
+GCS_RECOVERY_S = 0.5
+# The messages that hand a worker a task to run (an actor's creation, a call).
+_TASK_MESSAGES = frozenset({"push_task", "create_actor", "actor_call"})
+_FAULT_WHAT = re.compile(r"t=[0-9.]+s (\w+)(.*)")
+_FAULT_TARGET = re.compile(r"\b(node|worker|isolated)=([0-9a-f]+)")
+_FAULT_PARAM = re.compile(r"\b(seconds|down_for_s)=([0-9.]+)")
+
+
+@dataclass(frozen=True)
+class FaultSpan:
+    """A fault as the trace shows it: when it acted, and on what (a node id
+    prefix, a worker id prefix, or everything)."""
+
+    start_s: float
+    end_s: float
+    kind: str
+    node: str | None = None  # node id prefix
+    worker: str | None = None  # worker id prefix
+    everywhere: bool = False
+
+    def hits(self, worker_id: str, nodes: tuple) -> bool:
+        if self.worker is not None:
+            return worker_id.startswith(self.worker) or self.worker.startswith(worker_id)
+        return self.everywhere or any(node and node.startswith(self.node) for node in nodes)
+
+
+def fault_spans(events, head_node: str) -> list[FaultSpan]:
+    """The faults the injector recorded, with how long each acted."""
+    raw, heals, stopped_s = [], [], None
+    for event in events:
+        if event["event"] == "faults_stopped":
+            stopped_s = event["t"]
+        elif event["event"] == "fault" and event["component"] == "simtest":
+            if event["what"] == "heal":
+                heals.append(event["t"])
+            else:
+                raw.append(event)
+    end_of_faults = stopped_s if stopped_s is not None else float("inf")
+    spans = []
+    for event in raw:
+        match = _FAULT_WHAT.match(event["what"])
+        if match is None:
+            continue
+        kind, rest, start = match.group(1), match.group(2), event["t"]
+        params = {name: float(value) for name, value in _FAULT_PARAM.findall(rest)}
+        targets = dict(_FAULT_TARGET.findall(rest))
+        end = start
+        if kind == "partition":  # until the next heal (each heals every partition)
+            end = min([t for t in heals if t >= start] + [end_of_faults])
+        elif kind == "stall":
+            end = start + params.get("seconds", 0.0)
+        elif kind == "slow_node":
+            end = end_of_faults
+        elif kind == "gcs_restart":  # down, then recovering its tables and actors
+            end = start + params.get("down_for_s", 0.0) + GCS_RECOVERY_S
+        node = targets.get("node") or targets.get("isolated")
+        spans.append(FaultSpan(start, end, kind, node=node, worker=targets.get("worker"),
+                               everywhere=kind == "gcs_restart" or
+                               (node is not None and head_node.startswith(node))))
+    return spans
+
+
+def unattributed_executions(cluster) -> list[str] | None:
+    """Executions (task_started events) after which the same task ran again
+    with no cause in the trace; None when the trace kept too few events."""
+    trace = cluster.trace
+    if trace.event_count > len(trace.events):
+        return None
+    events = list(trace.events)
+    head_node = cluster.node_ids()[0]
+    spans = fault_spans(events, head_node)
+    worker_node: dict[str, str] = {}  # worker id -> its node's id prefix
+    owner_of: dict[str, str] = {}  # task -> the component that submitted it
+    # task -> [(t, worker component, attempt, name, submission, open)]: a
+    # re-run parent submits its children again under the same ids (a new
+    # submission), and the two runs of a parent cut off by a reset may both
+    # submit them (``open`` submissions at once): runs of different or of
+    # overlapping submissions are not re-executions of one another.
+    starts: dict[str, list] = {}
+    submissions: dict[str, int] = {}
+    open_by: dict[str, set] = {}
+    excused: set = set()  # (task, attempt that followed an error, a memory kill, a loss)
+    first_node_death_s = None
+    # A run begins when its task reaches the worker, not when its body
+    # starts: fetching the function and the arguments is part of it, and a
+    # fault then cuts it off as well (chaos seed 2650: a reset cut the GCS's
+    # create_actor call after the worker received it and before the
+    # constructor began; the GCS gave that worker up and created the actor
+    # on another, so the constructor ran twice, a fault behind it).
+    delivered_s: dict[str, float] = {}  # "worker-<id[:12]>" -> its last task received
+    worker_by_suffix: dict[str, str] = {}  # a worker's "worker:<id[-8:]>" suffix -> its id
+    running_attempt: dict[str, int] = {}  # "worker-<id[:12]>" -> attempt of its last run
+    for event in events:
+        name = event["event"]
+        if name == "recv":
+            if event["msg"] in _TASK_MESSAGES:
+                delivered_s[event["component"].rsplit("/", 1)[-1]] = event["t"]
+            continue
+        if name == "worker_start":
+            worker_node[event["worker"]] = event["component"]
+            worker_by_suffix[event["worker"][-8:]] = event["worker"]
+        elif name == "task_submitted":
+            task = event["task"]
+            owner_of.setdefault(task, event["component"])
+            submissions[task] = submissions.get(task, 0) + 1
+            open_by.setdefault(task, set()).add(event["component"])
+        elif name == "task_finished":
+            open_by.get(event["task"], set()).discard(event["component"])
+        elif name == "task_started":
+            task = event["task"]
+            worker = worker_by_suffix.get(event["component"].split(":", 1)[-1])
+            began_s = delivered_s.get(f"worker-{worker[:12]}", event["t"]) \
+                if worker is not None else event["t"]
+            if worker is not None:
+                running_attempt[f"worker-{worker[:12]}"] = event.get("attempt") or 0
+            starts.setdefault(task, []).append(
+                (began_s, event["component"], event.get("attempt"), event.get("name"),
+                 submissions.get(task, 0), len(open_by.get(task, ()))))
+        elif name == "task_retry" and event.get("reason") in ("exception", "out of memory"):
+            excused.add((event["task"], event.get("attempt")))
+        elif name == "task_reconstruct" and (
+                first_node_death_s is not None or
+                running_attempt.get(str(event.get("by", "")).rsplit("/", 1)[-1], 0) > 0):
+            # A re-run for lineage: its value was lost with a node, or
+            # released once only lineage needed it and now wanted by the
+            # re-run of a result lost with a node. Either way a node died.
+            # Or the reader that found no copy (``by``) was running a re-run
+            # of its own task (a retry, or a re-run for lineage of a result
+            # a fault made unreadable), which needs its arguments again:
+            # one released once only lineage needed it is made again, the
+            # first re-run's fault behind it too (default seed 2638); that
+            # re-run is attributed on its own.
+            excused.add((event["task"], event.get("attempt")))
+        elif name in ("kill_node", "node_dead") and first_node_death_s is None:
+            first_node_death_s = event["t"]
+
+    def where(component: str) -> tuple[str, tuple]:
+        """A component's worker id (suffix) and the node(s) it may live on."""
+        if component.startswith("driver:"):
+            return "", (head_node,)
+        suffix = component.split(":", 1)[-1]
+        nodes = tuple(node for worker, node in worker_node.items() if worker.endswith(suffix))
+        return suffix, nodes
+
+    found = []
+    for task, runs in starts.items():
+        # In the order the runs began (their tasks reached the workers),
+        # which is not always the order their bodies started: a creation
+        # delivered before a GCS restart may start its constructor after the
+        # re-created actor's (returns seed 86 under default: the pair came
+        # out reversed, and no fault lies between a later start and an
+        # earlier one).
+        runs = sorted(runs, key=lambda run: run[0])
+        owner = owner_of.get(task)
+        _, owner_nodes = where(owner) if owner else ("", ())
+        for (start_s, component, attempt, fn, submission, _), \
+                (next_s, _, next_attempt, _, next_submission, next_open) in \
+                zip(runs, runs[1:], strict=False):
+            if next_submission != submission or next_open > 1:
+                continue
+            if (task, next_attempt) in excused and next_attempt != attempt:
+                continue
+            suffix, nodes = where(component)
+            full_ids = [worker for worker in worker_node if worker.endswith(suffix)]
+            if any(span.start_s <= next_s and span.end_s >= start_s and
+                   (any(span.hits(worker, nodes + owner_nodes) for worker in full_ids) or
+                    (not full_ids and span.hits(suffix, nodes + owner_nodes)))
+                   for span in spans):
+                continue
+            found.append(f"task {fn} {task[:12]} ran again at t={next_s:.6f} (attempt "
+                         f"{next_attempt}) after its run at t={start_s:.6f} (attempt "
+                         f"{attempt}) on {component}, and no fault hit that worker, its node "
+                         f"or its owner's ({owner}) in between")
+    return found
+
+
+def _check_attributed(cluster) -> None:
+    found = unattributed_executions(cluster)
+    if found:
+        raise InvariantViolation("every-re-execution-has-a-fault-behind-it",
+                                 "\n".join(found[:10]))
 
 
 _GAVE_UP_TASK = re.compile(r"running task \S+ \(([0-9a-f]+)\)")
@@ -669,8 +985,107 @@ def _check_budget_spent(program: Program, expectation: Expectation, error: BaseE
             f"{what}, and its budget is {expectation.budget}")
 
 
+@dataclass
+class Deaths:
+    """What died, from the trace: nodes (killed, or declared dead by the
+    GCS) and processes (killed, exited, crashed), and the runs of each task."""
+
+    nodes: set
+    processes: set
+    retries: dict  # task id hex -> retries and re-runs for lineage (not memory kills)
+
+
+def deaths(cluster) -> Deaths | None:
+    trace = cluster.trace
+    if trace.event_count > len(trace.events):
+        return None
+    found = Deaths(set(), set(), {})
+    for event in trace.events:
+        name = event["event"]
+        if name in ("kill_node", "node_dead"):
+            found.nodes.add(event["node"])
+        elif name in ("process_kill", "process_exit", "process_crashed"):
+            found.processes.add(event["process"])
+        elif name == "task_reconstruct" or (name == "task_retry" and
+                                            event.get("reason") != "out of memory"):
+            found.retries[event["task"]] = found.retries.get(event["task"], 0) + 1
+    return found
+
+
+_LOST_WITH = re.compile(r"lost with node\(s\) \[([^\]]*)\]")
+_OWNER_DIED = re.compile(r"\(([^()\s]+)\) died")
+_RETRIES_USED = re.compile(r"object ([0-9a-f]+) \(a result of task .*max_retries=(-?\d+)")
+
+
+def _check_object_lost(program: Program, error: BaseException, where: str) -> bool:
+    """An object may be reported lost only when it is: every copy was on
+    nodes that died, and it cannot be re-created (a put; a task result whose
+    task has no retries left, per the trace's runs of it; an actor call's
+    result, which tray does not re-create; lineage evicted for capacity);
+    its owner died for ``OwnerDiedError``. Never because an argument of its
+    task was freed: lineage keeps what it needs.
+
+    True for an ``OwnerDiedError`` whose owner the trace shows dead, which
+    the caller accepts whatever the fault schedule: a worker that owns refs
+    (the ``returns`` workload's ``make_refs``: the puts inside its result)
+    can die without a killing fault in the schedule, by a force cancel of a
+    later task it ran (default seeds 2108, 2397), or as a duplicate actor
+    worker a restarted GCS gives up (seed 2951). Ray does not recover an
+    object whose owner died (its docs, "Object fault tolerance": recovering
+    from owner failure is not supported, and ``get`` raises
+    ``OwnerDiedError``). An owner reaped as idle while it owned referenced
+    objects is a bug, though: a worker that owns objects in scope refuses to
+    exit idle, as Ray's does."""
+    cause = _cause(error)
+    if not isinstance(cause, exceptions.ObjectLostError) or program.cluster is None:
+        return False
+    found = deaths(program.cluster)  # now: the gets themselves re-run tasks
+    if found is None:
+        return False
+    text = str(cause)
+
+    def wrong(why: str) -> None:
+        raise InvariantViolation("object-lost-only-when-it-cannot-be-rebuilt",
+                                 f"{where}: got the error {type(error).__name__}: "
+                                 f"{str(error)[:600]}\n{why}")
+
+    if isinstance(cause, exceptions.OwnerDiedError):
+        match = _OWNER_DIED.search(text)
+        if match is None:
+            return False
+        owner = match.group(1)
+        if owner not in found.processes:
+            wrong(f"its owner {owner} never died (the trace shows no kill or exit)")
+        prefix = owner.rsplit("/worker-", 1)[1] if "/worker-" in owner else None
+        reasons = [event.get("reason", "") for event in program.cluster.trace.events
+                   if prefix is not None and event["event"] == "worker_died"
+                   and event["worker"].startswith(prefix)]
+        if reasons and all(reason.startswith("idle") for reason in reasons):
+            wrong(f"its owner {owner} was reaped as idle while it owned a referenced object")
+        return True
+    match = _LOST_WITH.search(text)
+    if match is None:
+        return False  # (a freed object: the no-premature-free check's)
+    nodes = [node.strip(" '\"") for node in match.group(1).split(",") if node.strip()]
+    alive = [node for node in nodes if node not in found.nodes]
+    if alive:
+        wrong(f"node(s) {alive} that it names as lost never died")
+    if "was freed" in text:
+        wrong("an argument of its task was freed, but the lineage of a referenced object "
+              "keeps its arguments")
+    match = _RETRIES_USED.search(text)
+    if "retries are used up" in text and match is not None:
+        budget = int(match.group(2))
+        used = found.retries.get(match.group(1)[:32], 0)
+        if budget < 0 or used < budget:
+            wrong(f"its task was retried or re-run {used} time(s) by the trace, and "
+                  f"max_retries={budget}: it can still be re-created")
+    return False
+
+
 def _liveness_and_values(cluster, program: Program) -> None:
     program.spent = spent(cluster)
+    program.cluster = cluster
     deadline = cluster.clock.current_time() + LIVENESS_S
     for expectation in list(program.expectations):
         remaining = max(0.0, deadline - cluster.clock.current_time())

@@ -36,6 +36,7 @@ class Ledger:
     actor_log: dict = field(default_factory=dict)
     # (node id, GPU id) -> [(start, end)] of finished GPU task bodies, virtual time
     gpu_spans: dict = field(default_factory=dict)
+    workers: dict = field(default_factory=dict)  # key -> ids of the workers that ran it
 
     def ran(self, key: str) -> int:
         count = self.executions.get(key, 0) + 1
@@ -63,6 +64,10 @@ def _ran(key: str) -> int:
 def _log_call(actor_key: str, incarnation: int, caller: str, seq: int) -> None:
     LEDGER.ran(f"{actor_key}:{caller}:{seq}")
     LEDGER.actor_log.setdefault(actor_key, []).append((incarnation, caller, seq))
+
+
+def _log_worker(key: str, worker_id: str) -> None:
+    LEDGER.workers.setdefault(key, []).append(worker_id)
 
 
 def _gpu_span(node_id: str, gpu_ids: list, start_s: float, end_s: float) -> None:
@@ -522,17 +527,105 @@ def retries(program) -> None:
         program.exact_executions(key, min(failures, max_retries) + 1)
 
 
+@tray.remote
+def gated(key: str, gate) -> int:
+    """Runs only once its argument exists: cancelled before that, never."""
+    _ran(key)
+    return gate
+
+
+@tray.remote
+def long_sleeper(key: str, sleep_s: float) -> str:
+    """Logs its worker when it starts and its end when it gets there: a
+    cancelled run never ends, and a force-cancelled one's worker is gone."""
+    _ran(key)
+    _log_worker(key, tray.get_runtime_context().get_worker_id())
+    time.sleep(sleep_s)
+    _ran(f"{key}:end")
+    return key
+
+
+@tray.remote
+def sleeping_parent(key: str, children: int, sleep_s: float) -> int:
+    """Starts ``children`` long sleepers (keys by this run's attempt) and
+    waits for them: a recursive cancel of this task cancels them too."""
+    attempt = _ran(key)
+    refs = [long_sleeper.options(max_retries=0).remote(f"{key}#{attempt}:{i}", sleep_s)
+            for i in range(children)]
+    return len(tray.get(refs))
+
+
+def _until_started(program, key: str, ref, at_least: int = 1, polls: int = 60) -> int:
+    """Lets virtual time run (0.02 s at a time) until ``key``'s body ran
+    ``at_least`` times or ``ref`` is done; returns how often it ran."""
+    for _ in range(polls):
+        if LEDGER.executions.get(key, 0) >= at_least:
+            break
+        ready, _ = tray.wait([ref], timeout=0.02, fetch_local=False)
+        if ready:
+            break
+    return LEDGER.executions.get(key, 0)
+
+
 def cancellation(program) -> None:
+    """``tray.cancel`` as Ray's (ray.cancel's documentation): a task still
+    pending is never executed and ``get`` raises ``TaskCancelledError``; a
+    running one is interrupted (``force=False``) or its worker exits
+    (``force=True``; Ray raises ``WorkerCrashedError`` then, tray
+    ``TaskCancelledError``: both accepted), and it is not retried; a task that
+    already finished keeps its value; ``recursive=True`` (the default)
+    cancels the children it submitted too."""
     rng = program.rng
-    ref = sleeper.options(max_retries=0).remote(program.key("sleeper", retries=0),
-                                              rng.choice([0.05, 5.0]))
+    # Queued: its argument is a slow task's result (retried without limit,
+    # so it cannot fail), so it cannot have started when the cancel returns.
+    gate_key = program.key("gate", retries=-1)
+    gate = sleeper.options(max_retries=-1).remote(gate_key, 1.0)
+    queued_key = program.key("queued", retries=0)
+    queued = gated.options(max_retries=0).remote(queued_key, gate)
+    tray.cancel(queued, force=rng.random() < 0.5)
+    program.expect(queued, program.error(tray.exceptions.TaskCancelledError),
+                   label="cancelled while queued", strict=True)
+    program.exact_executions(queued_key, 0)  # never, whatever the faults
+    program.expect(gate, gate_key, label="the queued task's argument", unlimited=True)
+    del gate
+    # Running: a long sleeper cancelled once its body started.
+    force = rng.random() < 0.5
+    key = program.key("running", retries=rng.choice([0, 2]))
+    ref = long_sleeper.options(max_retries=program.limits[key] - 1).remote(key, 5.0)
+    ran = _until_started(program, key, ref)
+    tray.cancel(ref, force=force)
+    errors = (tray.exceptions.TaskCancelledError, tray.exceptions.WorkerCrashedError) \
+        if force else tray.exceptions.TaskCancelledError
+    if ran:
+        program.expect(ref, program.error(errors), label=f"cancelled while running "
+                       f"(force={force})")
+        program.cancelled_run(key, ran, force, task=ref.task_id().hex())
+    else:  # (it may not have started: a busy or faulty cluster)
+        program.expect(ref, program.CANCELLED_OR_VALUE, label="cancelled, perhaps running")
+    # Recursive: a parent waiting on its children, cancelled with them.
     if rng.random() < 0.5:
-        # Let the sleeper start (or not: a busy cluster may queue both).
-        before = leaf.remote(program.key("before-cancel", retries=3), 1)
-        tray.wait([before], timeout=program.wait_timeout_s)
-        program.expect(before, 1, label="before cancel")
-    tray.cancel(ref)
-    program.expect(ref, program.CANCELLED_OR_VALUE, label="cancelled")
+        recursive = rng.random() < 0.7
+        parent_key = program.key("parent", retries=0)
+        # Children a recursive cancel stops sleep long (reaching their end is
+        # the bug); a plain cancel leaves them running, as Ray's does, so they
+        # are short: three in a row on one CPU must end within QUIESCE_S, or
+        # their lease is still taken then (cancel seed 236 under chaos).
+        parent = sleeping_parent.options(max_retries=0).remote(parent_key, rng.randint(1, 3),
+                                                               5.0 if recursive else 1.0)
+        ran = _until_started(program, parent_key, parent)
+        tray.cancel(parent, force=False, recursive=recursive)
+        program.expect(parent, program.CANCELLED_OR_VALUE if not ran else
+                       program.error(tray.exceptions.TaskCancelledError),
+                       label=f"parent cancelled (recursive={recursive})")
+        if ran and recursive:
+            program.cancelled_children(f"{parent_key}#{ran}:", task=parent.task_id().hex())
+    # Finished: a cancel after the end changes nothing.
+    done = leaf.options(max_retries=3).remote(program.key("done", retries=3), 7)
+    tray.wait([done], timeout=program.wait_timeout_s, fetch_local=False)
+    finished = bool(tray.wait([done], timeout=0, fetch_local=False)[0])
+    tray.cancel(done)
+    program.expect(done, 49 if finished else program.CANCELLED_OR_VALUE,
+                   label="cancelled after it finished")
 
 
 def returns(program) -> None:
@@ -609,6 +702,48 @@ def gpus(program) -> None:
         program.expect(ref, 1, label=f"GPU task {i}", retries=retries)
 
 
+def lineage(program, *, alone: bool = False) -> None:
+    """A chain of large objects 3 to 5 levels deep on one node, which dies
+    once the whole chain finished: every level's value is lost, and the
+    driver, holding only the last ref, needs each level re-run from the one
+    below it (lineage reconstruction of a lost argument, recursively). With
+    retries left the value comes back. Run ``alone`` on a schedule with no
+    killing fault, each level runs exactly twice; in ``mixed`` the node is
+    only killed when the schedule kills anyway (a crash there would void the
+    other pieces' exact counts)."""
+    from tray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    rng = program.rng
+    head = tray.get_runtime_context().get_node_id()
+    others = sorted(node["NodeID"] for node in tray.nodes()
+                    if node["Alive"] and node["NodeID"] != head)
+    if not others:
+        return
+    victim = rng.choice(others)
+    depth = rng.randint(3, 5)
+    retries = rng.choice([1, 2, 3, -1])
+    size = 15_000  # 120 KB: past the inline limit, so every level lives in the victim's store
+    # Soft: the re-runs go wherever they can once the victim is gone.
+    where = NodeAffinitySchedulingStrategy(victim, soft=True)
+    keys = [program.key(f"lineage{level}", retries=retries) for level in range(depth)]
+    ref = make_array.options(max_retries=retries, scheduling_strategy=where).remote(
+        keys[0], size, 1.0)
+    for level in range(1, depth):
+        ref = array_plus_one.options(max_retries=retries, scheduling_strategy=where).remote(
+            keys[level], ref, 0.0)
+    clean = not program.kills
+    kill = alone or program.kills
+    if kill:
+        ready, _ = tray.wait([ref], timeout=program.wait_timeout_s, fetch_local=False)
+        if ready and victim in {node["NodeID"] for node in tray.nodes() if node["Alive"]}:
+            program.kill_node(victim, restart_after_s=round(rng.uniform(0.05, 0.5), 3))
+            if clean:
+                for key in keys:
+                    program.exact_executions(key, 2)
+    program.expect(ref, ("array", size, float(depth)), label=f"lineage {depth} deep, rebuilt "
+                   "after its node died", retries=retries, unlimited=retries < 0)
+
+
 def check_gpu_exclusive(ledger: Ledger) -> str | None:
     """Why the ledger shows a GPU held twice at once, or None."""
     for (node_id, gpu), spans in sorted(ledger.gpu_spans.items()):
@@ -624,7 +759,7 @@ PIECES = {
     "dag": dag, "nested": nested, "objects": objects, "wait": wait_loop, "actors": actors,
     "retries": retries, "cancel": cancellation, "restarts": restarts,
     "groups": placement_groups, "chains": chains, "returns": returns, "named": named,
-    "gpus": gpus,
+    "gpus": gpus, "lineage": lineage,
 }
 
 
@@ -651,4 +786,5 @@ def _library_workloads() -> dict:
     return found
 
 
-WORKLOADS = {**PIECES, "mixed": mixed, **_library_workloads()}
+WORKLOADS = {**PIECES, "mixed": mixed, "lineage": lambda program: lineage(program, alone=True),
+             **_library_workloads()}

@@ -151,7 +151,7 @@ def autoscaler_bursts(program) -> None:
             running = [node for node in monitor.provider.nodes() if node.node_id and
                        cluster.is_alive(node.node_id)]
             if running:
-                cluster.kill_node(running[0].node_id)
+                program.kill_node(running[0].node_id, restart_after_s=None)
         cluster.at(rng.uniform(2.0, 5.0), crash_one)
 
     def scale_down() -> None:

@@ -1,7 +1,7 @@
 """The simulated network: ordered, reliable streams on virtual time.
 
-Each message is pickled on send and unpickled on delivery, so simulated
-processes never share an object by reference. Every message gets a latency
+Each message is copied on send (``copy_message``), so simulated processes
+never share a mutable object by reference. Every message gets a latency
 from the network's seeded RNG; a stream delivers in order (a message is
 never delivered before the one sent ahead of it), so faults follow the
 semantics of a real stream — it can stall or break, but never reorder or
@@ -19,31 +19,253 @@ reset closes both ends of every stream of a machine at once."""
 
 from __future__ import annotations
 
+import dataclasses
+import enum
+import heapq
 import math
+import operator
 import pickle
 import random
 from collections import deque
 
 import trio
 
+from ..core.ids import BaseID
 from ..core.interfaces import ConnectionClosed
+from ..core.serialization import SerializedObject
+
+# ============================================================ copy on send
+# A simulated message must reach its receiver as an object graph of its
+# own: nothing the sender keeps may change under the receiver, nor the
+# other way round. Pickling the message on send and unpickling it on
+# delivery does that for anything, but the hot messages are tuples of
+# dataclasses (a pushed TaskSpec, a TaskReply of InlineResults), and the
+# dataclasses' pickle support is Python code (``fields()`` on every
+# instance, ``object.__setattr__`` per field of a frozen one): 15-30 us per
+# message each way, ~60 us of a simulated task's ~400. ``copy_message``
+# copies instead, in a pass that knows those shapes:
+#
+# * what cannot change is shared, not copied: str, bytes, numbers, None,
+#   ids, enum members, and tuples, frozensets and frozen dataclasses made
+#   only of such things;
+# * lists, dicts, sets, bytearrays and the other dataclasses are rebuilt
+#   with their contents copied the same way; a SerializedObject's buffers
+#   come out as pickle brings them (bytes, or a bytearray for a writable one);
+# * anything else (exceptions, ObjectRefs and every class with a pickle hook
+#   of its own, subclasses of the containers above) goes through a pickle
+#   round trip of its own, so its hooks run as before;
+# * a list of ``LIST_PICKLED_FROM_ITEMS`` items or more (a flush of task
+#   events) goes through one pickle round trip whole: pickle's C loop beats
+#   this pass's Python one on plain data that long.
+#
+# What pickle did and this does not: keep two references to one mutable
+# object inside a message one object (each is copied on its own; no
+# message relies on that), and survive a cycle (a message with one is
+# copied by pickle whole, after the recursion limit says so).
+
+_SHARED_TYPES = frozenset({str, bytes, int, float, complex, bool, type(None), range})
+_copiers: dict = {}  # type -> its copy function; bounded by the types that are sent
+
+
+def copy_message(message):
+    """The receiver's own copy of ``message`` (see above)."""
+    try:
+        return _copy(message)
+    except RecursionError:
+        return _pickled_copy(message)
+
+
+def _copy(value):
+    kind = type(value)
+    if kind in _SHARED_TYPES:
+        return value
+    copier = _copiers.get(kind)
+    if copier is None:
+        copier = _copiers[kind] = _copier_for(kind)
+    return copier(value)
+
+
+def _pickled_copy(value):
+    return pickle.loads(pickle.dumps(value, protocol=5))
+
+
+def _shared(value):
+    return value
+
+
+# (Each copier tests for the shared types inline before calling _copy: most
+# items are str, int or bytes, and a call costs more than the test.)
+
+def _copy_tuple(value: tuple):
+    copied = tuple([item if type(item) in _SHARED_TYPES else _copy(item) for item in value])
+    if all(map(operator.is_, copied, value)):
+        return value  # immutable all the way down: shared
+    return copied
+
+
+def _copy_frozenset(value: frozenset):
+    copied = [item if type(item) in _SHARED_TYPES else _copy(item) for item in value]
+    if all(map(operator.is_, copied, value)):
+        return value
+    return frozenset(copied)
+
+
+# A list at least this long is copied by one pickle round trip (in C)
+# instead of item by item in Python: a flush of task events (hundreds of
+# tuples of dicts) copied ~2-2.5x faster so, ~1/40 of a simulated task.
+# pickle is what every message went through before copy_message: the same
+# hooks run, and each item arrives as its own copy.
+LIST_PICKLED_FROM_ITEMS = 64
+
+
+def _copy_list(value: list) -> list:
+    if len(value) >= LIST_PICKLED_FROM_ITEMS:
+        return _pickled_copy(value)
+    return [item if type(item) in _SHARED_TYPES else _copy(item) for item in value]
+
+
+def _copy_dict(value: dict) -> dict:
+    # Copied in C, then only what must be copied replaced: most dicts sent
+    # (task events' records, resources) hold only str keys and plain values,
+    # and a dict built in Python cost ~1.6x this.
+    copied = value.copy()
+    for key, item in value.items():
+        if type(key) not in _SHARED_TYPES:
+            return _copy_dict_and_keys(value)
+        if type(item) not in _SHARED_TYPES:
+            copied[key] = _copy(item)
+    return copied
+
+
+def _copy_dict_and_keys(value: dict) -> dict:
+    """A dict with a key of a type that is not shared (a tuple, an id)."""
+    return {key if type(key) in _SHARED_TYPES else _copy(key):
+            item if type(item) in _SHARED_TYPES else _copy(item)
+            for key, item in value.items()}
+
+
+def _copy_set(value: set) -> set:
+    return {item if type(item) in _SHARED_TYPES else _copy(item) for item in value}
+
+
+def _copy_serialized(value: SerializedObject) -> SerializedObject:
+    # As its __reduce_ex__ and an in-band pickle would: read-only buffers
+    # arrive as bytes, writable ones as bytearrays.
+    buffers = []
+    for buffer in value.buffers:
+        if type(buffer) is bytes:
+            buffers.append(buffer)
+        else:
+            view = memoryview(buffer).cast("B")
+            buffers.append(bytes(view) if view.readonly else bytearray(view))
+    return SerializedObject(value.data, buffers, _copy_list(value.contained), value.kind)
+
+
+_PICKLE_HOOKS = ("__reduce__", "__reduce_ex__", "__getnewargs__", "__getnewargs_ex__")
+
+
+def _copier_for(kind: type):
+    """How to copy a value of ``kind`` (called once per type)."""
+    simple = {tuple: _copy_tuple, list: _copy_list, dict: _copy_dict, set: _copy_set,
+              frozenset: _copy_frozenset, bytearray: bytearray,
+              SerializedObject: _copy_serialized}
+    if kind in simple:
+        return simple[kind]
+    if issubclass(kind, enum.Enum):
+        return _shared  # pickled by name: the same member
+    if issubclass(kind, BaseID) and all(
+            getattr(kind, hook) is getattr(BaseID, hook) for hook in _PICKLE_HOOKS
+            if hasattr(BaseID, hook)):
+        return _shared  # bytes and their hash, never changed
+    if dataclasses.is_dataclass(kind) and _plain_dataclass(kind):
+        return _dataclass_copier(kind)
+    return _pickled_copy
+
+
+def _plain_dataclass(kind: type) -> bool:
+    """Does pickle copy ``kind`` field by field (no hook of its own)?"""
+    for hook in _PICKLE_HOOKS:
+        if getattr(kind, hook, None) is not getattr(object, hook, None):
+            return False
+    getstate = getattr(kind, "__getstate__", None)
+    if getstate is not object.__getstate__ and \
+            getattr(getstate, "__name__", "") != "_dataclass_getstate":
+        return False
+    setstate = getattr(kind, "__setstate__", None)
+    return setstate is None or getattr(setstate, "__name__", "") == "_dataclass_setstate"
+
+
+def _dataclass_copier(kind: type):
+    names = tuple(field.name for field in dataclasses.fields(kind))
+    frozen = kind.__dataclass_params__.frozen
+    slotted = "__dict__" not in dir(kind)
+    if not slotted and any(getattr(base, "__slots__", ()) for base in kind.__mro__[:-1]):
+        return _pickled_copy  # slots and a __dict__: as pickle does, not field by field
+    new_instance = object.__new__
+    set_field = object.__setattr__
+    if slotted:
+        read = operator.attrgetter(*names) if len(names) > 1 else \
+            (lambda value: (getattr(value, names[0]),)) if names else (lambda value: ())
+
+        def copy_slotted(value):
+            old = read(value)
+            copied = [item if type(item) in _SHARED_TYPES else _copy(item) for item in old]
+            if frozen and all(map(operator.is_, copied, old)):
+                return value  # frozen and immutable all the way down: shared
+            instance = new_instance(kind)
+            for name, item in zip(names, copied, strict=True):
+                set_field(instance, name, item)
+            return instance
+        return copy_slotted
+
+    def copy_with_dict(value):
+        # pickle's default: the instance's __dict__, whatever it holds. The
+        # dict is copied in C and only what must be copied is replaced (most
+        # of a TaskSpec's ~30 fields are str, int or bytes: a dict built in
+        # Python was ~40% of a pushed task's copy).
+        old = value.__dict__
+        state = None
+        for key, item in old.items():
+            if type(item) not in _SHARED_TYPES:
+                copied = _copy(item)
+                if copied is not item:
+                    if state is None:
+                        state = old.copy()
+                    state[key] = copied
+        if state is None:
+            if frozen:
+                return value  # frozen and immutable all the way down: shared
+            state = old.copy()
+        instance = new_instance(kind)
+        set_field(instance, "__dict__", state)
+        return instance
+    return copy_with_dict
 
 
 class _Pipe:
-    """One direction of a stream."""
+    """One direction of a stream.
 
-    __slots__ = ("items", "closed", "event", "last_delivery")
+    A receiver with nothing to take parks until the head message's delivery
+    time, and a message costs it one park and one wake-up (not a wake-up on
+    send to arm a timer and another on delivery). Two ways:
+
+    * in a simulated cluster, the network keeps a heap of delivery times
+      for parked receivers and the host loop wakes them right after it moves
+      the virtual clock (``SimNetwork.deliver_due``): no cancel scope, no
+      trio deadline, no Cancelled raised per message;
+    * elsewhere (a bare ``trio.run``), the receiver parks in a cancel scope
+      whose deadline the sender moves to the message's delivery time.
+
+    A close wakes the receiver at once either way."""
+
+    __slots__ = ("items", "closed", "waiter", "task", "last_delivery")
 
     def __init__(self) -> None:
         self.items: deque = deque()
         self.closed = False
-        self.event: trio.Event | None = None
+        self.waiter: trio.CancelScope | None = None  # a parked receiver's scope
+        self.task = None  # a parked receiver's trio task (host-driven delivery)
         self.last_delivery = 0.0
-
-    def wake(self) -> None:
-        if self.event is not None:
-            self.event.set()
-            self.event = None
 
 
 class SimStream:
@@ -62,16 +284,24 @@ class SimStream:
         self._to = SimNetwork.node_of(owner)
 
     def send_nowait(self, message) -> bool:
-        if self.closed or self._out.closed:
+        out = self._out
+        if self.closed or out.closed:
             raise ConnectionClosed(f"{self.owner} -> {self.peer}: stream closed")
-        data = pickle.dumps(message, protocol=5)
-        now = trio.current_time()
-        latency = self._network.latency(self._remote) * \
-            self._network.slowdown(self._to, self._from)
-        deliver_at = max(self._out.last_delivery, now + latency)
-        self._out.last_delivery = deliver_at
-        self._out.items.append((deliver_at, data))
-        self._out.wake()
+        # The one copy a message gets: the receiver gets this one, so
+        # simulated processes never share a mutable object.
+        data = copy_message(message)
+        network = self._network
+        latency = network.latency(self._remote)
+        if network.slow:
+            latency *= network.slowdown(self._to, self._from)
+        deliver_at = max(out.last_delivery, trio.current_time() + latency)
+        out.last_delivery = deliver_at
+        out.items.append((deliver_at, data))
+        if out.task is not None:
+            if len(out.items) == 1:
+                network.deliver_at(deliver_at, out)
+        elif out.waiter is not None and deliver_at < out.waiter.deadline:
+            out.waiter.deadline = deliver_at
         return True
 
     async def send(self, message) -> None:
@@ -79,36 +309,45 @@ class SimStream:
 
     async def receive(self):
         pipe = self._in
+        network = self._network
         while True:
             if self.closed:
                 raise ConnectionClosed(f"{self.owner}: stream closed")
             if pipe.items:
                 deliver_at, data = pipe.items[0]
-                held = self._network.held(self._from, self._to)
-                if held is not None:
-                    await held
-                    continue
+                if self._remote:
+                    held = network.held(self._from, self._to)
+                    if held is not None:
+                        await held
+                        continue
                 if deliver_at <= trio.current_time():
                     pipe.items.popleft()
-                    message = pickle.loads(data)
-                    self._network.delivered(self.owner, self.peer, message)
+                    message = data
+                    network.delivered(self.owner, self.peer, message)
                     return message
-                pipe.event = trio.Event()
-                with trio.move_on_at(deliver_at):
-                    await pipe.event.wait()
-                continue
-            if pipe.closed:
+                wake_at = deliver_at
+            elif pipe.closed:
                 raise ConnectionClosed(f"{self.peer} closed the stream to {self.owner}")
-            pipe.event = trio.Event()
-            await pipe.event.wait()
+            else:
+                wake_at = math.inf
+            if network.host_driven:
+                await network.park(pipe, wake_at)
+                continue
+            with trio.CancelScope(deadline=wake_at) as scope:
+                pipe.waiter = scope
+                try:
+                    await trio.sleep_forever()
+                finally:
+                    if pipe.waiter is scope:
+                        pipe.waiter = None
 
     def close(self) -> None:
         if self.closed:
             return
         self.closed = True
         self._out.closed = True
-        self._out.wake()
-        self._in.wake()
+        self._network.wake(self._out)
+        self._network.wake(self._in)
 
     async def aclose(self) -> None:
         self.close()
@@ -121,6 +360,11 @@ class SimNetwork:
                  latency_remote_s: tuple = (100e-6, 1e-3)) -> None:
         self.rng = rng
         self.tracer = tracer
+        # A Trace records a delivery through its own fast path (the same
+        # event); any other tracer (tests' NullTracer) through record().
+        self._record_receive = getattr(tracer, "record_receive", None) or (
+            lambda receiver, sender, message: tracer.record(receiver, "recv", peer=sender,
+                                                            msg=message))
         self.latency_local_s = latency_local_s
         self.latency_remote_s = latency_remote_s
         self._listeners: dict[str, trio.MemorySendChannel] = {}
@@ -132,14 +376,73 @@ class SimNetwork:
         self.stalled_until: dict[str, float] = {}  # machine -> virtual time
         self.slow: dict[str, float] = {}  # machine -> latency factor
         self._changed = trio.Event()
+        # Host-driven delivery (drive_deliveries): parked receivers' wake-ups.
+        self.host_driven = False
+        self._reschedule = None
+        self._due: list = []  # heap of (deliver_at, seq, pipe)
+        self._due_seq = 0
+
+    # ------------------------------------------------------------- delivery
+
+    def drive_deliveries(self, reschedule) -> None:
+        """From now on the host loop wakes parked receivers: it asks
+        ``next_delivery_s()`` when choosing the next virtual time and calls
+        ``deliver_due()`` after moving the clock; ``reschedule`` is the trio
+        runner's (callable between guest ticks and inside them)."""
+        self.host_driven = True
+        self._reschedule = reschedule
+
+    def deliver_at(self, deliver_at: float, pipe: _Pipe) -> None:
+        self._due_seq += 1
+        heapq.heappush(self._due, (deliver_at, self._due_seq, pipe))
+
+    async def park(self, pipe: _Pipe, wake_at: float) -> None:
+        task = trio.lowlevel.current_task()
+        pipe.task = task
+        if wake_at != math.inf:
+            self.deliver_at(wake_at, pipe)
+
+        def abort(_raise_cancel) -> trio.lowlevel.Abort:
+            if pipe.task is task:
+                pipe.task = None
+            return trio.lowlevel.Abort.SUCCEEDED
+
+        await trio.lowlevel.wait_task_rescheduled(abort)
+
+    def wake(self, pipe: _Pipe) -> None:
+        """Wake the pipe's parked receiver now (its stream closed)."""
+        if pipe.waiter is not None:
+            pipe.waiter.cancel()
+            pipe.waiter = None
+        task = pipe.task
+        if task is not None:
+            pipe.task = None
+            self._reschedule(task)
+
+    def next_delivery_s(self) -> float:
+        """When the next parked receiver's message arrives (inf: none)."""
+        due = self._due
+        while due and due[0][2].task is None:  # woken already (a close)
+            heapq.heappop(due)
+        return due[0][0] if due else math.inf
+
+    def deliver_due(self, now: float) -> None:
+        """Wake every parked receiver whose head message has arrived by ``now``."""
+        due = self._due
+        while due and due[0][0] <= now:
+            _, _, pipe = heapq.heappop(due)
+            task = pipe.task
+            if task is not None and pipe.items and pipe.items[0][0] <= now:
+                pipe.task = None
+                self._reschedule(task)
 
     # ------------------------------------------------------------- faults
 
     def held(self, source: str, target: str):
         """None if a message may cross from machine ``source`` to ``target``
         now, else an awaitable that returns when that may have changed."""
-        if source == target:
-            return None
+        if source == target or not (self.blocked or self.stalled_until):
+            return None  # (no partition or stall anywhere: every remote receive asks)
         until = max(self.stalled_until.get(source, 0.0), self.stalled_until.get(target, 0.0))
         blocked = (source, target) in self.blocked
         if not blocked and until <= trio.current_time():
@@ -208,7 +511,7 @@ class SimNetwork:
                 else "welcome" if kind == 5 else method
         else:
             summary = str(message[0])
-        self.tracer.record(receiver, "recv", peer=sender, msg=summary)
+        self._record_receive(receiver, sender, summary)
 
     def transport(self, owner: str) -> SimTransport:
         return SimTransport(self, owner)

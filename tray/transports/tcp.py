@@ -15,6 +15,16 @@ A message larger than ``frame_bytes_max`` or with more than
 ``frames_per_message_max`` frames is malformed: that connection is closed
 with a log line, and the process goes on.
 
+Writing and reading
+-------------------
+A task or actor call is a few hundred bytes, and what it costs is mostly
+syscalls and the wake-ups they cause, not bytes: a small message goes out in
+one write (header, pickle and small buffers joined), and messages queued
+while a write is in progress go out together in the next one, through one
+writer task per connection and its bounded queue (``TcpStream`` says how).
+On the other side one read takes whatever the kernel holds and every whole
+message in it is parsed without another read.
+
 Authentication
 --------------
 Messages carry pickles, and loading a pickle runs code, so nothing is loaded
@@ -89,6 +99,7 @@ import ssl
 import struct
 import tempfile
 import weakref
+from collections import deque
 
 import trio
 
@@ -196,6 +207,14 @@ def _after_fork_in_child() -> None:
     _give_trio_loop_its_own_epoll()
 
 
+def begin_fresh_process() -> None:
+    """In a worker forked by the node's zygote (tray/backends/local/zygote):
+    the zygote held no connections and ran no loop, so the child is a new
+    process, not a copy of one using tray; undo what the fork hook assumed."""
+    global _forked_child
+    _forked_child = False
+
+
 def _give_trio_loop_its_own_epoll() -> None:
     """The trio loop of the forking thread (if any) shares its epoll instance
     with the parent; trio registers fds with EPOLLONESHOT, so one epoll_wait
@@ -244,80 +263,378 @@ def inert_after_fork(obj, *method_names: str) -> None:
 
 
 class _Reader:
+    """The bytes received from one stream and not consumed yet.
+
+    One ``receive_some`` takes everything the kernel holds (up to 64 KiB, or
+    what the message being read still needs), and ``next_message`` parses as
+    many whole messages out of it as there are without another read: a
+    burst of small messages costs one syscall, not one per frame. Consumed
+    bytes are skipped with an offset and cut off once in a while, not
+    moved after every message."""
+
+    # Consumed bytes are cut off the front when they reach this much (or
+    # when everything was consumed, which costs nothing).
+    _COMPACT_BYTES = 1 << 20
+
+    # A message whose body is at least this large is read frame by frame
+    # straight into memory of its own (``recv_into``), not through the
+    # buffer: measured, a big frame was copied three times on its way in
+    # (the read's bytes, appended to the buffer, sliced out of it).
+    _DIRECT_BYTES = 1 << 20
+
     def __init__(self, stream: trio.abc.Stream) -> None:
         self._stream = stream
+        # The socket under a plain stream (TLS records must go through the
+        # SSL object: no direct reads there).
+        socket = getattr(stream, "socket", None)
+        self._socket = socket if isinstance(socket, trio.socket.SocketType) else None
         self._buffer = bytearray()
+        self._start = 0  # the first byte not consumed yet
         # A TLS read returns one record (16 KiB) but allocates what it is
         # asked for: ask for little. A socket read returns what it can.
         self._receive_bytes_max = 1 << 18 if isinstance(stream, trio.SSLStream) else 1 << 62
 
     @property
     def buffered_bytes(self) -> int:
-        return len(self._buffer)
+        return len(self._buffer) - self._start
 
-    async def exactly(self, size: int) -> bytearray:
-        while len(self._buffer) < size:
+    async def fill(self, size: int) -> None:
+        """Receive until at least ``size`` bytes are buffered."""
+        while self.buffered_bytes < size:
             chunk = await self._stream.receive_some(
-                min(self._receive_bytes_max, max(65536, size - len(self._buffer))))
+                min(self._receive_bytes_max, max(65536, size - self.buffered_bytes)))
             if not chunk:
                 raise ConnectionClosed("the peer closed the connection")
             self._buffer += chunk
-        data = self._buffer[:size]
-        del self._buffer[:size]
+
+    def _consume(self, size: int) -> bytearray:
+        data = self._buffer[self._start:self._start + size]
+        self._start += size
+        if self._start == len(self._buffer):
+            self._buffer.clear()
+            self._start = 0
+        elif self._start >= self._COMPACT_BYTES:
+            del self._buffer[:self._start]
+            self._start = 0
         return data
+
+    async def exactly(self, size: int) -> bytearray:
+        await self.fill(size)
+        return self._consume(size)
+
+    async def message(self) -> list:
+        """The frames of the next message (waits for all of it). Raises
+        MalformedFrame."""
+        while True:
+            frames, needed = self.next_message()
+            if frames is not None:
+                return frames
+            if needed >= self._DIRECT_BYTES and self._socket is not None and \
+                    self._header() is not None:
+                return await self._receive_direct()
+            await self.fill(needed)
+
+    def _header(self) -> tuple[int, tuple] | None:
+        """(header bytes, frame sizes) of the next message, once buffered
+        (``next_message`` checked them)."""
+        if self.buffered_bytes < 4:
+            return None
+        (count,) = struct.unpack_from("<I", self._buffer, self._start)
+        header_bytes = 4 + 8 * count
+        if self.buffered_bytes < header_bytes:
+            return None
+        return header_bytes, struct.unpack_from(f"<{count}Q", self._buffer, self._start + 4)
+
+    async def _receive_direct(self) -> list:
+        header_bytes, sizes = self._header()
+        self._consume(header_bytes)
+        frames = []
+        for size in sizes:
+            # (A bytearray, from the heap: measured, fresh anonymous pages per
+            # frame cost more in page faults than zeroing reused memory.)
+            frame = bytearray(size)
+            have = min(self.buffered_bytes, size)
+            frame[:have] = self._consume(have)
+            view = memoryview(frame)
+            while have < size:
+                received = await self._socket.recv_into(view[have:], size - have)
+                if not received:
+                    raise ConnectionClosed("the peer closed the connection")
+                have += received
+            frames.append(frame)
+        return frames
+
+    def next_message(self) -> tuple[list | None, int]:
+        """(the frames of the next message, 0) if it is all buffered, else
+        (None, how many buffered bytes it needs). Raises MalformedFrame."""
+        available = self.buffered_bytes
+        if available < 4:
+            return None, 4
+        buffer, start = self._buffer, self._start
+        (count,) = struct.unpack_from("<I", buffer, start)
+        if not 1 <= count <= frames_per_message_max:
+            raise MalformedFrame(f"{count} frames")
+        header_bytes = 4 + 8 * count
+        if available < header_bytes:
+            return None, header_bytes
+        sizes = struct.unpack_from(f"<{count}Q", buffer, start + 4)
+        total = sum(sizes)
+        if total > frame_bytes_max:
+            raise MalformedFrame(f"a message of {total} bytes")
+        if available < header_bytes + total:
+            return None, header_bytes + total
+        self._consume(header_bytes)
+        return [self._consume(size) for size in sizes], 0
 
 
 # trio's SSLStream encrypts all of one send_all in memory before sending
 # any: big frames go to it in pieces.
 _TLS_SEND_CHUNK_BYTES = 1 << 20
+# Out-of-band buffers up to this size are copied into the message's one
+# write; larger ones are written from the sender's memory (no copy), and
+# their sender waits until they are written (it may free or reuse that
+# memory as soon as send returns, as it always could).
+_COPY_BUFFER_BYTES_MAX = 1 << 16
+# What one connection may hold queued for writing: past it, senders wait
+# for the writer (backpressure from a slow peer). A single larger message
+# is still taken when nothing else is queued.
+outgoing_bytes_max = 8 << 20
+
+
+def _encode(message) -> tuple[list, bool]:
+    """A message as the chunks to write: (chunks, whether a chunk is a view
+    of the sender's memory). Small messages are one bytes object, header
+    and all."""
+    buffers: list = []
+    data = pickle.dumps(message, protocol=5, buffer_callback=buffers.append)
+    if not buffers:
+        return [struct.pack("<IQ", 1, len(data)) + data], False
+    frames = [memoryview(data)] + [b.raw() for b in buffers]
+    header = struct.pack(f"<I{len(frames)}Q", len(frames), *(f.nbytes for f in frames))
+    chunks: list = []
+    small = [header]
+    for frame in frames:
+        if frame.nbytes <= _COPY_BUFFER_BYTES_MAX:
+            small.append(frame)
+        else:
+            chunks.append(b"".join(small))
+            small = []
+            chunks.append(frame)
+    if small:
+        chunks.append(b"".join(small))
+    return chunks, len(chunks) > 1
 
 
 class TcpStream:
+    """A message stream over one socket (or TLS channel).
+
+    Writes go through one writer task per connection and its outgoing
+    queue: a message queued while a write is in progress leaves with every
+    other message queued by then, in one ``send`` (the replies to a burst
+    of requests that arrived in one read go out in one write).
+    ``send_nowait`` (the RPC layer's replies) queues a message and returns;
+    ``send`` returns once its message is written, as it always did (a
+    process may end right after it), and when nobody is writing it writes
+    itself, header and payload in one write. Messages leave in the order
+    they were sent. The queue holds at most ``outgoing_bytes_max`` bytes:
+    past that, ``send`` waits and ``send_nowait`` declines. Large
+    out-of-band buffers (NumPy and Arrow data) are written from the
+    sender's memory, never copied into the queue.
+
+    A write that fails (the peer is gone, the connection was reset) fails
+    everything queued behind it: the stream closes, later sends raise
+    ConnectionClosed, and the reading side ends too (which is how the RPC
+    layer learns that calls in flight on it will get no reply — as when a
+    send failed before)."""
+
     def __init__(self, stream: trio.abc.Stream, peer: str, reader: _Reader) -> None:
         self._stream = stream
         self._chunk_bytes = _TLS_SEND_CHUNK_BYTES if isinstance(stream, trio.SSLStream) else 0
         # The handshake's reader: it may already hold the first message's bytes.
         self._reader = reader
-        self._send_lock = trio.Lock()
         self.peer = peer
         self.closed = False
+        self._failure: str | None = None  # why writing stopped
+        # Chunks to write: bytes, memoryviews, and trio.Events to set once
+        # everything queued before them is written.
+        self._outgoing: deque = deque()
+        self._outgoing_bytes = 0
+        self._writer_started = False
+        self._busy = False  # a write is in progress (the writer's or a sender's own)
+        self._writer_idle: trio.Event | None = None  # set to wake the idle writer
+        self._space = trio.lowlevel.ParkingLot()  # senders waiting for room
+        self._drained = trio.lowlevel.ParkingLot()  # aclose waiting for the queue
+        self.writes = 0  # socket writes (send_all calls), for tests and benches
+        self.messages_sent = 0
 
-    async def send(self, message) -> None:
+    # ------------------------------------------------------------ sending
+
+    def _check_open(self) -> None:
         if _forked_child:
             _exit_forked_child()
-        buffers: list = []
-        data = pickle.dumps(message, protocol=5, buffer_callback=buffers.append)
-        frames = [memoryview(data)] + [b.raw() for b in buffers]
-        header = struct.pack(f"<I{len(frames)}Q", len(frames), *(f.nbytes for f in frames))
-        async with self._send_lock:
+        if self.closed:
+            raise ConnectionClosed(f"sending to {self.peer}: "
+                                   f"{self._failure or 'the connection is closed'}")
+
+    def _queue(self, chunks: list, written: trio.Event | None = None) -> None:
+        for chunk in chunks:
+            self._outgoing.append(chunk)
+            self._outgoing_bytes += len(chunk) if isinstance(chunk, bytes) else chunk.nbytes
+        if written is not None:
+            self._outgoing.append(written)
+        self.messages_sent += 1
+        if not self._writer_started:
+            self._writer_started = True
+            trio.lowlevel.spawn_system_task(self._write_loop, name=f"tray writer {self.peer}")
+        else:
+            self._wake_writer()
+
+    def _wake_writer(self) -> None:
+        if self._writer_idle is not None and self._outgoing:
+            self._writer_idle.set()
+            self._writer_idle = None
+
+    def _has_room(self) -> bool:
+        return self._outgoing_bytes < outgoing_bytes_max
+
+    async def send(self, message) -> None:
+        """Returns once the message is written (handed to the kernel), as a
+        send always did: a process may end right after it. The fast path,
+        nobody writing: the caller writes its message itself, in one write."""
+        self._check_open()
+        chunks, _ = _encode(message)
+        if not self._busy and not self._outgoing:
+            self._busy = True
+            self.messages_sent += 1
             try:
-                await self._stream.send_all(header)
-                for frame in frames:
-                    if self._chunk_bytes and frame.nbytes > self._chunk_bytes:
-                        frame = frame.cast("B")
-                        for start in range(0, frame.nbytes, self._chunk_bytes):
-                            await self._stream.send_all(frame[start:start + self._chunk_bytes])
+                for chunk in chunks:
+                    if isinstance(chunk, memoryview):
+                        await self._write_large(chunk, counted=False)
                     else:
-                        await self._stream.send_all(frame)
+                        self.writes += 1
+                        await self._stream.send_all(chunk)
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as error:
-                self.closed = True
-                raise ConnectionClosed(f"sending to {self.peer}: {error}") from None
+                await self._fail(str(error) or type(error).__name__)
+                self._check_open()
+            finally:
+                self._busy = False
+                self._wake_writer()
+            return
+        while not self._has_room():
+            await self._space.park()
+            self._check_open()
+        written = trio.Event()
+        self._queue(chunks, written)
+        await written.wait()
+        self._check_open()
 
     def send_nowait(self, message) -> bool:
-        """A socket send may have to wait for the peer: never without waiting."""
-        return False
+        """Queue a message, if there is room and it borrows no memory of the
+        caller's: True, and the writer task writes it with whatever else is
+        queued by then. False when the caller must use ``send``."""
+        self._check_open()
+        if not self._has_room():
+            return False
+        chunks, borrowed = _encode(message)
+        if borrowed:
+            return False
+        self._queue(chunks)
+        return True
+
+    async def _write_loop(self) -> None:
+        """The connection's writer (a system task: no caller's cancel scope
+        ends it halfway through a message). Runs until the stream closes or
+        a write fails."""
+        outgoing = self._outgoing
+        written: list = []  # the Events of senders waiting for this batch
+        try:
+            while True:
+                if not outgoing or self._busy:
+                    if not outgoing and not self._busy:
+                        self._drained.unpark_all()
+                    if self.closed:
+                        return
+                    # Woken by the next message queued, or by a sender that
+                    # wrote its own message and found more queued behind it.
+                    self._writer_idle = trio.Event()
+                    await self._writer_idle.wait()
+                    continue
+                # Everything queued now, small chunks joined into one write.
+                self._busy = True
+                joined: list = []
+                written = []
+                while outgoing:
+                    chunk = outgoing.popleft()
+                    if isinstance(chunk, trio.Event):
+                        written.append(chunk)
+                    elif isinstance(chunk, memoryview):
+                        await self._write(joined)
+                        joined = []
+                        await self._write_large(chunk)
+                    else:
+                        joined.append(chunk)
+                await self._write(joined)
+                for event in written:
+                    event.set()
+                written = []
+                self._busy = False
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as error:
+            await self._fail(str(error) or type(error).__name__, written)
+        except trio.Cancelled:
+            raise
+        except BaseException as error:  # a system task must never crash the process
+            logger.exception("the writer to %s failed", self.peer)
+            await self._fail(repr(error), written)
+
+    async def _write(self, chunks: list) -> None:
+        if not chunks:
+            return
+        data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        self.writes += 1
+        await self._stream.send_all(data)
+        self._outgoing_bytes -= len(data)
+        self._space.unpark_all()
+
+    async def _write_large(self, frame: memoryview, counted: bool = True) -> None:
+        self.writes += 1
+        if self._chunk_bytes and frame.nbytes > self._chunk_bytes:
+            frame = frame.cast("B")
+            for start in range(0, frame.nbytes, self._chunk_bytes):
+                await self._stream.send_all(frame[start:start + self._chunk_bytes])
+        else:
+            await self._stream.send_all(frame)
+        if counted:
+            self._outgoing_bytes -= frame.nbytes
+            self._space.unpark_all()
+
+    async def _fail(self, why: str, waiting: list = ()) -> None:
+        """A write failed: what is queued is lost, every waiting sender
+        (those of the batch being written, ``waiting``, and those queued)
+        learns it, and the stream closes (the reader ends with it)."""
+        if self._failure is None:
+            self._failure = why
+        self.closed = True
+        for event in waiting:
+            event.set()
+        for chunk in self._outgoing:
+            if isinstance(chunk, trio.Event):
+                chunk.set()  # its sender sees the stream closed
+        self._outgoing.clear()
+        self._outgoing_bytes = 0
+        self._space.unpark_all()
+        self._drained.unpark_all()
+        with trio.CancelScope(shield=True):
+            with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError,
+                                     OSError):
+                await self._stream.aclose()
+
+    # ---------------------------------------------------------- receiving
 
     async def receive(self):
         if _forked_child:
             _exit_forked_child()
         try:
-            (count,) = struct.unpack("<I", await self._reader.exactly(4))
-            if not 1 <= count <= frames_per_message_max:
-                raise MalformedFrame(f"{count} frames")
-            sizes = struct.unpack(f"<{count}Q", await self._reader.exactly(8 * count))
-            if sum(sizes) > frame_bytes_max:
-                raise MalformedFrame(f"a message of {sum(sizes)} bytes")
-            frames = [await self._reader.exactly(size) for size in sizes]
+            frames = await self._reader.message()
             return pickle.loads(frames[0], buffers=frames[1:])
         except MalformedFrame as error:
             logger.error("malformed message from %s (%s): closing the connection", self.peer,
@@ -325,21 +642,47 @@ class TcpStream:
             await self.aclose()
             raise
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as error:
-            self.closed = True
+            self._reading_ended()
             raise ConnectionClosed(f"receiving from {self.peer}: {error}") from None
+        except ConnectionClosed:  # the peer closed the connection
+            self._reading_ended()
+            raise
         except (pickle.UnpicklingError, EOFError, ValueError, struct.error) as error:
             logger.error("undecodable message from %s (%s): closing the connection",
                          self.peer, error)
             await self.aclose()
             raise MalformedFrame(str(error)) from None
 
-    async def aclose(self) -> None:
+    def _reading_ended(self) -> None:
+        """The peer closed the connection (or it broke): nothing more is
+        sent on it, and the writer ends once it has tried what is queued (a
+        stream nobody closes must not keep its socket through its writer)."""
         self.closed = True
+        if self._writer_idle is not None:
+            self._writer_idle.set()
+            self._writer_idle = None
+
+    async def aclose(self) -> None:
+        """Close after what is queued is written (for at most
+        ``close_flush_timeout_s``: a peer that reads nothing does not hold
+        the close up)."""
         with trio.CancelScope(shield=True):
+            if self._outgoing_bytes and self._failure is None and self._writer_started:
+                with trio.move_on_after(close_flush_timeout_s):
+                    while self._outgoing_bytes and self._failure is None:
+                        await self._drained.park()
+            self.closed = True
+            if self._writer_idle is not None:
+                self._writer_idle.set()
+                self._writer_idle = None
             try:
                 await self._stream.aclose()
             except (trio.BrokenResourceError, OSError):
                 pass
+
+
+# How long closing a stream waits for its queued messages to be written.
+close_flush_timeout_s = 1.0
 
 
 # ================================================================ handshake

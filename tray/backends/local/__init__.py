@@ -97,7 +97,8 @@ class LocalRuntime:
                                         self.node_info["object_store_bytes"],
                                         self.node_info["spill_directory"]),
             gcs_address=self.node_info["gcs_address"],
-            node_manager_address=self.node_info["node_manager_address"])
+            node_manager_address=self.node_info["node_manager_address"],
+            thread_condition=_thread_condition)
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             worker = CoreWorker(env, DRIVER, nursery, spawn_from_outside=self.call_soon,
@@ -358,3 +359,9 @@ def attach(address: str) -> LocalRuntime:
     runtime.start()
     atexit.register(runtime.shutdown)
     return runtime
+
+
+def _thread_condition() -> threading.Condition:
+    """What a core worker that threads reach locks its shared state with
+    (``ProcessEnv.thread_condition``): re-entrant, with a condition."""
+    return threading.Condition(threading.RLock())

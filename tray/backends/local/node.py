@@ -30,12 +30,15 @@ from ..storage import MemoryStorage, RedisStorage
 from .memory import config_from_environ, read_memory
 from .session import Session
 from .store import ShmObjectStore
+from .zygote import ForkedWorker, Zygote, prefork
 
 logger = logging.getLogger("tray.node")
 
 
 class ProcessSpawner:
-    """Worker processes of this node, as subprocesses of the head."""
+    """Worker processes of this node: forked by the node's zygote (see
+    ``zygote``) where it can, started fresh (``python -m
+    tray.backends.local.worker``) where it cannot."""
 
     def __init__(self, session: Session, node_id: str, gcs: str, node_manager: str,
                  object_store_bytes: int, store_directory: str, node_index: int,
@@ -49,56 +52,80 @@ class ProcessSpawner:
         self.gcs = gcs
         self.node_manager = node_manager
         self.object_store_bytes = object_store_bytes
-        self.processes: dict[str, subprocess.Popen] = {}
+        self.processes: dict[str, subprocess.Popen | ForkedWorker] = {}
         self.nursery: trio.Nursery | None = None
+        self.zygote: Zygote | None = None
+
+    def start(self, nursery: trio.Nursery, zygote: tuple | None) -> None:
+        """Begin serving, with the zygote ``main`` forked (None: none)."""
+        self.nursery = nursery
+        if zygote is not None:
+            self.zygote = Zygote.start(nursery, zygote)
 
     def start_worker(self, worker_id_hex: str, env: dict) -> None:
-        # TRAY_WORKER_PYTHON: the interpreter (or a wrapper, e.g. a profiler) for workers.
-        python = os.environ.get("TRAY_WORKER_PYTHON", sys.executable)
-        command = [python, "-P", "-m", "tray.backends.local.worker",
-                   "--session", self.session.directory, "--worker-id", worker_id_hex,
-                   "--node-id", self.node_id, "--gcs", self.gcs,
-                   "--node-manager", self.node_manager, "--store-dir", self.store_directory,
-                   "--spill-dir", self.session.node_spill_directory(self.node_index),
-                   "--object-store-bytes", str(self.object_store_bytes),
-                   "--node-gpus", str(self.node_gpus)]
+        argv = ["--session", self.session.directory, "--worker-id", worker_id_hex,
+                "--node-id", self.node_id, "--gcs", self.gcs,
+                "--node-manager", self.node_manager, "--store-dir", self.store_directory,
+                "--spill-dir", self.session.node_spill_directory(self.node_index),
+                "--object-store-bytes", str(self.object_store_bytes),
+                "--node-gpus", str(self.node_gpus)]
         if self.worker_ip:
-            command += ["--listen-ip", self.worker_ip]
-        process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                   stderr=subprocess.PIPE, env={**os.environ, **env})
+            argv += ["--listen-ip", self.worker_ip]
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        try:
+            if not env and self.zygote is not None and self.zygote.alive:
+                process = self.zygote.fork(worker_id_hex, argv, dict(os.environ), out_w, err_w)
+            else:
+                # A runtime_env's env_vars are read at interpreter start
+                # (and TRAY_WORKER_PYTHON, e.g. a profiler, wraps it): fresh.
+                python = os.environ.get("TRAY_WORKER_PYTHON", sys.executable)
+                process = subprocess.Popen(
+                    [python, "-P", "-m", "tray.backends.local.worker", *argv],
+                    stdin=subprocess.DEVNULL, stdout=out_w, stderr=err_w,
+                    env={**os.environ, **env})
+        except BaseException:
+            for fd in (out_r, err_r):
+                os.close(fd)
+            raise
+        finally:
+            for fd in (out_w, err_w):
+                os.close(fd)
         self.processes[worker_id_hex] = process
         # The worker's output goes to the node's own output (the driver's
         # terminal for tray.init clusters), each line prefixed as Ray does,
         # and to log files in the session.
         os.makedirs(self.session.path("logs"), exist_ok=True)
-        prefix = f"(worker pid={process.pid}) ".encode()
-        for pipe, target, suffix in ((process.stdout, sys.stdout, "out"),
-                                     (process.stderr, sys.stderr, "err")):
+        for fd, target, suffix in ((out_r, sys.stdout, "out"), (err_r, sys.stderr, "err")):
             log_path = self.session.path(f"logs/worker-{worker_id_hex[:12]}.{suffix}")
-            self.nursery.start_soon(_forward_output, os.dup(pipe.fileno()), target, prefix,
-                                    log_path)
-            pipe.close()
+            self.nursery.start_soon(_forward_output, fd, target, process, log_path)
 
     def kill_worker(self, worker_id_hex: str) -> None:
         process = self.processes.pop(worker_id_hex, None)
         if process is not None and process.poll() is None:
             process.kill()
-            process.wait()
+            if isinstance(process, subprocess.Popen):
+                process.wait()  # (the zygote reaps the ones it forked)
 
     def kill_all(self) -> None:
         for worker_id in list(self.processes):
             self.kill_worker(worker_id)
+        if self.zygote is not None:
+            self.zygote.close()
 
     def reap(self, node_manager: NodeManager) -> None:
+        if self.zygote is not None:
+            self.zygote.reap()
         for worker_id, process in list(self.processes.items()):
             if process.poll() is not None:
                 del self.processes[worker_id]
                 node_manager.worker_process_exited(worker_id, process.returncode)
 
 
-async def _forward_output(fd: int, target, prefix: bytes, log_path: str) -> None:
+async def _forward_output(fd: int, target, process, log_path: str) -> None:
     stream = trio.lowlevel.FdStream(fd)
     pending = b""
+    prefix = b""
     with open(log_path, "ab") as log:
         async with stream:
             while True:
@@ -110,11 +137,18 @@ async def _forward_output(fd: int, target, prefix: bytes, log_path: str) -> None
                     break
                 log.write(chunk)
                 log.flush()
+                if not prefix:
+                    # (A forked worker's pid arrives with the zygote's reply.)
+                    if isinstance(process, ForkedWorker):
+                        await process.started.wait()
+                    prefix = f"(worker pid={process.pid}) ".encode()
                 *lines, pending = (pending + chunk).split(b"\n")
                 if lines:
                     target.buffer.write(b"".join(prefix + line + b"\n" for line in lines))
                     target.flush()
     if pending:
+        if not prefix:
+            prefix = f"(worker pid={process.pid}) ".encode()
         target.buffer.write(prefix + pending + b"\n")
         target.flush()
 
@@ -156,7 +190,7 @@ async def _supervise_gcs(session: Session, gcs_address: str, redis_address: str)
         await trio.sleep(0.2)
 
 
-async def run_node(args) -> None:
+async def run_node(args, zygote: tuple | None) -> None:
     session = Session(args.session)
     config = config_from_environ(DEFAULT_CONFIG)
     transport = TcpTransport(session.token())
@@ -183,7 +217,7 @@ async def run_node(args) -> None:
     try:
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             async with trio.open_nursery() as nursery:
-                spawner.nursery = nursery
+                spawner.start(nursery, zygote)
                 wait_for_gcs_s = 0.0
                 if args.head and args.redis_address:
                     RedisStorage(args.redis_address)  # fail now if Redis is unreachable
@@ -241,8 +275,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--prestart", type=int, default=0)
     parser.add_argument("--exit-with-driver", type=int, default=0)
     args = parser.parse_args(argv)
-    logging.basicConfig(level=os.environ.get("TRAY_LOG_LEVEL", "WARNING"), format=f"(tray node {args.node_index}) %(levelname)s %(message)s")
-    trio.run(run_node, args)
+    # The zygote first: it must not inherit the node's logging setup (a
+    # forked worker configures its own), event loop or connections.
+    zygote = None
+    if os.environ.get("TRAY_WORKER_FORK", "1") != "0" and "TRAY_WORKER_PYTHON" not in os.environ:
+        zygote = prefork()
+    logging.basicConfig(level=os.environ.get("TRAY_LOG_LEVEL", "WARNING"),
+                        format=f"(tray node {args.node_index}) %(levelname)s %(message)s")
+    trio.run(run_node, args, zygote)
 
 
 if __name__ == "__main__":

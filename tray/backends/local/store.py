@@ -10,7 +10,14 @@ shared memory, read-only, with no copy. Every process of the node opens the
 same directory; deleting a file while it is mapped is safe (the pages stay
 until the last view goes).
 
-Capacity is accounted by summing the directory. When a ``put`` does not fit,
+Capacity is accounted by summing the directory: every process of the node
+writes there, so no one process's count is the truth. Summing it on every
+``put`` made a put cost O(objects stored) (100k live objects: the scan is
+the put), so a process sums it again only when its last sum is older than
+``USED_BYTES_RESCAN_S`` or its estimate (that sum plus its own puts since)
+comes within a quarter of the capacity; below that, other processes would
+have to fill a quarter of the store within the rescan period for a put to
+overshoot it. When a ``put`` does not fit,
 the least recently used objects are *spilled*: moved to the node's spill
 directory on disk. ``get`` reads a spilled object transparently (a read-only
 mapping of the file, served from the page cache). ObjectStoreFullError is
@@ -25,10 +32,14 @@ import mmap
 import os
 import shutil
 import struct
+import time
 
 from ...exceptions import ObjectStoreFullError
 
 ALIGN = 64
+# A process sums the store directory again at most this often, unless the
+# store is within a quarter of full (see the module header).
+USED_BYTES_RESCAN_S = 0.1
 HEADER_FIXED_BYTES = struct.calcsize("<QIH")
 
 
@@ -46,6 +57,9 @@ class ShmObjectStore:
         if spill_directory:
             os.makedirs(spill_directory, exist_ok=True)
         self.spilled_objects = 0
+        # The directory's size at the last sum plus this process's puts since.
+        self._used_estimate = 0
+        self._summed_at = -float("inf")  # time.monotonic() of the last sum
 
     def _path(self, object_id: bytes) -> str:
         return os.path.join(self.directory, object_id.hex())
@@ -66,8 +80,12 @@ class ShmObjectStore:
             raise ObjectStoreFullError(
                 f"an object of {size} bytes is larger than the whole object store "
                 f"({self.capacity_bytes} bytes)")
-        free = self.capacity_bytes - self.used_bytes()
+        if time.monotonic() - self._summed_at > USED_BYTES_RESCAN_S or \
+                self._used_estimate + size > self.capacity_bytes * 3 // 4:
+            self.used_bytes()
+        free = self.capacity_bytes - self._used_estimate
         if size <= free:
+            self._used_estimate += size
             return
         candidates = []
         with os.scandir(self.directory) as entries:
@@ -98,8 +116,10 @@ class ShmObjectStore:
             raise ObjectStoreFullError(
                 f"the object store is full: {size} bytes requested, {free} of "
                 f"{self.capacity_bytes} free, and nothing more can be spilled")
+        self._used_estimate = self.capacity_bytes - free + size
 
     def used_bytes(self) -> int:
+        """The store directory's size now (a sum: O(objects stored))."""
         total = 0
         with os.scandir(self.directory) as entries:
             for entry in entries:
@@ -107,6 +127,7 @@ class ShmObjectStore:
                     total += entry.stat().st_size
                 except FileNotFoundError:
                     pass
+        self._used_estimate, self._summed_at = total, time.monotonic()
         return total
 
     def put(self, object_id: bytes, data: bytes, buffers: list, owner: str = "") -> None:

@@ -26,6 +26,7 @@ from ...exceptions import RuntimeEnvSetupError
 from ...runtime_env import context as runtime_env_context
 from ...runtime_env import setup as runtime_env_setup
 from ...transports.tcp import TcpTransport, inert_after_fork
+from . import _thread_condition
 from .memory import config_from_environ
 from .session import Session, free_port
 from .store import ShmObjectStore
@@ -143,7 +144,7 @@ async def run_worker(args) -> None:
         gcs_address=args.gcs, node_manager_address=args.node_manager,
         exit_process=lambda: os._exit(1),
         on_gpu_ids=lambda gpu_ids, spec: _before_task(gpu_ids, spec, args, cache_dir),
-        run_sync_in_thread=_run_sync_in_thread)
+        run_sync_in_thread=_run_sync_in_thread, thread_condition=_thread_condition)
     async with trio.open_nursery() as nursery:
         worker = CoreWorker(env, WORKER, nursery, worker_id=args.worker_id)
         current_worker.set(worker)

@@ -43,7 +43,7 @@ class GcsServer:
         handlers: dict = {}
         self.endpoint = endpoint = Endpoint(env, handlers, nursery)
         self.node_table = NodeTable(storage=env.storage, endpoint=endpoint, nursery=nursery,
-                                    tracer=env.tracer, config=env.config)
+                                    tracer=env.tracer, config=env.config, rng=env.rng)
         self.placement_groups = PlacementGroupManager(
             storage=env.storage, endpoint=endpoint, nursery=nursery, tracer=env.tracer,
             config=env.config, nodes=self.node_table)

@@ -25,10 +25,23 @@ class KvStore:
     def __init__(self, storage, tracer) -> None:
         self._storage = storage
         self._tracer = tracer
+        # Driver address -> the keys of its jobs that have not ended: every
+        # connection that closes (a worker's too) asks, and scanning the job
+        # table each time cost O(jobs) per close. Rebuilt from storage on a
+        # (re)start; grows with live drivers' jobs, shrinks as they end.
+        self._running_jobs: dict[str, list[str]] = {}
+        jobs = storage.scan(T_JOBS)
+        self._job_count = len(jobs)
+        for key, driver in jobs:
+            if storage.get(T_JOBS_ENDED, key) is None:
+                self._running_jobs.setdefault(driver.decode(), []).append(key)
 
     def handle_register_job(self, conn, driver_address: str) -> int:
-        job_id = len(self._storage.scan(T_JOBS)) + 1
-        self._storage.put(T_JOBS, f"{job_id:08d}", driver_address.encode())
+        self._job_count += 1
+        job_id = self._job_count
+        key = f"{job_id:08d}"
+        self._storage.put(T_JOBS, key, driver_address.encode())
+        self._running_jobs.setdefault(driver_address, []).append(key)
         self._tracer.record("gcs", "job_registered", job=job_id)
         return job_id
 
@@ -36,8 +49,8 @@ class KvStore:
         """The driver at ``address`` went away (the GCS saw its connection
         close, which is also when its actors go): its job is over, as in
         Ray's job table (``is_dead``)."""
-        for key, driver in self._storage.scan(T_JOBS):
-            if driver.decode() == address and self._storage.get(T_JOBS_ENDED, key) is None:
+        for key in self._running_jobs.pop(address, ()):
+            if self._storage.get(T_JOBS_ENDED, key) is None:
                 self._storage.put(T_JOBS_ENDED, key, b"")
                 self._tracer.record("gcs", "job_ended", job=int(key))
 

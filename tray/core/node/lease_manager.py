@@ -16,7 +16,9 @@ oversubscribe the node for a while, as in Ray).
 
 A lease granted over a connection that broke may never have reached its
 owner; such leases are *reconciled*: the owner is asked which of them it
-holds (``held_leases``), and the others are released.
+holds (``held_leases``), and the others are released. A lease the owner says
+it holds is tied to the connection that answered, and asked about again when
+that one breaks: an owner that restarted (a GCS) no longer holds it.
 
 Placement groups reserve *bundles* here (``prepare_bundles``, then
 ``commit_bundles``, from the GCS's placement-group manager): a bundle's
@@ -123,6 +125,7 @@ class _Waiter:
     gpu_ids: list = field(default_factory=list)
     withdrawn: str = ""  # why it will never be granted (its bundle went)
     spillback: Spillback | None = None  # sent on to a node that can serve it now
+    cancelled: bool = False  # its owner ran out of tasks for it (cancel_lease_requests)
     since: float = field(default_factory=trio.current_time)  # when it was queued
 
 
@@ -261,6 +264,19 @@ class LeaseManager:
         if joined and self.waiting:
             self._spill_to_joined(joined)
 
+    def update_view(self, changed: dict) -> None:
+        """``set_view`` for the nodes that changed only (node id -> NodeView):
+        a heartbeat costs what changed, not the cluster's size."""
+        joined = sorted(node_id for node_id, node in changed.items()
+                        if node.alive and node_id != self._node_id and
+                        (node_id not in self.view or not self.view[node_id].alive))
+        for node_id, node in changed.items():
+            self.view[node_id] = scheduling.NodeView(node.node_id, node.address, node.total,
+                                                     node.available, node.alive)
+        self._refresh_local_view()
+        if joined and self.waiting:
+            self._spill_to_joined(joined)
+
     def _spill_to_joined(self, joined: list) -> None:
         self._respill(joined, waited_s=0.0)
 
@@ -348,6 +364,8 @@ class LeaseManager:
         await waiter.event.wait()
         if waiter.withdrawn:
             return Infeasible(waiter.withdrawn)
+        if waiter.cancelled:
+            return LeaseWithdrawn()
         if waiter.spillback is not None:
             return waiter.spillback
         try:
@@ -448,6 +466,27 @@ class LeaseManager:
             waiter.gpu_ids = [i for i, _ in allocation]
             waiter.event.set()
 
+    def handle_cancel_lease_requests(self, conn, request: LeaseRequest, count: int) -> None:
+        """The owner's class ran out of tasks: up to ``count`` of its requests
+        still queued here for that class (the newest first) are answered
+        ``LeaseWithdrawn`` instead of being granted later and returned at
+        once, as Ray's owner cancels its lease requests (CancelWorkerLease).
+        Measured in the simulator, nested fan-out: 242 of 330 leases were
+        granted after their owner's queue had run dry, and went back unused."""
+        for waiter in reversed(list(self.waiting)):
+            if count <= 0:
+                break
+            queued = waiter.request
+            if queued.owner == request.owner and queued.for_actor is None and \
+                    queued.resources == request.resources and \
+                    queued.strategy == request.strategy and \
+                    queued.retriable == request.retriable and \
+                    queued.runtime_env_hash == request.runtime_env_hash:
+                self.waiting.remove(waiter)
+                waiter.cancelled = True
+                waiter.event.set()
+                count -= 1
+
     def _pool_of(self, lease: Lease):
         """(available dict, total dict, GPU allocator) a lease draws from."""
         if lease.bundle is None:
@@ -510,10 +549,14 @@ class LeaseManager:
                 self.release_lease(lease.lease_id, worker_ok=False)
 
     def owner_gone(self, owner: str) -> None:
-        """A process that held leases for tasks went away: they come back."""
+        """A process that held leases for tasks went away: they come back,
+        and their workers go, with whatever they were running for it (as
+        Ray's raylet kills a leased worker whose owner died). Made idle, a
+        worker ran the orphaned task to its end: a child of a recursively
+        cancelled task outlived the cancel (default seeds 1269, 3114, 3261)."""
         for lease in sorted(self.leases.values(), key=lambda lease: lease.lease_id):
             if lease.owner == owner and lease.for_actor is None:
-                self.release_lease(lease.lease_id, worker_ok=True)
+                self.release_lease(lease.lease_id, worker_ok=False)
 
     # --------------------------------------------------------------- bundles
 
@@ -701,7 +744,8 @@ class LeaseManager:
 
     async def _reconcile(self, owner: str, lease_ids: list) -> None:
         try:
-            held = await self._endpoint.call(owner, "held_leases", self._address, lease_ids)
+            connection = await self._endpoint.connect(owner)
+            held = await connection.call("held_leases", self._address, lease_ids)
         except Exception as error:  # noqa: BLE001 - unreachable, or it failed to answer
             # Ask again later (if it died, its leases go anyway).
             if not isinstance(error, PeerDisconnected):
@@ -714,7 +758,12 @@ class LeaseManager:
             if lease is None:
                 continue
             if lease_id in held:
-                lease.conn = None
+                # Held by the process at the far end of this connection: if
+                # it breaks in turn, ask again. The owner may have restarted
+                # and forgotten the lease (a GCS restart while it created an
+                # actor on it: chaos seed 3397, a lease confirmed held and
+                # then never reclaimed).
+                lease.conn = connection
             else:
                 self._tracer.record(self._trace_name, "lease_reclaimed", lease=lease_id)
                 self.release_lease(lease_id, worker_ok=False)

@@ -8,8 +8,9 @@ A facade over the node's components, each with one concern:
   ``memory_monitor``  killing a worker when the machine runs low on memory
 
 The node manager itself keeps the node's membership: it registers with the
-GCS, heartbeats (reporting free resources, receiving the cluster view that
-the lease manager schedules with), and fences itself — kills its workers
+GCS, heartbeats (reporting free resources, receiving the changes to the
+cluster view that the lease manager schedules with: see gcs/node_table.py
+for how deltas stay correct), and fences itself — kills its workers
 and ends — when the GCS declared it dead (it was unreachable too long, and
 its work has been retried elsewhere). It also reacts when a peer process
 goes away: the objects it owned are freed, the leases it held return, and
@@ -23,7 +24,7 @@ from dataclasses import dataclass
 
 import trio
 
-from ..messages import NodeRecord
+from ..messages import NodeRecord, ViewUpdate
 from ..rpc import Endpoint, PeerDisconnected
 from .lease_manager import LeaseManager, LeaseStatistics
 from .memory_monitor import MemoryMonitor, MemoryMonitorStatistics
@@ -76,6 +77,10 @@ class NodeManager:
                     assert method not in handlers, f"two handlers for {method!r}"
                     handlers[method] = getattr(component, attribute)
         endpoint.add_peer_closed_listener(self._peer_closed)
+        # The version of the view this node holds (see gcs/node_table.py);
+        # epoch 0 is no GCS's: the first update is a whole view.
+        self.view_epoch = 0
+        self.view_version = -1
 
     async def run(self) -> None:
         await self.endpoint.serve()
@@ -88,14 +93,14 @@ class NodeManager:
         deadline = trio.current_time() + self.env.wait_for_gcs_s
         while True:
             try:
-                view = await self.endpoint.call(self.env.gcs_address, "register_node",
-                                                registration)
+                reply = await self.endpoint.call(self.env.gcs_address, "register_node",
+                                                 registration)
                 break
             except PeerDisconnected:
                 if trio.current_time() >= deadline:
                     raise
                 await trio.sleep(0.05)
-        self._update_view(view)
+        self._update_view(reply.view)
         self.tracer.record(self.node_id[:8], "node_started", resources=self.leases.total)
         self.pool.prestart()
         self.nursery.start_soon(self._heartbeat_loop)
@@ -120,19 +125,33 @@ class NodeManager:
 
     # ------------------------------------------------------------ membership
 
-    def _update_view(self, view: dict) -> None:
-        for node_id, node in sorted(view.items(), key=lambda item: item[0]):
+    def _update_view(self, update: ViewUpdate) -> None:
+        """Apply a view or a delta from the GCS, if it fits the view held
+        (see gcs/node_table.py): a delta that does not start at or before
+        the version held, or ends at or before it, is dropped, and the next
+        heartbeat brings what it would have. A whole view is always taken:
+        the GCS sends one when it cannot trust the version held (one an
+        older whole view overtook is repaired the same way, a period later)."""
+        whole = update.base_version == -1
+        if not whole and (update.epoch != self.view_epoch or
+                          not update.base_version <= self.view_version < update.version):
+            return
+        for node_id, node in sorted(update.nodes.items(), key=lambda item: item[0]):
             known = self.leases.view.get(node_id)
             if not node.alive and known is not None and known.alive and \
                     node_id != self.node_id:
                 self.endpoint.drop(node.address)  # stop waiting for a dead node
-        self.leases.set_view(view)
+        if whole:
+            self.leases.set_view(update.nodes)
+        else:
+            self.leases.update_view(update.nodes)
+        self.view_epoch, self.view_version = update.epoch, update.version
 
     async def _refresh_view(self) -> None:
         self._update_view(await self.endpoint.call(self.env.gcs_address, "get_view"))
 
-    def handle_update_view(self, conn, view: dict) -> None:
-        self._update_view(view)
+    def handle_view_changed(self, conn, update: ViewUpdate) -> None:
+        self._update_view(update)
 
     async def _heartbeat_loop(self) -> None:
         while True:
@@ -142,7 +161,8 @@ class NodeManager:
             self.objects.reconcile()
             try:
                 reply = await self.endpoint.call(self.env.gcs_address, "heartbeat",
-                                                 self.node_id, dict(self.leases.available))
+                                                 self.node_id, dict(self.leases.available),
+                                                 self.view_epoch, self.view_version)
             except PeerDisconnected:
                 continue  # the GCS is restarting; try again next period
             except Exception as error:  # noqa: BLE001 - the GCS failed this heartbeat

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections import deque
 from dataclasses import dataclass
 
 import trio
@@ -46,6 +47,12 @@ from ..ids import WorkerID
 from ..rpc import Endpoint, PeerDisconnected
 
 logger = logging.getLogger("tray.node")
+
+# Dead workers a node still lists (the state API's list_workers shows why
+# they died); the oldest are forgotten beyond this, so a node whose actors
+# come and go does not grow its table without end (5,000 actors killed on
+# one node left 5,000 rows that every statistics() call scanned).
+DEAD_WORKERS_KEPT = 1024
 
 # Runtime envs whose env_vars a node remembers (read once from the GCS);
 # the oldest is forgotten beyond this (it is read again when needed).
@@ -92,12 +99,27 @@ class WorkerPool:
         self._gcs_address = gcs_address
         self._cpus = cpus
         self.prestart_workers = prestart_workers
-        # Every worker this node started, dead ones included: live ones are
-        # capped at workers_per_node_max.
+        # Every worker this node started, the last DEAD_WORKERS_KEPT dead
+        # ones included: live ones are capped at workers_per_node_max.
         self.workers: dict[str, WorkerInfo] = {}
+        self._dead: deque = deque()  # ids of dead workers still listed, oldest first
         self.idle: list[str] = []
         self.idle_since: dict[str, float] = {}
-        self.worker_registered = trio.Event()
+        self._asked_to_exit: set = set()  # idle workers asked whether they may go
+        # Counted as they change, not by a scan of every worker ever started
+        # (each lease's take_worker read both; with thousands of actors on a
+        # node that was O(workers) per lease): live workers, and those
+        # starting (a dict as an ordered set).
+        self._live = 0
+        self._starting: dict[str, None] = {}
+        # Worker address -> id, for a closed connection.
+        self._by_address: dict[str, str] = {}
+        # Leases waiting for a worker, oldest first: (fits(worker), event).
+        # A worker that becomes idle wakes the first waiter it fits, and a
+        # death the first waiter, not every waiter (each woken waiter
+        # rescanned the idle list: O(waiters) wake-ups per registration,
+        # O(n²) for n actors created at once). See ``_wake_waiters``.
+        self._waiters: deque = deque()
         self.failed_worker_starts = 0
         self.last_start_failure = ""
         self.started = 0
@@ -124,9 +146,17 @@ class WorkerPool:
             if worker.state == "idle":
                 assert worker_id in idle, f"idle worker {worker_id} is not in the idle list"
         assert self.live_count() <= self._config.workers_per_node_max, self.live_count()
+        live = [w for w in self.workers.values() if w.state != "dead"]
+        assert self._live == len(live), (self._live, len(live))
+        assert len(self._dead) == len(self.workers) - len(live) <= DEAD_WORKERS_KEPT
+        assert list(self._starting) == [w.worker_id for w in self.workers.values()
+                                        if w.state == "starting"], self._starting
+        for address, worker_id in self._by_address.items():
+            worker = self.workers[worker_id]
+            assert worker.address == address and worker.state != "dead", worker_id
 
     def live_count(self) -> int:
-        return len([w for w in self.workers.values() if w.state != "dead"])
+        return self._live
 
     def prestart(self) -> None:
         for _ in range(min(self.prestart_workers, self._config.workers_per_node_max)):
@@ -143,12 +173,14 @@ class WorkerPool:
             return {"node_id": self._node_id}
         worker.address = address
         worker.state = "idle"
+        del self._starting[worker_id]
+        self._by_address[address] = worker_id
         self.idle.append(worker_id)
         self.idle_since[worker_id] = trio.current_time()
         self._tracer.record(self._trace_name, "worker_registered", worker=worker_id)
         logger.debug("worker %s registered at %s", worker_id[:8], address)
         self.failed_worker_starts = 0
-        self._wake_waiters()
+        self._wake_waiters(worker)
         return {"node_id": self._node_id}
 
     def start_worker(self, runtime_env_hash: str | None = None,
@@ -159,6 +191,8 @@ class WorkerPool:
         assert self.live_count() < self._config.workers_per_node_max, self.live_count()
         worker_id = WorkerID.from_random(self._rng).hex()
         self.workers[worker_id] = WorkerInfo(worker_id, runtime_env_hash=runtime_env_hash)
+        self._live += 1
+        self._starting[worker_id] = None
         self.started += 1
         self._tracer.record(self._trace_name, "worker_start", worker=worker_id)
         logger.debug("starting worker %s", worker_id[:8])
@@ -201,46 +235,63 @@ class WorkerPool:
         a start per waiting lease, 0.5-1.2 s one at a time)."""
         warned = False
         env_vars = await self._env_vars_of(runtime_env_hash)
-        while True:
-            for worker_id in self.idle:
-                worker = self.workers[worker_id]
-                # A prestarted worker takes an env only if the env sets no
-                # variables: those are in a worker's environment from its start.
-                if worker.state == "idle" and (worker.gpu is None or worker.gpu == gpu) and \
-                        (worker.runtime_env_hash == runtime_env_hash or
-                         (worker.runtime_env_hash is None and not env_vars)):
-                    self.idle.remove(worker_id)
-                    worker.gpu = gpu
-                    worker.runtime_env_hash = runtime_env_hash
-                    return worker
-            if self.failed_worker_starts >= self._config.worker_start_failures_max:
-                raise exceptions.TrayError(
-                    f"workers fail to start on node {self._node_id} "
-                    f"({self.failed_worker_starts} in a row; last: {self.last_start_failure})")
-            starting = [w for w in self.workers.values() if w.state == "starting"]
-            if not starting:
-                if self.live_count() >= self._config.workers_per_node_max and self.idle:
-                    # Only idle workers of another kind (GPU or not, or
-                    # another runtime_env): one makes room for this kind.
-                    unfit = self.workers[self.idle[0]]
-                    self._spawner.kill_worker(unfit.worker_id)
-                    self.worker_died(unfit, "idle, of another kind (GPU or CPU-only, or "
-                                            "another runtime_env)")
-                if self.live_count() < self._config.workers_per_node_max:
-                    self.start_worker(runtime_env_hash, env_vars)
-                elif not warned:
-                    warned = True
-                    logger.warning(
-                        "node %s has %d workers, its maximum (workers_per_node_max): a task or "
-                        "actor waits for one of them to be free", self._node_id,
-                        self.live_count())
-                    self._tracer.record(self._trace_name, "worker_cap_reached",
-                                        workers=self.live_count())
-            await self.worker_registered.wait()
+
+        def fits(worker: WorkerInfo) -> bool:
+            # A prestarted worker takes an env only if the env sets no
+            # variables: those are in a worker's environment from its start.
+            return worker.state == "idle" and (worker.gpu is None or worker.gpu == gpu) and \
+                (worker.runtime_env_hash == runtime_env_hash or
+                 (worker.runtime_env_hash is None and not env_vars))
+
+        waiter = None
+        try:
+            while True:
+                for worker_id in self.idle:
+                    worker = self.workers[worker_id]
+                    if fits(worker):
+                        self.idle.remove(worker_id)
+                        worker.gpu = gpu
+                        worker.runtime_env_hash = runtime_env_hash
+                        return worker
+                if self.failed_worker_starts >= self._config.worker_start_failures_max:
+                    raise exceptions.TrayError(
+                        f"workers fail to start on node {self._node_id} "
+                        f"({self.failed_worker_starts} in a row; last: "
+                        f"{self.last_start_failure})")
+                if not self._starting:
+                    if self.live_count() >= self._config.workers_per_node_max and self.idle:
+                        # Only idle workers of another kind (GPU or not, or
+                        # another runtime_env): one makes room for this kind.
+                        unfit = self.workers[self.idle[0]]
+                        self._spawner.kill_worker(unfit.worker_id)
+                        self.worker_died(unfit, "idle, of another kind (GPU or CPU-only, or "
+                                                "another runtime_env)")
+                    if self.live_count() < self._config.workers_per_node_max:
+                        self.start_worker(runtime_env_hash, env_vars)
+                    elif not warned:
+                        warned = True
+                        logger.warning(
+                            "node %s has %d workers, its maximum (workers_per_node_max): a "
+                            "task or actor waits for one of them to be free", self._node_id,
+                            self.live_count())
+                        self._tracer.record(self._trace_name, "worker_cap_reached",
+                                            workers=self.live_count())
+                waiter = (fits, trio.Event())
+                self._waiters.append(waiter)
+                await waiter[1].wait()  # the waker took it off the queue
+                waiter = None
+        finally:
+            if waiter is not None:  # cancelled while waiting
+                self._waiters.remove(waiter)
+            # The next waiter may have to start a worker (one starts at a
+            # time, and the one that started last was this caller's).
+            if self._waiters and not self._starting:
+                self._wake(self._waiters[0])
 
     def put_back(self, worker: WorkerInfo) -> None:
         """An idle worker taken for a lease that was not granted after all."""
         self.idle.insert(0, worker.worker_id)
+        self._wake_waiters(worker)
 
     def lease_ended(self, worker_id: str, worker_ok: bool, for_actor: bool) -> None:
         """The lease on ``worker_id`` was returned: the worker goes back to the
@@ -251,7 +302,7 @@ class WorkerPool:
                 worker.state = "idle"
                 self.idle.append(worker.worker_id)
                 self.idle_since[worker.worker_id] = trio.current_time()
-                self._wake_waiters()
+                self._wake_waiters(worker)
             elif not worker_ok:
                 self._spawner.kill_worker(worker.worker_id)
                 self.worker_died(worker, "returned as broken")
@@ -275,18 +326,39 @@ class WorkerPool:
             return
         self.worker_died(worker, f"its process exited with code {exit_code}")
 
-    def _wake_waiters(self) -> None:
-        self.worker_registered.set()
-        self.worker_registered = trio.Event()
+    def _wake_waiters(self, idle: WorkerInfo | None = None) -> None:
+        """Wake one waiting lease: the first that ``idle`` (a worker just
+        made idle) fits, else the first (it may start a worker, or make
+        room at the cap). A woken waiter that finds nothing waits again."""
+        if not self._waiters:
+            return
+        if idle is not None:
+            for waiter in self._waiters:
+                if waiter[0](idle):
+                    self._wake(waiter)
+                    return
+        self._wake(self._waiters[0])
+
+    def _wake(self, waiter: tuple) -> None:
+        self._waiters.remove(waiter)
+        waiter[1].set()
 
     def connection_closed(self, address: str) -> None:
-        for worker in sorted(self.workers.values(), key=lambda w: w.worker_id):
-            if worker.address == address and worker.state != "dead":
-                self.worker_died(worker, "its connection closed")
+        worker_id = self._by_address.get(address)
+        if worker_id is not None:
+            self.worker_died(self.workers[worker_id], "its connection closed")
 
     def worker_died(self, worker: WorkerInfo, reason: str) -> None:
         previous = worker.state
         worker.state = "dead"
+        if previous != "dead":
+            self._live -= 1
+            self._dead.append(worker.worker_id)
+            while len(self._dead) > DEAD_WORKERS_KEPT:
+                del self.workers[self._dead.popleft()]
+        self._starting.pop(worker.worker_id, None)
+        if self._by_address.get(worker.address) == worker.worker_id:
+            del self._by_address[worker.address]
         self.idle_since.pop(worker.worker_id, None)
         if worker.worker_id in self.idle:
             self.idle.remove(worker.worker_id)
@@ -333,21 +405,39 @@ class WorkerPool:
         self.worker_died(worker, "killed")
 
     def reap_idle(self) -> None:
-        """A worker that ran a task with GPUs only ever runs tasks with GPUs, and one
-that ran a CPU-only task only CPU-only tasks (``WorkerInfo.gpu``), as in
-Ray: state a GPU library left in a process (a CUDA context, memory it
-holds) stays out of CPU-only work, and the reverse.
-
-Idle workers beyond one per CPU go after ``idle_worker_timeout_s``."""
+        """Idle workers beyond one per CPU go after ``idle_worker_timeout_s``,
+        if they agree (``_ask_to_exit``)."""
         keep = max(self._cpus, self.prestart_workers)
         now = trio.current_time()
-        while len(self.idle) > keep:
-            worker = self.workers[self.idle[0]]
-            if now - self.idle_since.get(worker.worker_id, now) < \
-                    self._config.idle_worker_timeout_s:
+        for worker_id in self.idle[:max(0, len(self.idle) - keep)]:
+            if now - self.idle_since.get(worker_id, now) < self._config.idle_worker_timeout_s:
                 break
+            if worker_id not in self._asked_to_exit:
+                self._asked_to_exit.add(worker_id)
+                self._nursery.start_soon(self._ask_to_exit, self.workers[worker_id])
+
+    async def _ask_to_exit(self, worker: WorkerInfo) -> None:
+        """An idle worker past its time is asked whether it may go, as Ray's
+        raylet asks (CoreWorker::HandleExit): one that owns objects or actors
+        says no, for they die with their owner (chaos seed 3639: an owner
+        reaped as idle failed a borrower's get with OwnerDiedError). It stays
+        idle, last in line, and is asked again after another timeout."""
+        since = self.idle_since.get(worker.worker_id)
+        try:
+            may_exit = await self._endpoint.call(worker.address, "exit_if_idle")
+        except Exception as error:  # noqa: BLE001 - cut off (asked again), or cannot say
+            may_exit = not isinstance(error, PeerDisconnected)
+        finally:
+            self._asked_to_exit.discard(worker.worker_id)
+        if worker.state != "idle" or self.idle_since.get(worker.worker_id) != since:
+            return  # leased meanwhile (perhaps idle again since), or dead
+        if may_exit:
             self._spawner.kill_worker(worker.worker_id)
             self.worker_died(worker, "idle")
+        else:
+            self.idle.remove(worker.worker_id)
+            self.idle.append(worker.worker_id)
+            self.idle_since[worker.worker_id] = trio.current_time()
 
     def kill_all(self) -> None:
         for worker in sorted(self.workers.values(), key=lambda w: w.worker_id):

@@ -39,6 +39,12 @@ class FunctionTable:
             self._exported[function_id] = None
             self._pending_exports[function_id] = blob
 
+    def export_done(self, function_id: str) -> bool:
+        """Would ``ensure_exported`` return at once (nothing to upload or
+        wait for)?"""
+        return function_id not in self._pending_exports and \
+            self._exported.get(function_id) is None
+
     async def ensure_exported(self, function_id: str) -> None:
         blob = self._pending_exports.pop(function_id, None)
         if blob is not None:

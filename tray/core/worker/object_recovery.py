@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import logging
 
+import trio
+
 from ... import exceptions
 from ..ids import ObjectID
 from ..rpc import Endpoint, PeerDisconnected
@@ -35,6 +37,9 @@ from .reference_counter import ReferenceCounter
 from .task_manager import PendingTask, TaskManager, spend_retry
 
 logger = logging.getLogger("tray.worker")
+
+# A reader whose failed read of a put's copy lost nothing reads again after this.
+PUT_REREAD_DELAY_S = 0.01
 
 
 class ObjectRecoveryManager:
@@ -56,15 +61,26 @@ class ObjectRecoveryManager:
                       lost: list) -> SerializedObject | None:
         """Ask the owner to recover the object; None: fetch it again."""
         if owner == self._address:
-            return self.handle_recover_object(None, object_id.binary(), lost)
-        try:
-            return await self._endpoint.call(owner, "recover_object", object_id.binary(), lost)
-        except PeerDisconnected:
-            if await self._endpoint.reachable(owner):
-                return None  # only the connection broke (a reset): fetch again
-            return serialize_error(exceptions.OwnerDiedError(
-                f"the owner of object {object_id.hex()} ({owner}) died, so the object "
-                "cannot be retrieved"))
+            failure = self.handle_recover_object(None, object_id.binary(), lost)
+        else:
+            try:
+                failure = await self._endpoint.call(owner, "recover_object",
+                                                    object_id.binary(), lost)
+            except PeerDisconnected:
+                failure = await self._owner_gone(object_id, owner)
+        if failure is None and object_id.is_put():
+            # Its copy is on a live node that this reader could not read:
+            # the reader tries again, a moment later (not in a tight loop).
+            await trio.sleep(PUT_REREAD_DELAY_S)
+        return failure
+
+    async def _owner_gone(self, object_id: ObjectID, owner: str) -> SerializedObject | None:
+        """The owner's connection broke during a recovery request."""
+        if await self._endpoint.reachable(owner):
+            return None  # only the connection broke (a reset): fetch again
+        return serialize_error(exceptions.OwnerDiedError(
+            f"the owner of object {object_id.hex()} ({owner}) died, so the object "
+            "cannot be retrieved"))
 
     def handle_recover_object(self, conn, object_id: bytes, lost: list) -> SerializedObject | None:
         """The copies of an object this process owns at ``lost`` could not be
@@ -79,6 +95,14 @@ class ObjectRecoveryManager:
         if not entry.ready:
             return None  # being re-created already
         lost = [tuple(location) for location in lost]
+        if oid.is_put() and self._references.has_copy_here(oid):
+            # A put cannot be re-created, and its first copy is here, in its
+            # owner's node's store: a reader that could not read it (cut off
+            # by a partition, a slow node, a reset) lost nothing, and
+            # freeing it would (chaos seed 13: a put's only copy freed from
+            # the live head node). The reader reads again. (A put's first
+            # location is its owner's node: ``store_value``.)
+            lost = [location for location in lost if location not in entry.locations[:1]]
         for _node_id, manager in sorted(set(lost) & set(entry.locations)):
             self._outbox.send_later(manager, "free_objects", [object_id])  # if it lives after all
         entry.locations = [loc for loc in entry.locations if loc not in lost]
@@ -120,8 +144,12 @@ class ObjectRecoveryManager:
                 returned.ready, returned.inline, returned.locations = False, None, []
         again = PendingTask(spec, task.retries_left, holds)
         self._task_manager.add(again)
+        # ``by``: the reader that found no copy, for the simtest's attribution
+        # of re-runs (a re-run's own argument, released once only lineage
+        # needed it, is re-run in turn: the first re-run's cause is its).
         self._tracer.record(self._name, "task_reconstruct", task=spec.task_id,
-                            attempt=spec.attempt, object=oid)
+                            attempt=spec.attempt, object=oid,
+                            by=conn.peer if conn is not None else self._address)
         logger.info("re-running task %s to re-create lost object %s", spec.name, oid.hex())
         self._bridge.start_soon(self._submitter.submit, again)
         return None

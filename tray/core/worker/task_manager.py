@@ -19,8 +19,11 @@ ended without results: worker death past its retries, cancellation, a
 failed dependency, a lease that cannot be had, the GCS unreachable, an
 actor's limit...). Both record each result in the reference table (inline
 values, the locations of stored ones, errors), wake getters, and release
-the task's hold on its arguments. No path can forget to end a task, and a
-task is ended once: a second ``complete``/``fail`` is ignored.
+the task's hold on its arguments — except an actor call that fails while a
+copy of it is at a live actor that has not answered: the actor submitter
+keeps its arguments until the call settles there (``args_to_release``). No
+path can forget to end a task, and a task is ended once: a second
+``complete``/``fail`` is ignored.
 
 A finished normal task whose results live in node stores stays in
 ``lineage`` for as long as any of its results is referenced, at most
@@ -30,6 +33,7 @@ lost (``object_recovery``)."""
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 
 from ..ids import ObjectID, TaskID
@@ -46,6 +50,7 @@ SUBMITTED_TO_WORKER = "SUBMITTED_TO_WORKER"
 FINISHED, FAILED = "FINISHED", "FAILED"
 TASK_STATES = (PENDING_ARGS_AVAIL, PENDING_NODE_ASSIGNMENT, SUBMITTED_TO_WORKER, FINISHED,
                FAILED)
+_UNFINISHED_STATES = frozenset({PENDING_ARGS_AVAIL, PENDING_NODE_ASSIGNMENT, SUBMITTED_TO_WORKER})
 
 
 @dataclass
@@ -57,6 +62,14 @@ class PendingTask:
     cancelled: bool = False  # cancel() was called: never retried
     pushed_to: str | None = None  # the worker running it (normal tasks, while submitted)
     oom_retries: int = 0  # runs the memory monitor killed (their budget is task_oom_retries)
+    # In lineage: the owned arguments it pins (``RefEntry.lineage``)
+    # so that a re-run can re-create them in turn.
+    lineage_pins: tuple = ()
+    # An actor call: the incarnation of its actor that holds a copy of it
+    # and has not answered (None: no copy is out, or the actor answered, or
+    # the process it went to is gone). Such an actor may still run the call
+    # and borrow the refs in its arguments (``actor_task_submitter``).
+    unanswered_incarnation: int | None = None
 
     @property
     def done(self) -> bool:
@@ -106,6 +119,11 @@ class TaskManager:
         # insertion order, at most lineage_tasks_max (the oldest go first).
         self.lineage: dict[TaskID, PendingTask] = {}
         self.lineage_evicted = 0
+        # args_to_release(task) -> the argument holds to release now, for an
+        # actor call that fails while its actor may still run it: the actor
+        # submitter keeps the others until the call settles there (None:
+        # every hold goes at once).
+        self.args_to_release = None
 
     def statistics(self) -> TaskManagerStatistics:
         pending = tuple(
@@ -115,30 +133,57 @@ class TaskManager:
         return TaskManagerStatistics(pending=pending, lineage=len(self.lineage))
 
     def validate_state(self) -> None:
-        holds: dict = {}
+        # Simtest runs this after every simulated step of the owner: each
+        # pending task is first tested by one expression that holds exactly
+        # when the asserts of _validate_task do; one that fails it goes
+        # through them, which say what broke.
+        held: list = []
         for task_id, task in self.tasks.items():
-            assert not task.done, task.spec.name
-            assert task.state in TASK_STATES, (task.spec.name, task.state)
-            assert task_id.binary() == task.spec.task_id, task.spec.name
-            # Only a normal task in a worker's hands says which worker.
-            if task.pushed_to is not None:
-                assert task.state == SUBMITTED_TO_WORKER, (task.spec.name, task.state)
-                assert task.spec.actor_id is None, task.spec.name
-            assert task.retries_left >= -1, (task.spec.name, task.retries_left)
-            for oid in task.arg_refs:
-                holds[oid] = holds.get(oid, 0) + 1
-        for oid, count in holds.items():
+            state = task.state
+            if state not in _UNFINISHED_STATES or task_id.binary() != task.spec.task_id \
+                    or task.retries_left < -1 or (task.pushed_to is not None and (
+                        state != SUBMITTED_TO_WORKER or task.spec.actor_id is not None)):
+                self._validate_task(task_id, task)
+            held += task.arg_refs
+        for oid, count in Counter(held).items():  # (counted in C)
             entry = self._references.refs.get(oid)
             assert entry is not None, f"a pending task holds {oid.hex()}, which is not referenced"
             # Actor creations and reconstructions hold arguments too.
             assert entry.submitted >= count, (oid, entry.submitted, count)
         assert len(self.lineage) <= self._config.lineage_tasks_max, len(self.lineage)
+        pins: dict = {}
+        for task in self.lineage.values():
+            for oid in task.lineage_pins:
+                pins[oid] = pins.get(oid, 0) + 1
+        # Every ref's lineage count is its pins: a pinned ref's is its pin
+        # count, any other's is 0 (tested without a lookup per ref).
+        refs = self._references.refs
+        for oid, count in pins.items():
+            entry = refs.get(oid)
+            if entry is not None:
+                assert entry.lineage == count, (oid, entry.lineage, count)
+        for oid, entry in refs.items():
+            if entry.lineage:
+                assert oid in pins, (oid, entry.lineage, 0)
         for task in self.lineage.values():
             assert task.done, task.spec.name
             assert task.spec.actor_id is None, task.spec.name
-            assert any(ObjectID(oid) in self._references.refs
-                       for oid in task.spec.return_ids), \
+            return_ids = task.spec.return_ids
+            if len(return_ids) == 1 and ObjectID(return_ids[0]) in refs:
+                continue  # the common case, without a generator
+            assert any(ObjectID(oid) in refs for oid in return_ids), \
                 f"lineage of {task.spec.name} kept, but none of its results is referenced"
+
+    @staticmethod
+    def _validate_task(task_id: TaskID, task: PendingTask) -> None:
+        assert not task.done, task.spec.name
+        assert task.state in TASK_STATES, (task.spec.name, task.state)
+        assert task_id.binary() == task.spec.task_id, task.spec.name
+        # Only a normal task in a worker's hands says which worker.
+        if task.pushed_to is not None:
+            assert task.state == SUBMITTED_TO_WORKER, (task.spec.name, task.state)
+            assert task.spec.actor_id is None, task.spec.name
+        assert task.retries_left >= -1, (task.spec.name, task.retries_left)
 
     def add(self, task: PendingTask) -> None:
         self.tasks[TaskID(task.spec.task_id)] = task
@@ -156,6 +201,17 @@ class TaskManager:
         if task is not None and not any(ObjectID(oid) in self._references.refs
                                         for oid in task.spec.return_ids):
             del self.lineage[task_id]
+            self._unpin(task)
+
+    def _unpin(self, task: PendingTask) -> None:
+        """A task leaves the lineage: its arguments are no longer needed to
+        re-create its results (each may go now, and its own lineage with it)."""
+        pins, task.lineage_pins = task.lineage_pins, ()
+        for oid in pins:
+            entry = self._references.refs.get(oid)
+            if entry is not None:
+                entry.lineage -= 1
+                self._references.maybe_release(oid, entry)
 
     @staticmethod
     def should_retry_exception(task: PendingTask, results: list) -> bool:
@@ -228,7 +284,11 @@ class TaskManager:
                 entry.inline = result.error
             references.mark_ready(entry)
             references.maybe_release(oid, entry)
-        for oid in task.arg_refs:
+        released = task.arg_refs
+        if spec.actor_id is not None and task.state == FAILED and \
+                task.unanswered_incarnation is not None and self.args_to_release is not None:
+            released = self.args_to_release(task)
+        for oid in released:
             entry = references.refs.get(oid)
             if entry is not None:
                 entry.submitted -= 1
@@ -243,11 +303,24 @@ class TaskManager:
                             ok=task.state == FINISHED)
 
     def _keep_lineage(self, task_id: TaskID, task: PendingTask) -> None:
-        self.lineage.pop(task_id, None)  # a re-run: now the newest
+        earlier = self.lineage.pop(task_id, None)  # a re-run: now the newest
+        if earlier is not None:
+            task.lineage_pins, earlier.lineage_pins = earlier.lineage_pins, ()
+        elif not task.lineage_pins:
+            # Pinned before the task lets go of its arguments (``_finish``
+            # releases them next). Only owned objects: a borrowed one is its
+            # owner's to keep or re-create.
+            pins = []
+            for oid in task.arg_refs:
+                entry = self._references.refs.get(oid)
+                if entry is not None and entry.owned:
+                    entry.lineage += 1
+                    pins.append(oid)
+            task.lineage_pins = tuple(pins)
         self.lineage[task_id] = task
         while len(self.lineage) > self._config.lineage_tasks_max:
             oldest = next(iter(self.lineage))
-            del self.lineage[oldest]
+            self._unpin(self.lineage.pop(oldest))
             self.lineage_evicted += 1
             self._tracer.record(self._name, "lineage_evicted", task=oldest)
 

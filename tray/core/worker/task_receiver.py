@@ -21,8 +21,10 @@ ends the whole worker process."""
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import traceback
+from collections import OrderedDict
 
 import greenback
 import trio
@@ -43,6 +45,9 @@ from .task_events import TaskAttemptEvents, TaskEventBuffer
 # How long a worker that reached a function's max_calls lives on after its
 # last reply, so that the reply is out before the process ends.
 RETIRE_GRACE_S = 0.05
+# Cancels that found no task running here are remembered, this many at most
+# (the oldest forgotten first): see ``TaskReceiver._cancelled_early``.
+CANCELLED_EARLY_MAX = 1024
 
 
 class _ArgumentError(Exception):
@@ -135,6 +140,15 @@ class TaskReceiver:
         # task id -> scope of the task running it: at most one per trio task
         # running user code (one, or max_concurrency for an actor).
         self.running: dict[bytes, trio.CancelScope] = {}
+        # Tasks cancelled (force=False) before they began here. A push and
+        # the cancel that follows it may arrive together, and the cancel be
+        # handled while the push is still on its way into ``running``
+        # (simtest default seeds 1278, 2649: a retry or a child ran although
+        # the cancel had reached its worker). Such a task never starts, as
+        # Ray's executor drops a queued task that is cancelled; a cancelled
+        # task is never run again by its owner, so a stale entry (its task
+        # ended here before the cancel came) starts nothing it should not.
+        self._cancelled_early: OrderedDict[bytes, None] = OrderedDict()
         # max_calls: calls run per function id (one entry per distinct
         # function with max_calls: bounded by the program's code), and
         # whether this worker is exiting for having reached one.
@@ -158,15 +172,18 @@ class TaskReceiver:
 
         reply = await self.execute(spec, context, load)
         max_calls = getattr(loaded[0], "__tray_max_calls__", 0) if loaded else 0
-        if max_calls:
-            self._count_call(spec, max_calls)
+        if max_calls and self._count_call(spec, max_calls):
+            # The owner returns the lease rather than push another task
+            # here (CI: a queue of max_calls tasks, each reaching a worker
+            # that was exiting, spent its retries).
+            reply = dataclasses.replace(reply, worker_exiting=True)
         return reply
 
-    def _count_call(self, spec: TaskSpec, max_calls: int) -> None:
+    def _count_call(self, spec: TaskSpec, max_calls: int) -> bool:
         """``@tray.remote(max_calls=N)``: after its N-th call of that
         function, this worker exits (releasing its resources), as Ray's does.
         It exits a short grace period after replying, so that the reply gets
-        out first."""
+        out first. True when this call made it retire."""
         calls = self._calls.get(spec.function_id, 0) + 1
         self._calls[spec.function_id] = calls
         if calls >= max_calls and not self._retiring and self._exit_process is not None:
@@ -179,6 +196,16 @@ class TaskReceiver:
                 self._exit_process()
 
             self._endpoint.nursery.start_soon(retire)
+            return True
+        return False
+
+    def handle_exit_if_idle(self, conn) -> bool:
+        """May this idle worker be reaped? Not while it owns objects (or
+        actors) that others may still use: they die with their owner (Ray's
+        worker refuses to exit then, CoreWorker::HandleExit), nor while a
+        task runs here. Its node kills it when it says yes."""
+        return not self.running and not any(entry.owned
+                                            for entry in self._references.refs.values())
 
     async def handle_cancel_task(self, conn, task_id: bytes, force: bool, recursive: bool) -> None:
         if recursive:
@@ -190,6 +217,10 @@ class TaskReceiver:
         scope = self.running.get(task_id)
         if scope is not None:
             scope.cancel()
+            return
+        self._cancelled_early[task_id] = None
+        while len(self._cancelled_early) > CANCELLED_EARLY_MAX:
+            self._cancelled_early.popitem(last=False)
 
     def _args_here(self, spec: TaskSpec) -> bool:
         """Are the task's stored arguments in this node's store already?"""
@@ -226,6 +257,13 @@ class TaskReceiver:
         spans = [] if record is not None else None
         current_task.set(context)
         await greenback.ensure_portal()
+        if spec.task_id in self._cancelled_early:
+            del self._cancelled_early[spec.task_id]
+            error = exceptions.TaskCancelledError(f"task {spec.name} ({spec.task_id.hex()}) "
+                                                  "was cancelled before it started")
+            if record is not None:
+                self._events.ended(record, spans, error)
+            return TaskReply(self._error_results(spec, serialize_error(error)))
         self._tracer.record(self._name, "task_started", task=spec.task_id, name=spec.name,
                             attempt=spec.attempt)
         with trio.CancelScope() as scope:

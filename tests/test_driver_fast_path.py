@@ -1,0 +1,330 @@
+"""The driver's call path: ``.remote()`` and small ``put`` from the user's
+thread queue their work for the loop (``worker/thread_inbox``) and never wait
+for it; ``get`` of an object already in the driver's memory reads it without
+entering the loop. These tests check what that must not change: every
+submission runs once, refs stay distinct and counted (no leak, no early
+free), user errors still raise at the call, and order holds across threads."""
+
+from __future__ import annotations
+
+import gc
+import threading
+import time
+
+import numpy as np
+import pytest
+from polling import wait_for  # (tests/ is on sys.path)
+
+import tray
+import tray.exceptions as tex
+from tray.backends.local import _thread_condition
+from tray.core.api import _in_loop
+from tray.core.context import _global_state
+from tray.core.worker.thread_inbox import ThreadInbox
+
+THREAD_JOIN_S = 60.0  # a bound on a test that would otherwise hang, not a speed goal
+
+
+@tray.remote
+def echo(x):
+    return x
+
+
+@tray.remote
+def fail(message):
+    raise ValueError(message)
+
+
+@tray.remote
+class Counter:
+    def __init__(self):
+        self.calls = []
+
+    def add(self, x):
+        self.calls.append(x)
+        return x
+
+    def seen(self):
+        return list(self.calls)
+
+
+@tray.remote
+class Slow:
+    def slow_echo(self, x):
+        time.sleep(0.3)
+        return x
+
+
+def _driver():
+    return _global_state["driver"]
+
+
+def _driver_objects() -> int:
+    # Read on the loop: the local driver's tables change there meanwhile.
+    worker = _driver()
+    return _in_loop(worker, worker.statistics).references.objects
+
+
+def _settle() -> None:
+    gc.collect()
+    time.sleep(0.2)  # in the simulator: virtual time, letting the frees through
+
+
+@pytest.fixture
+def local():
+    tray.init(backend="local", num_cpus=2, include_dashboard=False)
+    try:
+        yield
+    finally:
+        tray.shutdown()
+
+
+# ------------------------------------------------------------ both backends
+
+def test_dropped_refs_are_freed_and_kept_refs_are_not(one_node):
+    kept = [echo.remote(i) for i in range(50)]
+    for i in range(200):
+        echo.remote(i)  # dropped at once
+        tray.put(i)  # dropped at once
+    assert tray.get(kept) == list(range(50))
+    wait_for(lambda: (_settle(), _driver_objects() == 50)[1],
+             "the dropped refs to be freed (only the 50 kept remain)")
+    assert tray.get(kept) == list(range(50))  # never freed early
+    del kept
+    wait_for(lambda: (_settle(), _driver_objects() == 0)[1], "every ref to be freed")
+
+
+def test_user_errors_still_raise_at_remote(one_node):
+    with pytest.raises(TypeError, match="Could not serialize the argument #0"):
+        echo.remote(threading.Lock())
+    with pytest.raises(TypeError, match="echo.remote()"):
+        echo.remote(1, 2)
+    with pytest.raises(ValueError, match="num_returns"):
+        echo.options(num_returns=-1).remote(1)
+    with pytest.raises(TypeError, match="put\\(\\) on an ObjectRef"):
+        tray.put(echo.remote(1))
+    with pytest.raises(TypeError, match="Could not serialize"):
+        tray.put(threading.Lock())
+    counter = Counter.remote()
+    with pytest.raises(TypeError, match="Could not serialize the argument #0"):
+        counter.add.remote(threading.Lock())
+    # Nothing half-submitted is left behind: the actor saw only good calls.
+    assert tray.get(counter.add.remote(1)) == 1
+    assert tray.get(counter.seen.remote()) == [1]
+
+
+def test_max_pending_calls_still_refused_at_remote(one_node):
+    slow = Slow.options(max_pending_calls=2).remote()
+    pending = [slow.slow_echo.remote(x) for x in range(2)]
+    with pytest.raises(tex.PendingCallsLimitExceeded, match="max_pending_calls=2"):
+        slow.slow_echo.remote(2)
+    assert tray.get(pending) == [0, 1]
+
+
+def test_ready_values_and_errors_read_again(one_node):
+    ref = tray.put({"a": 1})
+    assert tray.get(ref) == {"a": 1}
+    assert tray.get(ref) == {"a": 1}  # ready and in the driver's memory now
+    assert tray.get([ref, ref]) == [{"a": 1}, {"a": 1}]
+    bad = fail.remote("boom")
+    for _ in range(2):  # the second read is the ready path's
+        with pytest.raises(ValueError, match="boom"):
+            tray.get(bad)
+    with pytest.raises(ValueError, match="boom"):
+        tray.get([ref, bad])
+    # A ref inside a value goes through the loop (it must be registered).
+    outer = tray.put([ref])
+    inner = tray.get(outer)[0]
+    assert tray.get(inner) == {"a": 1}
+
+
+def test_large_arguments_and_puts_still_go_to_the_store(one_node):
+    big = np.arange(100_000, dtype=np.float64)  # 800 kB: above the inline limit
+    ref = tray.put(big)
+    assert float(tray.get(ref).sum()) == float(big.sum())
+    assert float(tray.get(echo.remote(big)).sum()) == float(big.sum())
+
+
+def test_actor_calls_run_in_submission_order(one_node):
+    counter = Counter.remote()
+    refs = [counter.add.remote(i) for i in range(300)]
+    assert tray.get(refs) == list(range(300))
+    assert tray.get(counter.seen.remote()) == list(range(300))
+
+
+def test_sim_replays_with_queued_path_code():
+    """The simulator's driver runs the loop in its own thread: its
+    submissions happen in the call, in a deterministic order, as before."""
+    import tray.simtest
+
+    def run() -> str:
+        tray.init(backend="sim", seed=7, num_cpus=2)
+        try:
+            counter = Counter.remote()
+            refs = [echo.remote(i) for i in range(30)]
+            refs += [counter.add.remote(i) for i in range(30)]
+            tray.get(refs)
+            tray.get(tray.put(5))
+            return tray.simtest.trace_digest()
+        finally:
+            tray.shutdown()
+
+    assert run() == run()
+
+
+# ------------------------------------------------ the local backend's driver
+
+def test_two_threads_submitting_at_once(local):
+    per_thread = 400
+    results: dict = {}
+    counter = Counter.remote()
+
+    def submit(name: str, base: int) -> None:
+        refs = [echo.remote(base + i) for i in range(per_thread)]
+        refs += [counter.add.remote(base + i) for i in range(per_thread)]
+        refs += [tray.put(base + i) for i in range(per_thread)]
+        results[name] = refs
+
+    threads = [threading.Thread(target=submit, args=(name, base))
+               for name, base in (("a", 0), ("b", 100_000))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(THREAD_JOIN_S)
+    all_refs = results["a"] + results["b"]
+    assert len(set(all_refs)) == len(all_refs) == 6 * per_thread  # distinct ids
+    for name, base in (("a", 0), ("b", 100_000)):
+        expected = list(range(base, base + per_thread))
+        assert tray.get(results[name]) == expected * 3
+    # Each thread's calls reached the actor in that thread's order.
+    seen = tray.get(counter.seen.remote())
+    assert sorted(seen) == list(range(per_thread)) + list(range(100_000, 100_000 + per_thread))
+    for base in (0, 100_000):
+        mine = [x for x in seen if base <= x < base + per_thread]
+        assert mine == list(range(base, base + per_thread))
+
+
+def test_submissions_are_queued_not_waited_for(local):
+    before = _driver().inbox.statistics().ops
+    refs = [echo.remote(i) for i in range(200)]
+    assert tray.get(refs) == list(range(200))
+    after = _driver().inbox.statistics()
+    assert after.ops - before >= 200  # every submission went through the queue
+    assert after.batches <= after.ops
+
+
+def test_ref_dropped_in_another_thread_after_submission(local):
+    handed: list = []
+    ready = threading.Event()
+
+    def drop_later() -> None:
+        ready.wait(THREAD_JOIN_S)
+        handed.clear()  # the last reference goes here, in this thread
+
+    thread = threading.Thread(target=drop_later)
+    thread.start()
+    handed.extend(echo.remote(i) for i in range(100))
+    ready.set()
+    thread.join(THREAD_JOIN_S)
+    assert not handed
+    wait_for(lambda: (_settle(), _driver_objects() == 0)[1], "the handed-over refs to be freed")
+
+
+def test_get_of_a_ready_object_does_not_wait_for_a_busy_loop(local):
+    ref = tray.put("ready")
+    result_ref = echo.remote("done")
+    assert tray.get([ref, result_ref]) == ["ready", "done"]
+    release = threading.Event()
+    # Hold the driver's loop: only a read that does not enter it returns.
+    _global_state["runtime"].call_soon(lambda: release.wait(THREAD_JOIN_S))
+    try:
+        got: list = []
+        reader = threading.Thread(target=lambda: got.append(tray.get([ref, result_ref])))
+        reader.start()
+        reader.join(THREAD_JOIN_S)
+        assert got == [["ready", "done"]]
+        late = echo.remote("queued while the loop was busy")  # queued, not waited for
+    finally:
+        release.set()
+    assert tray.get(late) == "queued while the loop was busy"
+
+
+# ------------------------------------------------------------- the inbox
+
+class _ManualLoop:
+    """A stand-in for the loop's run_sync_soon: callbacks run when asked."""
+
+    def __init__(self) -> None:
+        self.callbacks: list = []
+
+    def call_soon(self, fn) -> None:
+        self.callbacks.append(fn)
+
+    def run(self) -> None:
+        callbacks, self.callbacks = self.callbacks, []
+        for fn in callbacks:
+            fn()
+
+
+def test_inbox_wakes_the_loop_once_per_batch_and_keeps_order():
+    loop = _ManualLoop()
+    inbox = ThreadInbox(None, loop.call_soon, condition=_thread_condition())
+    done: list = []
+    for i in range(100):
+        inbox.put(done.append, i)
+    assert len(loop.callbacks) == 1  # one wake-up for the whole burst
+    loop.run()
+    assert done == list(range(100))
+    inbox.put(done.append, 100)
+    assert len(loop.callbacks) == 1  # empty again: the next put wakes it again
+    loop.run()
+    assert done == list(range(101))
+    assert inbox.statistics().batches == 2 and inbox.statistics().ops == 101
+
+
+def test_inbox_full_fails_clearly_when_the_loop_takes_nothing():
+    loop = _ManualLoop()
+    inbox = ThreadInbox(None, loop.call_soon, max_queued=3, stall_timeout_s=0.1, condition=_thread_condition())
+    done: list = []
+    for i in range(3):
+        inbox.put(done.append, i)
+    with pytest.raises(tex.TrayError, match="took none of the 3 queued"):
+        inbox.put(done.append, 3)  # nothing runs the loop: the stall is reported
+    loop.run()
+    assert done == [0, 1, 2]
+
+
+def test_inbox_full_waits_for_the_loop():
+    loop = _ManualLoop()
+    inbox = ThreadInbox(None, loop.call_soon, max_queued=3, stall_timeout_s=THREAD_JOIN_S, condition=_thread_condition())
+    done: list = []
+    for i in range(3):
+        inbox.put(done.append, i)
+    waiter = threading.Thread(target=inbox.put, args=(done.append, 3))
+    waiter.start()  # blocks until the loop takes the batch (or finds it room at once)
+    loop.run()
+    waiter.join(THREAD_JOIN_S)
+    loop.run()
+    assert done == [0, 1, 2, 3]
+
+
+def test_inbox_one_failing_operation_does_not_stop_the_rest():
+    loop = _ManualLoop()
+    inbox = ThreadInbox(None, loop.call_soon, condition=_thread_condition())
+    done: list = []
+    inbox.put(done.append, 1)
+    inbox.put(lambda: 1 / 0)
+    inbox.put(done.append, 2)
+    loop.run()
+    assert done == [1, 2]
+
+
+def test_inbox_put_after_the_loop_ended_raises():
+    def closed(fn):
+        raise RuntimeError("the loop has ended")
+
+    inbox = ThreadInbox(None, closed, condition=_thread_condition())
+    with pytest.raises(RuntimeError, match="ended"):
+        inbox.put(print, "never")
+    inbox.put_quietly(print, "never")  # a ref dropped at exit: nothing to tell
+    assert len(inbox) == 0

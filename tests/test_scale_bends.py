@@ -1,0 +1,230 @@
+"""Regression tests for the bends found by bench/scale_curves.py (issue 14):
+work that was linear in the size of a table for each event, O(n²) in all.
+
+Speed is measured in the bench, never asserted here: each test checks the
+structure that keeps an event's cost to what it concerns (an index that
+matches the table it indexes, one wake-up instead of one per waiter, no
+wake-up when there is nothing to do), and that the behaviour stayed."""
+
+from __future__ import annotations
+
+import trio
+import trio.testing
+
+import tray
+from tray.core.config import Config
+from tray.core.gcs.actor_manager import ActorManager
+from tray.core.messages import ALIVE, DEAD
+from tray.core.node.worker_pool import WorkerPool
+from tray.core.worker.task_events import TaskEventBuffer
+from tray.simtest import cluster as current_cluster
+
+
+@tray.remote(num_cpus=0)
+class Counter:
+    def __init__(self):
+        self.count = 0
+
+    def add(self):
+        self.count += 1
+        return self.count
+
+
+def _actor_manager(cluster) -> ActorManager:
+    return cluster.processes[cluster.gcs_address].component.actor_manager
+
+
+def test_actor_indexes_follow_kills_restarts_and_deaths():
+    # The GCS finds a dead worker's, a dead node's and a closed owner's
+    # actors through indexes (ActorManager._by_worker/_by_node/_by_owner);
+    # a scan of every actor made killing n actors O(n²). The indexes must
+    # follow every change of state, or a death would miss its actor.
+    tray.init(backend="sim", seed=3, num_nodes=2, num_cpus=2)
+    try:
+        cluster = current_cluster()
+        actors = [Counter.remote() for _ in range(12)]
+        restartable = Counter.options(max_restarts=1).remote()
+        assert tray.get([a.add.remote() for a in actors + [restartable]]) == [1] * 13
+        manager = _actor_manager(cluster)
+        manager.validate_state()  # checks every index against the table
+        alive = [a for a in manager.actors.values() if a.state == ALIVE]
+        assert len(alive) == 13
+        assert sum(len(ids) for ids in manager._by_worker.values()) == 13
+        assert sum(len(ids) for ids in manager._by_node.values()) == 13
+
+        for actor in actors[:6]:  # one at a time, as the bench's 5,000
+            tray.kill(actor)
+        tray.kill(restartable, no_restart=False)  # a restart moves it to a new worker
+        assert tray.get(restartable.add.remote()) == 1
+        del actors[:6]
+        cluster.advance(1.0)
+        manager.validate_state()
+        states = sorted(a.state for a in manager.actors.values())
+        assert states.count(DEAD) == 6 and states.count(ALIVE) == 7
+        assert sum(len(ids) for ids in manager._by_worker.values()) == 7
+        # The handle's owner (the driver) still owns all 13, the dead included.
+        assert len(manager._by_owner) == 1
+        assert len(next(iter(manager._by_owner.values()))) == 13
+        assert tray.get([a.add.remote() for a in actors]) == [2] * 6
+    finally:
+        tray.shutdown()
+
+
+def test_many_actors_waiting_for_workers_wake_one_at_a_time(monkeypatch):
+    # 40 actors on one node at once: each worker that registers wakes the
+    # one waiting lease it fits, not every waiting lease (each woken one
+    # rescanned the idle workers: O(waiters) per registration). The count
+    # of wake-ups stays linear in the actors.
+    wakes = []
+    original = WorkerPool._wake
+
+    def counting(self, waiter):
+        wakes.append(len(self._waiters))
+        original(self, waiter)
+
+    monkeypatch.setattr(WorkerPool, "_wake", counting)
+    tray.init(backend="sim", seed=5, num_nodes=1, num_cpus=2)
+    try:
+        actors = [Counter.remote() for _ in range(40)]
+        assert tray.get([a.add.remote() for a in actors]) == [1] * 40
+        assert 0 < len(wakes) <= 2 * 40, len(wakes)
+        pool = current_cluster().processes["n0/raylet"].component.pool
+        pool.validate_state()  # counters and the address index match the workers
+        assert not pool._waiters
+    finally:
+        tray.shutdown()
+
+
+def test_a_waiter_the_new_worker_does_not_fit_is_not_stranded():
+    # At the worker cap, a lease for another runtime_env waits; when a
+    # worker is given back, the first waiter it fits is woken, and the
+    # others are woken in turn to make room (stop an unfit idle worker).
+    tray.init(backend="sim", seed=1, num_nodes=1, num_cpus=4,
+              config=Config(workers_per_node_max=2))
+    try:
+        @tray.remote
+        def where(tag):
+            import os
+            return tag, os.environ.get("SCALE_BENDS_TAG", "")
+
+        plain = [where.remote(i) for i in range(4)]
+        tagged = [where.options(runtime_env={"env_vars": {"SCALE_BENDS_TAG": "x"}})
+                  .remote(i) for i in range(4)]
+        assert tray.get(plain, timeout=120) == [(i, "") for i in range(4)]
+        assert tray.get(tagged, timeout=120) == [(i, "x") for i in range(4)]
+    finally:
+        tray.shutdown()
+
+
+class _Endpoint:
+    def __init__(self):
+        self.sent = []
+
+    async def notify(self, address, method, batch):
+        self.sent.append((trio.current_time(), method, [e[0] for e in batch.events]))
+
+
+class _Spec:
+    def __init__(self, index):
+        self.task_id = bytes([index]) * 16
+        self.attempt = 0
+        self.actor_id = None
+        self.method = None
+        self.name = f"task{index}"
+        self.job_id = "01"
+        self.parent_task_id = b"\0" * 16
+        self.resources = {"CPU": 1.0}
+        self.strategy = None
+        self.caller = "driver"
+
+
+def test_task_event_flusher_sleeps_while_the_buffer_is_empty(monkeypatch):
+    # Every process woke each flush period with nothing to send (a third of
+    # the samples with 1,000 idle simulated actors): the flusher now waits
+    # for a first record, then one period, then sends the batch.
+    sleeps = []
+    real_sleep = trio.sleep
+
+    async def counting_sleep(seconds):
+        sleeps.append(seconds)
+        await real_sleep(seconds)
+
+    config = Config(task_events_flush_period_s=1.0)
+    endpoint = _Endpoint()
+    buffer = TaskEventBuffer(address="driver", node_id="n", worker_id="w", endpoint=endpoint,
+                             gcs_address="gcs", config=config)
+
+    async def main():
+        monkeypatch.setattr(trio, "sleep", counting_sleep)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(buffer.run)
+            await real_sleep(100.0)
+            assert sleeps == [] and endpoint.sent == []  # idle: no wake-up at all
+            buffer.task_state(_Spec(1), "PENDING_ARGS_AVAIL")
+            buffer.task_state(_Spec(2), "PENDING_ARGS_AVAIL")
+            await real_sleep(0.5)
+            buffer.task_state(_Spec(3), "PENDING_ARGS_AVAIL")  # joins the same batch
+            await real_sleep(10.0)
+            assert sleeps == [1.0]
+            assert [(t, ids) for t, _, ids in endpoint.sent] == \
+                [(101.0, [(bytes([i]) * 16).hex() for i in (1, 2, 3)])]
+            buffer.task_state(_Spec(4), "PENDING_ARGS_AVAIL")  # a new first record
+            await real_sleep(10.0)
+            assert len(sleeps) == 2 and len(endpoint.sent) == 2
+            assert endpoint.sent[1][0] == 111.5  # one period after record 4 (t=110.5)
+            nursery.cancel_scope.cancel()
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+def test_node_addresses_are_indexed_and_a_restarted_node_replaces_its_predecessor():
+    # The GCS's node table answers "is this address a node's?" (for each
+    # closed connection) and "who was at this address before?" (for each
+    # join) from an index, not a scan of every node.
+    tray.init(backend="sim", seed=2, num_nodes=3, num_cpus=1)
+    try:
+        cluster = current_cluster()
+        table = cluster.processes[cluster.gcs_address].component.node_table
+        assert set(table.addresses()) == {f"n{i}/raylet" for i in range(3)}
+        first = {node_id for node_id, node in table.nodes.items() if node.address == "n1/raylet"}
+        cluster.kill_node(next(iter(first)), restart_after_s=0.5)
+        cluster.advance(5.0)
+        table = cluster.processes[cluster.gcs_address].component.node_table
+        table.validate_state()  # every node indexed under its address
+        at_n1 = {node_id: node.alive for node_id, node in table.nodes.items()
+                 if node.address == "n1/raylet"}
+        assert len(at_n1) == 2 and sum(at_n1.values()) == 1, at_n1
+        assert not any(at_n1[node_id] for node_id in first)  # the predecessor is dead
+        assert set(table.addresses()) == {f"n{i}/raylet" for i in range(3)}
+        assert tray.get(_one.remote()) == 1
+    finally:
+        tray.shutdown()
+
+
+@tray.remote
+def _one():
+    return 1
+
+
+def test_a_node_forgets_its_oldest_dead_workers(monkeypatch):
+    # Actors that come and go left one row per dead worker for good; a node
+    # keeps the last DEAD_WORKERS_KEPT (the state API shows why they died).
+    from tray.core.node import worker_pool
+
+    monkeypatch.setattr(worker_pool, "DEAD_WORKERS_KEPT", 5)
+    tray.init(backend="sim", seed=4, num_nodes=1, num_cpus=2)
+    try:
+        for _ in range(3):
+            actors = [Counter.remote() for _ in range(4)]
+            assert tray.get([a.add.remote() for a in actors]) == [1] * 4
+            for actor in actors:
+                tray.kill(actor)
+            current_cluster().advance(1.0)
+        pool = current_cluster().processes["n0/raylet"].component.pool
+        pool.validate_state()
+        dead = [w for w in pool.workers.values() if w.state == "dead"]
+        assert len(dead) == 5, len(dead)
+        assert pool.started >= 12  # twelve actors, each a worker of its own
+        assert tray.get(Counter.remote().add.remote()) == 1
+    finally:
+        tray.shutdown()
