@@ -201,6 +201,20 @@ def test_task_error_cause_and_message(cluster):
     assert 'raise MyError(f"boom {x}")' in text, text
 
 
+def test_pickled_code_keeps_its_file_name():
+    # cloudpickle 3.1.3 writes "<dynamic-code>" for every code object's file;
+    # tray's pickler keeps the real one, so remote tracebacks name the user's
+    # file (the test above failed on a fresh machine without it).
+    from tray.core import serialization
+
+    def local(x):
+        return x + 1
+
+    loaded = pickle.loads(serialization.dumps(local))
+    assert loaded(1) == 2
+    assert loaded.__code__.co_filename == __file__
+
+
 def test_task_error_catchable_by_builtin_base(cluster):
     # `except ValueError` in the caller catches a ValueError subclass raised remotely.
     with pytest.raises(ValueError) as info:

@@ -22,7 +22,6 @@ import os
 import sys
 from collections.abc import Mapping
 
-import cloudpickle
 import greenback
 import trio
 import trio._core._run as _trio_run
@@ -32,6 +31,7 @@ from .context import _global_state, current_task, current_worker, get_worker
 from .ids import JobID
 from .object_ref import ObjectRef
 from .scheduling import Strategy
+from .serialization import dumps as _dumps
 from .worker.function_table import function_id_of
 
 logger = logging.getLogger("tray")
@@ -369,7 +369,7 @@ class _Export:
 
     def get(self) -> tuple[str, bytes]:
         if self._blob is None:
-            blob = cloudpickle.dumps(self.target)
+            blob = _dumps(self.target)
             _check_pickled_size(blob, self.kind, getattr(self.target, "__qualname__",
                                                          repr(self.target)))
             self._blob = blob

@@ -13,10 +13,14 @@ unpickles them becomes a borrower (see ``worker/reference_counter``)."""
 from __future__ import annotations
 
 import contextvars
+import io
 import pickle
+import types
+from collections import ChainMap
 from dataclasses import dataclass, field
 
 import cloudpickle
+from cloudpickle import cloudpickle as _cloudpickle_internals
 
 _serialization_context: contextvars.ContextVar = contextvars.ContextVar("tray_serialization")
 
@@ -46,6 +50,31 @@ class SerializedObject:
         )
 
 
+_DYNAMIC_CODE = "<dynamic-code>"
+
+
+def _code_reduce_keeping_filename(code: types.CodeType):
+    """cloudpickle's reducer for code objects, but keeping the file name:
+    cloudpickle 3.1.3 and newer write ``<dynamic-code>`` instead (a payload
+    independent of where the code lives), and a remote traceback should name
+    the user's file, as Ray's does."""
+    constructor, args = _cloudpickle_internals._code_reduce(code)
+    return constructor, tuple(code.co_filename if isinstance(arg, str) and arg == _DYNAMIC_CODE
+                              else arg for arg in args)
+
+
+class _Pickler(cloudpickle.Pickler):
+    dispatch_table = ChainMap({types.CodeType: _code_reduce_keeping_filename},
+                              cloudpickle.Pickler.dispatch_table)
+
+
+def dumps(value, protocol: int = 5, buffer_callback=None) -> bytes:
+    """``cloudpickle.dumps`` whose code objects keep their file names."""
+    with io.BytesIO() as file:
+        _Pickler(file, protocol=protocol, buffer_callback=buffer_callback).dump(value)
+        return file.getvalue()
+
+
 class SerializationContext:
     def __init__(self) -> None:
         self.contained: list[tuple[bytes, str]] = []
@@ -57,7 +86,7 @@ def serialize(value) -> SerializedObject:
     token = _serialization_context.set(context)
     buffers: list = []
     try:
-        data = cloudpickle.dumps(value, protocol=5, buffer_callback=buffers.append)
+        data = dumps(value, protocol=5, buffer_callback=buffers.append)
     except Exception as error:
         raise TypeError(
             f"Could not serialize {_describe(value)}: {type(error).__name__}: {error}. "
