@@ -73,6 +73,19 @@ PINNED = [
     # ref freed. A failed call whose copy is at a live actor that has not
     # answered keeps its arguments until that incarnation ends or answers.
     (168, "objects", "a cut-off actor call's argument freed under the actor"),
+    # The sweep of 0:10000 (2026-11-23, at 80f9b21). An actor restarted with
+    # calls re-sent to it: #5 had been answered by the first incarnation,
+    # #4 and #6 went to the second with floor 4, and once #4 ran there the
+    # caller sent no floor (a call answered needs none, it assumed: the
+    # actor ran it and moved past it), so #6 waited for #5 forever. The
+    # caller now tracks the floor it told each incarnation.
+    (1261, "mixed", "a restarted actor waited for a call its predecessor answered"),
+    (8114, "mixed", "a restarted actor waited for a call its predecessor answered"),
+    # The checker: attempt 0 of a flaky task raised, attempt 1's worker died
+    # before it began, and attempt 2 ran; the run after attempt 0 was taken
+    # for a re-execution with no cause, as the excuse (attempt 1's) was
+    # looked up for attempt 2 only.
+    (9811, "mixed", "the checker: an excused retry that never began"),
 ]
 
 
@@ -93,6 +106,15 @@ PINNED_CHAOS = [
     # then got), and the node freed the driver's objects. A process that
     # listens while only the handshakes with it break is reachable now.
     (3970, "mixed", "a live owner taken for dead after handshakes broke"),
+    # The sweep of 4000:10000 (2026-11-23). 9399: as 1261 above (a restarted
+    # actor waited for a call its predecessor answered). 6829: the GCS asked
+    # a dead node's address for an actor's lease, a new node there granted
+    # it, and the actor was recorded alive on the dead node (declared dead
+    # just before), so nothing restarted it when its real node died later
+    # and its calls waited forever. The GCS records the granting node, and
+    # creates again an actor whose node died before its creation began.
+    (9399, "mixed", "a restarted actor waited for a call its predecessor answered"),
+    (6829, "mixed", "an actor recorded alive on a node declared dead"),
 ]
 
 

@@ -933,6 +933,13 @@ def unattributed_executions(cluster) -> list[str] | None:
                 continue
             if (task, next_attempt) in excused and next_attempt != attempt:
                 continue
+            if isinstance(attempt, int) and isinstance(next_attempt, int) and any(
+                    (task, between) in excused for between in range(attempt + 1, next_attempt)):
+                # An attempt between the two was excused and never began (its
+                # worker died with the task on its way, say): this run is that
+                # retry's (default seed 9811: attempt 0 raised, attempt 1's
+                # worker died before it began, and attempt 2 ran).
+                continue
             suffix, nodes = where(component)
             full_ids = [worker for worker in worker_node if worker.endswith(suffix)]
             if any(span.start_s <= next_s and span.end_s >= start_s and

@@ -560,6 +560,11 @@ class ActorManager:
             if not isinstance(grant, LeaseGranted):
                 await trio.sleep(self._config.infeasible_retry_period_s)
                 continue
+            # The node that granted it: a newer node than ``target`` when one
+            # registered at its address meanwhile (simtest chaos seed 6829: an
+            # actor was recorded alive on the dead node it was meant for, so
+            # its real node's death never restarted it).
+            target = grant.node_id
             granting = (node.address, grant.lease_id)
             self.granting.add(granting)
             try:
@@ -578,6 +583,13 @@ class ActorManager:
                 self._set_dead(actor, "its constructor raised an exception", error)
                 await self._kill_worker(target, grant.worker_id)
                 return
+            granted_by = self._nodes.nodes.get(target)
+            if granted_by is None or not granted_by.alive:
+                # Its node was declared dead before the creation began (its
+                # death then cancelled nothing): create the actor again.
+                self._tracer.record("gcs", "actor_creation_lost", actor=actor_id)
+                self._nursery.start_soon(self._kill_worker, target, grant.worker_id)
+                continue
             incarnation = actor.incarnation + 1
             actor.state, actor.address, actor.worker_id = ALIVE, grant.worker_address, \
                 grant.worker_id

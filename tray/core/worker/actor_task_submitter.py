@@ -118,10 +118,11 @@ class ActorState:
     info: ActorInfo | None = None
     seen_incarnation: int = 0
     refresh: trio.Event | None = None
-    # The latest call that ended unanswered (-1: none), and the last floor
-    # sent: the actor may wait for such a call until a floor passes it.
-    abandoned_max: int = -1
-    floor_sent: int = 0
+    # The highest floor this process told the incarnation ``told_incarnation``
+    # (in a call or an ``actor_floor``): that incarnation may hold calls that
+    # wait for one below any higher floor.
+    told_incarnation: int = 0
+    floor_told: int = 0
     # Calls that failed here while a live actor may still run them: task id
     # -> UnsettledCall, whose argument holds wait for the call's fate there
     # (see the header). Not bounded by a number: releasing one early frees
@@ -134,6 +135,14 @@ class ActorState:
     def floor(self) -> int:
         """The lowest call still unfinished (``next_seq`` when none is)."""
         return next(iter(self.unfinished), self.next_seq)
+
+    def told(self, incarnation: int, floor: int) -> None:
+        """The floor ``floor`` went to that incarnation (a new incarnation
+        knows only what was sent to it)."""
+        if incarnation != self.told_incarnation:
+            self.told_incarnation, self.floor_told = incarnation, floor
+        else:
+            self.floor_told = max(self.floor_told, floor)
 
 
 @dataclass(frozen=True)
@@ -284,6 +293,7 @@ class ActorTaskSubmitter:
 
         if not connection.start_call("actor_call", spec, on_reply=on_reply):
             return False
+        state.told(info.incarnation, spec.floor)
         task.unanswered_incarnation = info.incarnation
         self._sent_at_once += 1
         self._task_manager.set_state(task, PENDING_NODE_ASSIGNMENT)
@@ -301,17 +311,17 @@ class ActorTaskSubmitter:
                 pass
             return
         self._answered(task, state)
-        answered = False
+        answered_by = None
         try:
             if ok:
                 self._task_manager.complete(task, value.results)
-                answered = True
+                answered_by = info.incarnation
             else:
                 self._task_manager.fail(task, value)  # the actor refused it
         except Exception as error:  # noqa: BLE001 - as in submit: this call fails, alone
             self._task_manager.fail(task, error)
-            answered = False
-        self._call_ended(task, state, answered)
+            answered_by = None
+        self._call_ended(task, state, answered_by)
 
     async def submit(self, task: PendingTask, state: ActorState,
                      cut_off_from: ActorInfo | None = None) -> None:
@@ -319,23 +329,23 @@ class ActorTaskSubmitter:
         outcome; any error on its way fails this call, never the process.
         ``cut_off_from``: the connection to that actor broke while the call
         was in flight (sent by ``send_now``)."""
-        answered = False
+        answered_by = None
         try:
-            answered = await self._submit(task, state, cut_off_from)
+            answered_by = await self._submit(task, state, cut_off_from)
         except Exception as error:  # noqa: BLE001 - the GCS unreachable, the actor refused it
             self._task_manager.fail(task, error)
         finally:
-            self._call_ended(task, state, answered)
+            self._call_ended(task, state, answered_by)
 
     async def _submit(self, task: PendingTask, state: ActorState,
-                      cut_off_from: ActorInfo | None) -> bool:
-        """Whether the actor answered the call (then it ran there)."""
+                      cut_off_from: ActorInfo | None) -> int | None:
+        """The incarnation that answered the call (it ran there), or None."""
         spec = task.spec
         if cut_off_from is None:
             failure = await self._resolver.resolve(task)
             if failure is not None:
                 self._task_manager.fail(task, failure)
-                return False
+                return None
         # (cancel() may end it while it waits; a broken connection is looked
         # into all the same: later calls must not go to a dead incarnation)
         while cut_off_from is not None or not task.done:
@@ -344,10 +354,11 @@ class ActorTaskSubmitter:
                 info = await self.actor_info(state)
                 if info.state == DEAD:
                     self._task_manager.fail(task, actor_died_error(info, spec.name))
-                    return False
+                    return None
                 if task.done:  # cancelled while it waited for the actor
-                    return False
+                    return None
                 spec.floor = state.floor()
+                state.told(info.incarnation, spec.floor)
                 self._task_manager.set_state(task, SUBMITTED_TO_WORKER)
                 self._sent_by_task += 1
                 task.unanswered_incarnation = info.incarnation
@@ -361,7 +372,7 @@ class ActorTaskSubmitter:
                 else:
                     self._answered(task, state)
                     self._task_manager.complete(task, reply.results)
-                    return True
+                    return info.incarnation
             info, cut_off_from = cut_off_from, None
             # Dead, or (when it still answers) only the connection broke:
             # then the actor lives on, and the call may or may not have run.
@@ -382,8 +393,8 @@ class ActorTaskSubmitter:
             else:
                 error = await self._actor_failure(state, spec)
             self._task_manager.fail(task, error)
-            return False
-        return False
+            return None
+        return None
 
     # ------------------------------------------------------ unsettled calls
 
@@ -446,25 +457,31 @@ class ActorTaskSubmitter:
         finally:
             state.watching = False
 
-    def _call_ended(self, task: PendingTask, state: ActorState, answered: bool) -> None:
-        """A call ended. One that never ran (or may not have) must not hold
-        up the calls after it at the actor: the floor (every call below it
-        ended) tells the actor to skip it — once no earlier call is still
-        pending, so also when the last call before it ends later, answered
-        (simtest chaos seed 559: call #4 failed while #0-#3 were in flight,
-        and the actor waited for #4 forever)."""
+    def _call_ended(self, task: PendingTask, state: ActorState,
+                    answered_by: int | None) -> None:
+        """A call ended (answered by incarnation ``answered_by``, or not
+        answered: None). Calls at the actor after one that never ran there
+        wait for it until a floor passes it, so the actor is told the new
+        floor whenever it passed what that incarnation knows — unless the
+        call ran at that very incarnation and the floor is just past it (the
+        actor moved past it by itself). That covers a call that never ran,
+        one whose earlier calls were still pending when it failed (simtest
+        chaos seed 559: call #4 failed while #0-#3 were in flight, and the
+        actor waited for #4 forever), and calls answered by an incarnation
+        that died since (default seeds 1261, 8114, chaos 9399: #5 ran at
+        incarnation 1, #4 and #6 were re-sent to incarnation 2 with floor 4,
+        and #6 waited there for #5 once #4 ran)."""
         seq = task.spec.seq
         state.unfinished.pop(seq, None)
-        if not answered:
-            state.abandoned_max = max(state.abandoned_max, seq)
-        elif state.abandoned_max < state.floor_sent:
-            return  # it ran: the actor moved past it, and waits for nothing skipped
         info = state.info
+        if info is None or info.state != ALIVE or not info.address:
+            return  # no live incarnation to tell: calls sent to the next carry the floor
         floor = state.floor()
-        if info is not None and info.state == ALIVE and info.address and \
-                (not answered or floor > state.floor_sent):
-            self._outbox.send_later(info.address, "actor_floor", self._address, floor)
-            state.floor_sent = max(state.floor_sent, floor)
+        known = state.floor_told if state.told_incarnation == info.incarnation else 0
+        if floor <= known or (answered_by == info.incarnation and floor <= seq + 1):
+            return
+        self._outbox.send_later(info.address, "actor_floor", self._address, floor)
+        state.told(info.incarnation, floor)
 
     async def kill_actor(self, actor_id: str, no_restart: bool) -> None:
         await self._gcs.call("kill_actor", actor_id, no_restart)
