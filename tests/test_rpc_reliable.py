@@ -10,7 +10,7 @@ import trio
 
 from tray.core.config import Config
 from tray.core.interfaces import NullTracer, ProcessEnv
-from tray.core.rpc import Endpoint
+from tray.core.rpc import Endpoint, PeerDisconnected
 from tray.transports.sim import SimNetwork
 
 
@@ -164,4 +164,50 @@ async def test_a_peer_that_stops_answering_keeps_its_messages_for_the_retention(
         await sender.notify_reliable("n1/receiver", "note", "dropped")
         await trio.sleep(0.8)
         assert sender.unacked_count() == 0 and sender.reliable_dropped == 1
+        nursery.cancel_scope.cancel()
+
+
+async def test_call_reliable_returns_once_handled_and_survives_resets_without_repeats():
+    # A borrower's registration with an owner (ReferenceCounter._register_borrows):
+    # a reset on its way once made the borrower take the live owner for dead,
+    # unregistered (the owner could free what it borrowed); a plain re-send
+    # could apply it twice (a leak). Each call returns only after its handler
+    # ran, and every message is handled exactly once.
+    network = SimNetwork(random.Random(6), NullTracer())
+    handled: list = []
+    returned: list = []
+    async with trio.open_nursery() as nursery:
+        sender, _ = await _pair(nursery, network, handled)
+
+        async def one(n: int) -> None:
+            await sender.call_reliable("n1/receiver", "note", n)
+            assert n in handled, n  # handled before the call returned
+            returned.append(n)
+
+        with trio.fail_after(30):
+            async with trio.open_nursery() as calls:
+                for n in range(30):
+                    calls.start_soon(one, n)
+                    await trio.sleep(0)
+                    if n in (3, 17):
+                        network.reset("n1")  # both ends see their streams break
+        nursery.cancel_scope.cancel()
+    assert sorted(handled) == list(range(30)) and len(handled) == 30
+    assert sorted(returned) == list(range(30))
+    assert sender.unacked_count() == 0 and not sender._ack_waiters
+
+
+async def test_call_reliable_to_nobody_fails_at_once_and_keeps_nothing():
+    network = SimNetwork(random.Random(7), NullTracer())
+    async with trio.open_nursery() as nursery:
+        sender = Endpoint(_env(network, "n0/sender", 1), {}, nursery)
+        await sender.serve()
+        with trio.fail_after(0.5):  # not RELIABLE_RECHECK_S, nor the retention
+            try:
+                await sender.call_reliable("n1/receiver", "note", 1)
+            except PeerDisconnected:
+                pass
+            else:
+                raise AssertionError("a call to an address nobody listens at returned")
+        assert sender.unacked_count() == 0 and not sender._ack_waiters
         nursery.cancel_scope.cancel()

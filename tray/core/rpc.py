@@ -35,6 +35,10 @@ answering may only be cut off (a partition), so what waits for it is kept
 for ``reliable_retention_s`` and dropped after that, or at once when its
 machine is declared dead (``drop``). At most ``reliable_unacked_max`` wait per
 destination; beyond that the oldest go, with an error logged.
+``call_reliable`` sends one such message and waits for its
+acknowledgement, which comes after the receiver's (plain) handler ran: a
+call that a reset neither loses nor runs twice, for what must be applied
+before the sender goes on (a borrower's registration with the owner).
 """
 
 from __future__ import annotations
@@ -58,6 +62,9 @@ RECEIVED_SENDERS_MAX = 65_536
 # How many times a connection is tried when it breaks before the peer's
 # welcome (a reset in the middle of a handshake is not a dead peer).
 HANDSHAKE_ATTEMPTS = 3
+# How often ``call_reliable`` asks whether a receiver that has not
+# acknowledged its message still listens (a dead one never will).
+RELIABLE_RECHECK_S = 1.0
 
 
 class PeerDisconnected(ConnectionClosed):
@@ -338,6 +345,9 @@ class Endpoint:
         self._peer_sessions: dict[str, int] = {}  # destination -> its session, last seen
         self._unreachable_since: dict[str, float] = {}  # destination -> when found gone
         self.reliable_dropped = 0  # messages dropped: the limit, or a replaced receiver
+        # seq -> [acknowledged?, event] of the messages ``call_reliable``
+        # waits on (each is in an ``_unacked`` queue, so as bounded).
+        self._ack_waiters: dict[int, list] = {}
 
     def add_peer_closed_listener(self, listener: Callable[[str], None]) -> None:
         """Call ``listener(address)`` when a peer process is gone for good
@@ -402,6 +412,7 @@ class Endpoint:
         """A peer is gone for good: what waits to be sent to it never will be."""
         queue = self._unacked.pop(peer, None)
         self.reliable_dropped += len(queue or ())
+        self._settle_waiters(queue or (), acknowledged=False)
         self._peer_sessions.pop(peer, None)
         self._unreachable_since.pop(peer, None)
 
@@ -438,6 +449,9 @@ class Endpoint:
                 if queue:
                     kept = deque(entry for entry in queue if entry[3] in (None, session))
                     self.reliable_dropped += len(queue) - len(kept)
+                    self._settle_waiters((entry for entry in queue
+                                          if entry[3] not in (None, session)),
+                                         acknowledged=False)
                     self._unacked[address] = kept
             self._peer_sessions[address] = session
             connection = Connection(stream, self.handlers, self.nursery, address,
@@ -494,16 +508,7 @@ class Endpoint:
     async def notify_reliable(self, address: str, method: str, *args) -> None:
         """Send a one-way message that survives broken connections: it is
         sent again until acknowledged, and handled once (see the header)."""
-        self._reliable_seq += 1
-        seq = self._reliable_seq
-        queue = self._unacked.setdefault(address, deque())
-        # For the process last seen at the address (None: none seen yet).
-        queue.append((seq, method, args, self._peer_sessions.get(address)))
-        if len(queue) > self.env.config.reliable_unacked_max:
-            _, lost, _, _ = queue.popleft()
-            self.reliable_dropped += 1
-            logger.error("dropped a %s message to %s: %d are waiting for it to answer",
-                         lost, address, len(queue))
+        self._queue_reliable(address, method, args)
         try:
             connection = await self.connect(address)
         except PeerDisconnected:
@@ -511,6 +516,67 @@ class Endpoint:
         unacked = self._unacked.get(address)
         if unacked:
             await connection.send_reliable(unacked)
+
+    def _queue_reliable(self, address: str, method: str, args: tuple) -> int:
+        self._reliable_seq += 1
+        seq = self._reliable_seq
+        queue = self._unacked.setdefault(address, deque())
+        # For the process last seen at the address (None: none seen yet).
+        queue.append((seq, method, args, self._peer_sessions.get(address)))
+        if len(queue) > self.env.config.reliable_unacked_max:
+            lost = queue.popleft()
+            self.reliable_dropped += 1
+            self._settle_waiters((lost,), acknowledged=False)
+            logger.error("dropped a %s message to %s: %d are waiting for it to answer",
+                         lost[1], address, len(queue))
+        return seq
+
+    async def call_reliable(self, address: str, method: str, *args) -> None:
+        """A reliable one-way message whose handler has run at the receiver
+        when this returns (its acknowledgement came back). A reset in
+        between neither loses it nor runs it twice: it is sent again on the
+        next connection and handled once. Raises PeerDisconnected when no
+        process listens at ``address`` (any more), or another one took its
+        place, before it was handled."""
+        seq = self._queue_reliable(address, method, args)
+        waiter = self._ack_waiters[seq] = [False, trio.Event()]
+        try:
+            while True:
+                try:
+                    connection = await self.connect(address)  # re-sends what is unacked
+                except HandshakeBroken:
+                    pass  # it listens: sent on the next connection that opens
+                except PeerDisconnected:
+                    self._unqueue(address, seq)
+                    raise
+                else:
+                    unacked = self._unacked.get(address)
+                    if unacked:
+                        await connection.send_reliable(unacked)
+                with trio.move_on_after(RELIABLE_RECHECK_S):
+                    await waiter[1].wait()
+                if waiter[1].is_set():
+                    if waiter[0]:
+                        return
+                    raise PeerDisconnected(address, method)
+        finally:
+            self._ack_waiters.pop(seq, None)
+
+    def _unqueue(self, address: str, seq: int) -> None:
+        queue = self._unacked.get(address)
+        if queue:
+            kept = deque(entry for entry in queue if entry[0] != seq)
+            if len(kept) != len(queue):
+                self._unacked[address] = kept
+
+    def _settle_waiters(self, entries, acknowledged: bool) -> None:
+        if not self._ack_waiters:
+            return
+        for entry in entries:
+            waiter = self._ack_waiters.get(entry[0])
+            if waiter is not None:
+                waiter[0] = acknowledged
+                waiter[1].set()
 
     def first_delivery(self, connection: Connection, seq: int) -> bool:
         """Is reliable message ``seq`` from this connection's peer new here?"""
@@ -527,7 +593,9 @@ class Endpoint:
     def acknowledged(self, address: str, seq: int) -> None:
         queue = self._unacked.get(address)
         while queue and queue[0][0] <= seq:
-            queue.popleft()
+            entry = queue.popleft()
+            if self._ack_waiters:
+                self._settle_waiters((entry,), acknowledged=True)
 
     def unacked_count(self) -> int:
         return sum(len(queue) for queue in self._unacked.values())

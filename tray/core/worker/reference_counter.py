@@ -418,9 +418,14 @@ class ReferenceCounter:
         self._outbox.send_later(owner, "add_borrower_oneway", object_id.binary(), self.address)
 
     async def _register_borrows(self, refs: list) -> None:
+        """Register this process as a borrower of each ref with its owner,
+        and return once every owner has (or has gone). Reliable: a reset on
+        the way neither loses a registration (the owner would free what is
+        borrowed) nor applies it twice (a leak)."""
         async def register(ref: ObjectRef) -> None:
             try:
-                await self._endpoint.call(ref._owner, "add_borrower", ref.binary(), self.address)
+                await self._endpoint.call_reliable(ref._owner, "add_borrower_oneway",
+                                                   ref.binary(), self.address)
             except PeerDisconnected:
                 pass  # the owner died: get() on this ref reports OwnerDiedError
         if len(refs) == 1:

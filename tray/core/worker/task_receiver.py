@@ -369,8 +369,9 @@ class TaskReceiver:
             if owner == self._address:
                 self._references.handle_add_borrower(None, oid_bytes, caller)
             else:
-                try:
-                    await self._endpoint.call(owner, "add_borrower", oid_bytes, caller)
+                try:  # (reliable: see ReferenceCounter._register_borrows)
+                    await self._endpoint.call_reliable(owner, "add_borrower_oneway", oid_bytes,
+                                                       caller)
                 except PeerDisconnected:
                     pass
         if serialized.size_bytes() <= self._config.inline_object_max_bytes:
