@@ -169,3 +169,42 @@ def test_the_actor_finds_its_earliest_waiter_and_forgets_below_a_floor():
         del queue.started[seq]
     assert len(queue._waiting_order) <= 2 * len(queue.waiters) + 65
     assert len(queue._started_order) <= 2 * len(queue.started) + 65
+
+
+def test_a_restarted_actor_is_told_the_floor_a_call_its_predecessor_answered_passed():
+    # Simtest mixed default 1261, 8114 and chaos 9399, directly: call #1 was
+    # answered by incarnation 1 (its re-sent copy got the kept reply) while
+    # #0 and #2 were re-sent to incarnation 2 with floor 0. Once #0 ran
+    # there, the floor is 2; incarnation 2 never saw #1, so it must be told,
+    # else #2 waits for #1 forever. (The caller used to skip a floor after
+    # an answered call: "the actor ran it and moved past it".)
+    from types import SimpleNamespace
+
+    from tray.core.messages import ALIVE, ActorInfo
+    from tray.core.worker.actor_task_submitter import ActorTaskSubmitter
+
+    sent = []
+    outbox = SimpleNamespace(send_later=lambda *message: sent.append(message))
+    submitter = ActorTaskSubmitter(
+        address="n0/driver", name="driver", endpoint=None, gcs=None, bridge=None,
+        outbox=outbox, tracer=None, task_manager=SimpleNamespace(), resolver=None,
+        functions=None, references=None)
+
+    def incarnation(n: int) -> ActorInfo:
+        return ActorInfo("a", ALIVE, f"n{n}/worker", "w", "node", None, "", n - 1, -1, None, n,
+                         "A", -1, False, {})
+
+    state = submitter.actor_state("a")
+    calls = [SimpleNamespace(spec=SimpleNamespace(seq=submitter.next_call(state)))
+             for _ in range(3)]
+    state.info = incarnation(1)
+    state.told(1, 0)  # the three calls went to incarnation 1 with floor 0
+    submitter._call_ended(calls[1], state, 1)
+    assert sent == []  # #0 is still unfinished: the floor is 0
+    state.info = incarnation(2)
+    state.told(2, 0)  # #0 and #2 re-sent there with floor 0
+    submitter._call_ended(calls[0], state, 2)
+    assert sent == [("n2/worker", "actor_floor", "n0/driver", 2)]
+    # In one incarnation, a call answered in order needs no floor message.
+    submitter._call_ended(calls[2], state, 2)
+    assert len(sent) == 1
