@@ -246,3 +246,46 @@ def test_gpu_ids_are_visible_to_cuda_in_the_worker():
         assert variable == str(ids[0])
     finally:
         tray.shutdown()
+
+
+def _get_from_the_other_node(size: int):
+    """A task on the second node puts an array and returns its ref; the
+    driver (on the first) gets it: a pull from one node's store into the
+    other's. Returns the value and the link counts of the store files."""
+    from tray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    info = tray.init(num_cpus=1, num_nodes=2)
+    try:
+        here = tray.get_runtime_context().get_node_id()
+        other = [node["NodeID"] for node in tray.nodes()
+                 if node["Alive"] and node["NodeID"] != here][0]
+
+        @tray.remote
+        def make(n):
+            return [tray.put(np.arange(n, dtype=np.float64))]
+
+        [ref] = tray.get(make.options(scheduling_strategy=NodeAffinitySchedulingStrategy(
+            other, soft=False)).remote(size // 8))
+        value = tray.get(ref)
+        shm = f"/dev/shm/tray-{os.path.basename(info['session_dir'])}"
+        links = sorted(os.stat(os.path.join(root, name)).st_nlink
+                       for root, _, names in os.walk(shm) for name in names
+                       if not name.startswith("."))
+        return value, links
+    finally:
+        tray.shutdown()
+
+
+def test_nodes_on_one_machine_share_an_object_without_copying_it():
+    value, links = _get_from_the_other_node(16 * 1024 * 1024)
+    assert np.array_equal(value, np.arange(2 * 1024 * 1024, dtype=np.float64))
+    assert not value.flags.writeable
+    # One file, linked into both nodes' stores: two names, one inode.
+    assert links == [2, 2], links
+
+
+def test_object_sharing_turned_off_copies_the_object_in_chunks(monkeypatch):
+    monkeypatch.setenv("TRAY_SHARE_OBJECTS_ON_MACHINE", "0")
+    value, links = _get_from_the_other_node(16 * 1024 * 1024)
+    assert np.array_equal(value, np.arange(2 * 1024 * 1024, dtype=np.float64))
+    assert links == [1, 1], links  # two copies

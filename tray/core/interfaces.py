@@ -101,6 +101,11 @@ class ObjectStore(Protocol):
 
     def used_bytes(self) -> int: ...
 
+    # Optional (the shared-memory store has them, the simulator's has not):
+    # a store whose ``machine_key`` is not None can take an object from
+    # another store on its machine without a copy, from what that store's
+    # ``share(object_id)`` returns, with ``adopt(object_id, shared) -> bool``.
+
 
 class Spawner(Protocol):
     """Starts and kills worker processes of one node."""

@@ -24,7 +24,16 @@ mapping of the file, served from the page cache). ObjectStoreFullError is
 raised only when nothing more can be spilled, or the object alone is larger
 than the store. The owner frees objects as soon as nobody references them,
 so what remains in the store is referenced: spilling, not eviction, is what
-makes room."""
+makes room.
+
+Nodes on one machine share objects instead of copying them: a pulling node
+whose store lives on the same tmpfs as the source's (``machine_key``: the
+kernel's boot id and the file system's device) hard-links the source's file
+into its own directory (``share`` / ``adopt``). An object is immutable and
+a file outlives every link but the last, so each node frees its own link as
+before; each directory counts the object's size (conservatively, as two
+copies). Across machines, or where linking fails, the node manager reads
+the object in chunks."""
 
 from __future__ import annotations
 
@@ -47,6 +56,21 @@ def _aligned(offset: int) -> int:
     return (offset + ALIGN - 1) // ALIGN * ALIGN
 
 
+def _machine_key(directory: str) -> str | None:
+    """Stores with the same key are on one machine and one file system, so a
+    file of one can be linked into the other; None where this kernel does
+    not say which boot it is, or ``TRAY_SHARE_OBJECTS_ON_MACHINE=0`` (then
+    nothing is shared: every pull copies, as across machines)."""
+    if os.environ.get("TRAY_SHARE_OBJECTS_ON_MACHINE", "1") == "0":
+        return None
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as file:
+            boot = file.read().strip()
+        return f"{boot}:{os.stat(directory).st_dev}"
+    except OSError:
+        return None
+
+
 class ShmObjectStore:
     def __init__(self, directory: str, capacity_bytes: int, spill_directory: str | None = None
                  ) -> None:
@@ -57,6 +81,8 @@ class ShmObjectStore:
         if spill_directory:
             os.makedirs(spill_directory, exist_ok=True)
         self.spilled_objects = 0
+        self.machine_key = _machine_key(directory)
+        self.objects_adopted = 0  # objects shared by another node's store on this machine
         # The directory's size at the last sum plus this process's puts since.
         self._used_estimate = 0
         self._summed_at = -float("inf")  # time.monotonic() of the last sum
@@ -158,6 +184,42 @@ class ShmObjectStore:
             os.close(fd)
         os.rename(temporary, path)
 
+    def share(self, object_id: bytes) -> tuple | None:
+        """What another store on this machine needs to ``adopt`` the object
+        (None: not here, or spilled to disk, which is another file system)."""
+        path = self._path(object_id)
+        if self.machine_key is None or not os.path.exists(path):
+            return None
+        return self.machine_key, path
+
+    def adopt(self, object_id: bytes, shared: tuple) -> bool:
+        """Make the object ``share`` described (in another store) one of
+        this store's by linking its file: no copy. False where that cannot
+        be done (another machine, the source freed or spilled it meanwhile):
+        the caller copies it instead."""
+        key, source = shared
+        if self.machine_key is None or key != self.machine_key:
+            return False
+        if self.contains(object_id):
+            return True
+        try:
+            size = os.stat(source).st_size
+        except OSError:
+            return False
+        self._make_room(size)
+        temporary = os.path.join(self.directory, f".{object_id.hex()}.{os.getpid()}.tmp")
+        try:
+            os.link(source, temporary)
+            os.rename(temporary, self._path(object_id))
+        except OSError:
+            try:
+                os.unlink(temporary)
+            except OSError:
+                pass
+            return False
+        self.objects_adopted += 1
+        return True
+
     def get(self, object_id: bytes):
         fd = self._open(object_id)
         if fd is None:
@@ -227,4 +289,5 @@ class ShmObjectStore:
 
     def statistics(self) -> dict:
         return {"used_bytes": self.used_bytes(), "capacity_bytes": self.capacity_bytes,
-                "spilled_objects": self.spilled_objects}
+                "spilled_objects": self.spilled_objects,
+                "objects_adopted": self.objects_adopted}

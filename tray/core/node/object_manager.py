@@ -8,7 +8,10 @@ stores it locally and tells the owner of the new copy (the owner frees every
 copy, so it must know of each: that message is a call, re-sent after a
 broken connection until the owner answers or is gone, since a copy the owner
 never hears of would never be freed). Concurrent pulls of one object share
-one transfer.
+one transfer. Where both stores are on one machine (the store's
+``machine_key``: several nodes of a local cluster), the source's store
+shares the object and this one adopts it (a hard link in shared memory):
+no chunk is read.
 
 Objects leave a store when their owner frees them (``free_objects``) or
 when their owner dies (``owner_died``: nobody else could free them). And,
@@ -135,6 +138,11 @@ class ObjectManager:
                 for node_id, address in sorted(locations):
                     if node_id == self._node_id:
                         continue
+                    if await self._adopt_from(address, object_id):
+                        self._tracer.record(self._trace_name, "object_pulled",
+                                            object=object_id, source=node_id, shared=True)
+                        self._nursery.start_soon(self._tell_owner, owner, object_id)
+                        break
                     blob = await self._read_remote_again(address, object_id)
                     if blob is not None:
                         data, buffers = unpack_object(blob)
@@ -150,6 +158,25 @@ class ObjectManager:
                 del self._pulls[object_id]
                 event.set()
         return True
+
+    async def _adopt_from(self, address: str, object_id: bytes) -> bool:
+        """Take the object from a store on this machine without a copy
+        (False: not on this machine, or not shared; the chunks go then)."""
+        if getattr(self.store, "machine_key", None) is None:
+            return False
+        try:
+            shared = await self._endpoint.call(address, "share_object", object_id,
+                                               self.store.machine_key)
+        except PeerDisconnected:
+            return False  # the chunked read finds out whether it lives
+        return shared is not None and self.store.adopt(object_id, shared)
+
+    def handle_share_object(self, conn, object_id: bytes, machine_key: str):
+        """What a store on the same machine needs to adopt the object, or
+        None (another machine, or not here in shared memory)."""
+        if getattr(self.store, "machine_key", None) != machine_key:
+            return None
+        return self.store.share(object_id)
 
     async def _tell_owner(self, owner: str, object_id: bytes) -> None:
         while True:
