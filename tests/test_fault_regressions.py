@@ -329,6 +329,49 @@ def test_an_idle_worker_that_owns_objects_is_not_reaped():
         tray.shutdown()
 
 
+def test_an_idle_worker_that_owns_objects_is_not_stopped_to_make_room_at_the_cap():
+    # At workers_per_node_max, a task of another kind (here another
+    # runtime_env) used to stop the oldest idle worker whatever it owned; one
+    # that put objects the driver still reads took them with it
+    # (OwnerDiedError). Now idle workers are asked, as reaping asks them: the
+    # owner refuses, and the one that owns nothing goes.
+    import tray
+    from tray.core.config import Config
+    from tray.simtest import cluster as current_cluster
+
+    @tray.remote
+    def make():
+        return [tray.put("kept")], tray.get_runtime_context().get_worker_id()
+
+    @tray.remote
+    def plain():
+        import time
+        time.sleep(0.5)  # (virtual) while make's worker runs: two workers
+        return tray.get_runtime_context().get_worker_id()
+
+    @tray.remote
+    def tagged():
+        import os
+        return os.environ.get("MAKE_ROOM_TAG")
+
+    tray.init(backend="sim", seed=3, num_nodes=1, num_cpus=2,
+              config=Config(workers_per_node_max=2))
+    try:
+        pool = current_cluster().processes["n0/raylet"].component.pool
+        # The oldest idle worker owns "kept"; the other owns nothing.
+        made, slept = make.remote(), plain.remote()
+        ([kept], owner), other = tray.get(made), tray.get(slept)
+        assert other != owner
+        assert pool.live_count() == 2
+        env = {"env_vars": {"MAKE_ROOM_TAG": "x"}}
+        assert tray.get(tagged.options(runtime_env=env).remote(), timeout=60) == "x"
+        assert pool.workers[owner].state == "idle"
+        assert pool.workers[other].state == "dead"
+        assert tray.get(kept, timeout=10) == "kept"
+    finally:
+        tray.shutdown()
+
+
 def test_children_a_plain_cancel_leaves_running_end_before_quiescence():
     # cancel seed 236 under chaos: a parent cancelled with recursive=False
     # leaves its children running (as Ray's cancel does); three 5 s children

@@ -259,21 +259,18 @@ class WorkerPool:
                         f"({self.failed_worker_starts} in a row; last: "
                         f"{self.last_start_failure})")
                 if not self._starting:
-                    if self.live_count() >= self._config.workers_per_node_max and self.idle:
-                        # Only idle workers of another kind (GPU or not, or
-                        # another runtime_env): one makes room for this kind.
-                        unfit = self.workers[self.idle[0]]
-                        self._spawner.kill_worker(unfit.worker_id)
-                        self.worker_died(unfit, "idle, of another kind (GPU or CPU-only, or "
-                                                "another runtime_env)")
+                    if self.live_count() >= self._config.workers_per_node_max and self.idle \
+                            and await self._make_room():
+                        continue  # (the world moved while the workers were asked)
                     if self.live_count() < self._config.workers_per_node_max:
                         self.start_worker(runtime_env_hash, env_vars)
                     elif not warned:
                         warned = True
                         logger.warning(
                             "node %s has %d workers, its maximum (workers_per_node_max): a "
-                            "task or actor waits for one of them to be free", self._node_id,
-                            self.live_count())
+                            "task or actor waits for one of them to be free (idle workers of "
+                            "another kind are stopped only if they own no objects or actors)",
+                            self._node_id, self.live_count())
                         self._tracer.record(self._trace_name, "worker_cap_reached",
                                             workers=self.live_count())
                 waiter = (fits, trio.Event())
@@ -287,6 +284,32 @@ class WorkerPool:
             # time, and the one that started last was this caller's).
             if self._waiters and not self._starting:
                 self._wake(self._waiters[0])
+
+    async def _make_room(self) -> bool:
+        """At the cap, with only idle workers of another kind (GPU or not,
+        or another runtime_env): ask them, oldest first, to exit, as
+        reaping does (``_ask_to_exit``: one that owns objects or actors
+        refuses, for they would die with it), and stop the first that
+        agrees. False when none did (then the caller waits for a worker)."""
+        for worker_id in list(self.idle):
+            worker = self.workers.get(worker_id)
+            if worker is None or worker_id in self._asked_to_exit:
+                continue
+            since = self.idle_since.get(worker_id)
+            self._asked_to_exit.add(worker_id)
+            try:
+                may_exit = await self._endpoint.call(worker.address, "exit_if_idle")
+            except Exception as error:  # noqa: BLE001 - as in _ask_to_exit
+                may_exit = not isinstance(error, PeerDisconnected)
+            finally:
+                self._asked_to_exit.discard(worker_id)
+            if may_exit and worker.state == "idle" and worker_id in self.idle and \
+                    self.idle_since.get(worker_id) == since:
+                self._spawner.kill_worker(worker_id)
+                self.worker_died(worker, "idle, of another kind (GPU or CPU-only, or another "
+                                         "runtime_env), to make room")
+                return True
+        return False
 
     def put_back(self, worker: WorkerInfo) -> None:
         """An idle worker taken for a lease that was not granted after all."""
