@@ -11,6 +11,7 @@ import math
 import operator
 import os
 import random
+import sys
 import threading
 import time
 import traceback
@@ -57,17 +58,19 @@ _active: dict = {"cluster": None, "last": None}
 # starts; the tasks it spawns inherit it), for validating only what changed.
 _current_process: contextvars.ContextVar = contextvars.ContextVar("tray_sim_process",
                                                                   default=None)
-# When this process first starts a simulated cluster that checks
-# invariants (simtest's sweeps: a cluster per seed), the objects alive then
-# (modules, classes, the program's own state) are moved out of the cyclic
-# collector's sight once (gc.freeze): every deterministic gc.collect() of a
-# run (at start, every GC_EVERY_TICKS, simtest's quiescence) then walks only
-# what the simulations allocated: ~2 ms instead of ~40-80 ms with numpy,
-# trio and all of tray imported. The cost: a cycle among those first objects
+# When this process starts a simulated cluster that checks invariants
+# (simtest's sweeps: a cluster per seed) with modules imported since it last
+# did (the first time; and after a seed imported a library lazily: pandas,
+# pyarrow, torch), the objects alive then (modules, classes, the program's
+# own state) are moved out of the cyclic collector's sight (gc.freeze):
+# every deterministic gc.collect() of a run (at start, every GC_EVERY_TICKS,
+# simtest's quiescence) then walks only what the simulations allocated:
+# ~2 ms instead of ~40-80 ms with numpy, trio and all of tray imported, and
+# ~100 ms with pandas and pyarrow. The cost: a cycle among those objects
 # that becomes garbage later is never collected (refcounting still frees
-# everything else), a bounded, one-time set; a plain tray.init(backend="sim")
-# program does not pay it.
-_heap_frozen = {"done": False}
+# everything else), a set bounded by the imports; a plain
+# tray.init(backend="sim") program does not pay it.
+_heap_frozen = {"modules": 0}
 
 
 class SimulationInvariantError(TrayError):
@@ -548,8 +551,8 @@ class SimCluster:
         _install_patches()
         self._gc_was_enabled = gc.isenabled()
         gc.collect()
-        if self.validate_every_steps and not _heap_frozen["done"]:
-            _heap_frozen["done"] = True
+        if self.validate_every_steps and len(sys.modules) != _heap_frozen["modules"]:
+            _heap_frozen["modules"] = len(sys.modules)
             gc.freeze()
         gc.disable()
         self._ticks = 0
