@@ -83,6 +83,10 @@ class Config:
     task_events_flush_period_s: float = 1.0
     task_events_buffer_max: int = 100_000
     task_events_gcs_max: int = 100_000
+    # tray.experimental.internal_kv: keys the GCS keeps for users, and the
+    # largest value it takes.
+    user_kv_keys_max: int = 100_000
+    user_kv_value_bytes_max: int = 64 * 1024 * 1024
 
 
 DEFAULT_CONFIG = Config()

@@ -53,7 +53,7 @@ class GcsServer:
             placement_groups=self.placement_groups)
         self.node_table.on_node_dead = self._node_dead
         self.placement_groups.on_removed = self.actor_manager.placement_group_removed
-        self.kv = KvStore(env.storage, env.tracer)
+        self.kv = KvStore(env.storage, env.tracer, env.config)
         # What the cluster waits for, for the autoscaler (demand.py).
         self.demand = DemandTable(nodes=self.node_table, actors=self.actor_manager,
                                   placement_groups=self.placement_groups, tracer=env.tracer)

@@ -19,12 +19,23 @@ from __future__ import annotations
 
 T_KV, T_JOBS, T_JOB_SUBMISSIONS = "kv", "jobs", "job_submissions"
 T_JOBS_ENDED = "jobs_ended"  # job number -> b"" once its driver went away
+# Users' keys (``tray.experimental.internal_kv``, Ray's internal KV: Serve
+# keeps its controller's checkpoint there): "<namespace hex>:<key hex>" ->
+# value, apart from the internal table so that listing a prefix never
+# reads a function blob.
+T_USER_KV = "user_kv"
+
+
+def _user_key(namespace: bytes, key: bytes) -> str:
+    return f"{namespace.hex()}:{key.hex()}"
 
 
 class KvStore:
-    def __init__(self, storage, tracer) -> None:
+    def __init__(self, storage, tracer, config=None) -> None:
         self._storage = storage
         self._tracer = tracer
+        self._config = config
+        self._user_keys = len(storage.scan(T_USER_KV))  # the user_kv_keys_max count
         # Driver address -> the keys of its jobs that have not ended: every
         # connection that closes (a worker's too) asks, and scanning the job
         # table each time cost O(jobs) per close. Rebuilt from storage on a
@@ -71,6 +82,51 @@ class KvStore:
 
     def handle_kv_del(self, conn, key: str) -> None:
         self._storage.delete(T_KV, key)
+
+    # ------------------------------------------------------------ user keys
+
+    def handle_user_kv_put(self, conn, namespace: bytes, key: bytes, value: bytes,
+                           overwrite: bool) -> bool:
+        """Whether the key existed already (then it keeps its value unless
+        ``overwrite``). Beyond ``user_kv_keys_max`` keys or
+        ``user_kv_value_bytes_max`` a value, the put fails (ValueError)."""
+        if self._config is not None and len(value) > self._config.user_kv_value_bytes_max:
+            raise ValueError(f"an internal_kv value of {len(value)} bytes is larger than "
+                             f"user_kv_value_bytes_max ({self._config.user_kv_value_bytes_max})")
+        name = _user_key(namespace, key)
+        existed = self._storage.get(T_USER_KV, name) is not None
+        if existed and not overwrite:
+            return True
+        if not existed:
+            if self._config is not None and \
+                    self._user_keys >= self._config.user_kv_keys_max:
+                raise ValueError(f"the internal_kv holds {self._user_keys} keys, its limit "
+                                 "(user_kv_keys_max): delete some first")
+            self._user_keys += 1
+        self._storage.put(T_USER_KV, name, value)
+        return existed
+
+    def handle_user_kv_get(self, conn, namespace: bytes, key: bytes) -> bytes | None:
+        return self._storage.get(T_USER_KV, _user_key(namespace, key))
+
+    def handle_user_kv_keys(self, conn, namespace: bytes, prefix: bytes) -> list[bytes]:
+        """The keys of ``namespace`` that start with ``prefix``, sorted."""
+        start = _user_key(namespace, prefix)
+        return [bytes.fromhex(name.split(":", 1)[1])
+                for name, _ in self._storage.scan(T_USER_KV) if name.startswith(start)]
+
+    def handle_user_kv_del(self, conn, namespace: bytes, key: bytes, by_prefix: bool) -> int:
+        """How many keys went."""
+        names = [_user_key(namespace, found) for found in
+                 self.handle_user_kv_keys(conn, namespace, key)] if by_prefix else \
+            [_user_key(namespace, key)]
+        deleted = 0
+        for name in names:
+            if self._storage.get(T_USER_KV, name) is not None:
+                self._storage.delete(T_USER_KV, name)
+                deleted += 1
+        self._user_keys -= deleted
+        return deleted
 
     # ------------------------------------------------------ submitted jobs
 

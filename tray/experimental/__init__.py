@@ -1,0 +1,1 @@
+"""Ray's ``ray.experimental`` names that tray offers (``internal_kv``)."""
