@@ -7,6 +7,7 @@ goes away."""
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import logging
 import math
@@ -176,6 +177,7 @@ def main(argv: list[str] | None = None) -> None:
     time.sleep = _sleep
     driver_path = json.loads(os.environ.get("TRAY_DRIVER_SYS_PATH", "[]"))
     sys.path[:0] = [entry for entry in driver_path if entry not in sys.path]
+    gc.freeze()  # the imports, out of the collector's sight (as the zygote's forks)
     trio.run(run_worker, args)
 
 

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import atexit
 import collections
+import gc
 import logging
 import os
 import pickle
@@ -152,6 +153,13 @@ def prefork() -> tuple[socket.socket, ZygoteProcess] | None:
     no fork (workers then start fresh)."""
     from . import worker  # noqa: F401 - imported once, shared with every fork
 
+    # What the imports made is out of the cyclic collector's sight from
+    # here on, in the node, its zygote and every worker forked from it: a
+    # full collection walks only what the process made since (tens of
+    # thousands fewer objects: fewer milliseconds-long pauses on the task
+    # path), and never writes to those objects' pages, which the forks
+    # then keep sharing (Python's advice for fork servers).
+    gc.freeze()
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     sys.stdout.flush()
     sys.stderr.flush()
