@@ -189,3 +189,56 @@ def test_a_method_may_only_name_a_declared_group(one_node):
     actor = Grouped.remote()
     with pytest.raises(tray.exceptions.ActorError, match="no concurrency group 'gpu'"):
         tray.get(actor.io.options(concurrency_group="gpu").remote())
+
+
+@tray.remote
+def _seven():
+    return 7
+
+
+@tray.remote
+class _Blocking:
+    def __init__(self):
+        self.ticks = 0
+
+    async def blocking_get(self):
+        # Ray allows blocking calls in async methods (with a warning): a
+        # get, a submission and the internal key-value store, from the
+        # method's own code.
+        from tray.experimental import internal_kv
+
+        internal_kv._internal_kv_put("blocking", b"kv")
+        return tray.get(_seven.remote()), internal_kv._internal_kv_get("blocking")
+
+    async def ticker(self):
+        for _ in range(20):
+            self.ticks += 1
+            await asyncio.sleep(0.01)
+
+    async def get_while_ticking(self, seconds):
+        @tray.remote
+        def slow(s):
+            import time
+            time.sleep(s)
+            return "done"
+
+        before = self.ticks
+        value = tray.get(slow.remote(seconds))
+        return value, self.ticks - before
+
+
+def test_a_blocking_get_inside_an_async_method_works(one_node):
+    # It failed with greenback's "You must create a greenback portal" error.
+    actor = _Blocking.remote()
+    assert tray.get(actor.blocking_get.remote(), timeout=60) == (7, b"kv")
+
+
+def test_a_blocking_get_suspends_only_its_own_method(one_node):
+    # tray suspends the method's asyncio task (Ray blocks the actor's whole
+    # event loop): the actor's other calls go on meanwhile.
+    actor = _Blocking.remote()
+    ticking = actor.ticker.remote()
+    value, ticked = tray.get(actor.get_while_ticking.remote(0.3), timeout=60)
+    tray.get(ticking)
+    assert value == "done"
+    assert ticked > 0, "the ticker did not run while the get waited"

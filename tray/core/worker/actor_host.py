@@ -67,6 +67,7 @@ import logging
 from collections import deque
 from dataclasses import dataclass, field
 
+import greenback
 import trio
 import trio_asyncio
 
@@ -597,8 +598,14 @@ class ActorHost:
                 return method
             loop = self._asyncio_loop
 
+            async def with_portal(*args, **kwargs):
+                # A blocking call inside (tray.get, as Ray allows in async
+                # methods) suspends this asyncio task through greenback.
+                await greenback.ensure_portal()
+                return await method(*args, **kwargs)
+
             async def on_asyncio(*args, **kwargs):
-                return await loop.run_aio_coroutine(method(*args, **kwargs))
+                return await loop.run_aio_coroutine(with_portal(*args, **kwargs))
             return on_asyncio
         if self._run_sync_in_thread is None:
             return method
