@@ -21,7 +21,12 @@ import time
 import tray
 
 from . import _context
-from ._common import CHECKPOINT_NAME, CONTROLLER_NAME, SERVE_NAMESPACE, in_event_loop
+from ._common import (
+    CONTROLLER_NAME,
+    SERVE_NAMESPACE,
+    checkpoint_store_names,
+    in_event_loop,
+)
 from ._deployment import Application, build, validate_route_prefix
 from ._handle import DeploymentHandle
 from ._status import ApplicationStatus, ProxyStatus, ServeStatus
@@ -84,7 +89,10 @@ def _start_controller(http_options: HTTPOptions, proxy_location: ProxyLocation):
     where = NodeAffinitySchedulingStrategy(node_id, soft=False)
     common = dict(namespace=SERVE_NAMESPACE, lifetime="detached", get_if_exists=True,
                   max_restarts=-1, max_task_retries=-1, num_cpus=0, scheduling_strategy=where)
-    CheckpointStoreActor.options(name=CHECKPOINT_NAME, **common).remote()
+    names = checkpoint_store_names()
+    for name in names:
+        CheckpointStoreActor.options(name=name, **common).remote(
+            tuple(n for n in names if n != name), name)
     controller = ControllerActor.options(name=CONTROLLER_NAME, **common).remote(
         http_options, proxy_location, node_id)
     _context.reset()
@@ -161,9 +169,9 @@ def start(http_options=None, *, proxy_location=None, detached: bool = True,
 
 def _wait_for_app(controller, name: str, incarnation: str = "", redeploy=None) -> None:
     """Wait until the application runs (or failed to deploy). If it vanished
-    because the controller restarted without its checkpoint (its store had
-    restarted empty just before: the state lives in actors, not in a durable
-    store), ``redeploy`` sends it again, at most ``MAX_REDEPLOYS`` times; an
+    because the controller restarted without its checkpoint (every copy of
+    it had restarted empty meanwhile: the state lives in actors, not in a
+    durable store), ``redeploy`` sends it again, at most ``MAX_REDEPLOYS`` times; an
     application deleted by someone else is an error."""
     wanted = [ApplicationStatus.RUNNING.value, ApplicationStatus.DEPLOY_FAILED.value]
     redeploys = 0
@@ -208,9 +216,11 @@ def _deploy(name: str, route_prefix, ingress: str, specs: list, *, blocking: boo
     controller = _connect()
 
     def submit() -> str:
-        """Send the application; the controller's incarnation that took it."""
-        _get(controller.deploy_application.remote(name, route_prefix, ingress, specs))
-        return tray.get(controller.ping.remote())
+        """Send the application; the controller's incarnation that took it
+        (from the call itself: a ping after it may reach the next incarnation,
+        which may have lost it: chaos seed 38 then took the loss for a
+        deletion)."""
+        return _get(controller.deploy_application.remote(name, route_prefix, ingress, specs))
 
     incarnation = submit()
     handle = DeploymentHandle(ingress, name)
@@ -279,10 +289,11 @@ def shutdown() -> None:
         except tray.exceptions.ActorDiedError:
             pass
         tray.kill(controller)
-    try:
-        tray.kill(tray.get_actor(CHECKPOINT_NAME, namespace=SERVE_NAMESPACE))
-    except ValueError:
-        pass
+    for store_name in checkpoint_store_names():
+        try:
+            tray.kill(tray.get_actor(store_name, namespace=SERVE_NAMESPACE))
+        except ValueError:
+            pass
     _context.reset()
 
 

@@ -80,6 +80,16 @@ def replica_actor_name(replica_id: str) -> str:
     return REPLICA_NAME_PREFIX + replica_id
 
 
+# The controller's checkpoint is kept by this many CheckpointStore actors
+# (_controller.py), so that one restarting (empty) while the controller is
+# down too loses nothing: the state is lost only if every copy is.
+CHECKPOINT_COPIES = 2
+
+
+def checkpoint_store_names() -> list:
+    return [CHECKPOINT_NAME] + [f"{CHECKPOINT_NAME}_{i}" for i in range(1, CHECKPOINT_COPIES)]
+
+
 # ============================================================ helper tasks
 
 

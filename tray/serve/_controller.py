@@ -32,15 +32,19 @@ a deployment and for the route table; every change is published at the end
 of the loop step that made it, under a version ``(incarnation, n)`` that
 grows across restarts of the controller.
 
-**Restarts.** The controller's state is checkpointed to a second small
-detached actor (``CheckpointStore``) after every change, and a replica is
-recorded there *before* it is created, so a restarted controller (tray
-restarts it: ``max_restarts=-1``) finds every replica it made: it looks each
+**Restarts.** The controller's state is checkpointed to small detached
+actors (``CheckpointStore``, ``CHECKPOINT_COPIES`` of them) after every
+change, and a replica is recorded there *before* it is created, so a
+restarted controller (tray restarts it: ``max_restarts=-1``) finds every
+replica it made: it takes the newest state a copy holds, looks each replica
 up by name, re-attaches the live ones (``initialize`` is idempotent) and
-forgets the dead ones. If the store is restarted instead, the controller
-writes its whole state to it again. Only losing both at once (the head
-node) loses the state. (Ray keeps this checkpoint in the GCS's key-value
-store, which tray's public API does not offer yet.)
+forgets the dead ones. A copy that restarts (empty) takes the state back
+from a peer at once (each keeps a call waiting at the others, which its
+restart sends again), even while the controller is down; the controller
+keeps one waiting at each copy too, and writes everything again if a copy
+came back with nothing. Only losing every copy and the controller at once
+(the head node) loses the state. (Ray keeps this checkpoint in the GCS's
+key-value store, which tray's public API does not offer yet.)
 
 Everything here runs on the actor's asyncio loop: on trio-asyncio, so in
 the simulator on virtual time, deterministically. Decisions iterate dicts
@@ -88,8 +92,12 @@ PROXY_HEALTH_CHECK_PERIOD_S = 10.0
 PROXY_RESTART_BACKOFF_S = 5.0
 NODES_REFRESH_PERIOD_S = 5.0
 STORE_CHECK_PERIOD_S = 5.0
+STORE_WATCH_TIMEOUT_S = 30.0
+STORE_PEER_TIMEOUT_S = 5.0
+STORE_PEER_RETRY_S = 1.0
 CONTROLLER_CONCURRENCY = 10_000  # long polls of routers and proxies, and client calls
 SHUTDOWN_TIMEOUT_S = 120.0
+REPLICA_EXIT_TIMEOUT_S = 10.0
 DRAINED_REMEMBERED = 1000  # per deployment
 
 
@@ -224,22 +232,119 @@ class ControllerStatistics:
 
 class CheckpointStore:
     """Bytes under keys, for the controller's checkpoint (see the module's
-    header): an actor of its own so that it outlives the controller."""
+    header): ``CHECKPOINT_COPIES`` actors of their own, so that the state
+    outlives the controller. Each write carries a sequence number that grows
+    with every write. A copy that restarted (empty) takes, on the first call
+    it gets, the newest state one of its ``peers`` holds."""
 
-    def __init__(self) -> None:
+    def __init__(self, peers: tuple = (), name: str = "") -> None:
         self._items: dict[str, bytes] = {}
+        self._seq = -1
+        self._name = name
+        self._peers = tuple(peers)
+        self._handles: dict = {}  # peer name -> its handle (from its calls, or looked up)
+        self._loading: asyncio.Future | None = None
+        self._watching: list = []
+
+    async def _load(self) -> None:
+        if self._loading is None:
+            self._loading = asyncio.ensure_future(self._pull())
+            # A copy that restarts gets a call at once even while the
+            # controller is down: the one each peer keeps waiting here.
+            self._watching = [_spawn(self._watch_peer(name)) for name in self._peers]
+        await asyncio.shield(self._loading)
+
+    async def _handle(self, name: str):
+        handle = self._handles.get(name)
+        if handle is None:
+            handle = await _common.lookup_actor.remote(name, SERVE_NAMESPACE)
+            if handle is not None:
+                self._handles[name] = handle
+        return handle
+
+    async def _watch_peer(self, name: str) -> None:
+        """Keep a ``watch`` call waiting at the peer, with this copy's handle:
+        it is sent again when the peer restarts, and the peer asks this copy
+        for the state at once (no lookup first: chaos seed 38 lost both
+        copies while one still looked the other up)."""
+        while True:
+            try:
+                me, handle = await self._handle(self._name), await self._handle(name)
+                if handle is None or me is None:
+                    return  # Serve shut down
+                await handle.watch.remote(STORE_WATCH_TIMEOUT_S, True, (self._name, me))
+            except tray.exceptions.ActorDiedError:
+                return  # killed for good: Serve shut down
+            except Exception:  # noqa: BLE001 - unreachable for now: again later
+                await asyncio.sleep(STORE_PEER_RETRY_S)
+
+    async def _pull(self) -> None:
+        async def peek(name: str):
+            try:
+                handle = await self._handle(name)
+                if handle is None:
+                    return None
+                return await asyncio.wait_for(_await(handle.peek.remote()),
+                                              timeout=STORE_PEER_TIMEOUT_S)
+            except Exception:  # noqa: BLE001 - unreachable or gone: the others may have it
+                return None
+
+        found = [r for r in await asyncio.gather(*[peek(n) for n in self._peers])
+                 if r is not None]
+        if found:
+            seq, items = max(found, key=lambda r: r[0])
+            if seq > self._seq and "state" not in self._items:
+                self._seq, self._items = seq, dict(items)
+
+    async def peek(self):
+        """(sequence number, items) as they are here, without asking the
+        peers (they ask this), or None if no state is here."""
+        return (self._seq, dict(self._items)) if "state" in self._items else None
+
+    async def dump(self):
+        """(sequence number, items), or None if no copy holds a state."""
+        await self._load()
+        return await self.peek()
 
     async def get(self, key: str):
+        await self._load()
         return self._items.get(key)
 
-    async def put(self, items: dict, delete: list) -> int:
+    async def put(self, seq: int, items: dict, delete: list, required: tuple = ()) -> list:
+        """Store ``items`` and drop ``delete``, unless a key of ``required``
+        (the specs the state names) would be missing: then nothing changes
+        and the missing keys are returned, so that a state never names a
+        spec the store lacks (a store restarted empty forgot the specs the
+        controller wrote before)."""
+        await self._load()
+        missing = [key for key in required if key not in items and key not in self._items]
+        if missing:
+            return missing
         self._items.update(items)
         for key in delete:
             self._items.pop(key, None)
-        return len(self._items)
+        self._seq = max(self._seq, seq)
+        return []
 
     async def keys(self) -> list:
+        await self._load()
         return list(self._items)
+
+    async def watch(self, timeout_s: float, hold: bool = False, peer: tuple = ()) -> bool:
+        """Whether the state is here; if it is (or ``hold``), only after
+        ``timeout_s``. The controller and the peers (``peer``: the caller's
+        name and handle) keep one call waiting at each copy: the actor
+        restarts with ``max_task_retries=-1``, so a restart (empty) sends
+        them again, the copy takes the state from its peers, and the
+        controller checks it at once (writing everything again if no peer
+        had it) rather than at its periodic check."""
+        if peer:
+            self._handles[peer[0]] = peer[1]
+        await self._load()
+        if "state" not in self._items and not hold:
+            return False
+        await asyncio.sleep(timeout_s)
+        return "state" in self._items
 
 
 CheckpointStoreActor = tray.remote(CheckpointStore)
@@ -267,7 +372,8 @@ class ServeController:
         self._loop_task: asyncio.Task | None = None
         self._ready: asyncio.Event | None = None
         self._self_handle = None
-        self._store = None
+        self._stores: list = []  # the checkpoint's copies (CheckpointStore actors)
+        self._seq = 0  # of the last checkpoint written
         self._stored_specs: set = set()
         self._dirty = False
         self._iterations = 0
@@ -276,6 +382,7 @@ class ServeController:
         self._nodes_refresh_s = -1e18
         self._nodes_task: asyncio.Task | None = None
         self._store_check_s = 0.0
+        self._store_watches: dict = {}  # copy index -> its watch call
         self._shutting_down = False
         self._started_s = 0.0
         self._checkpoint_lock: asyncio.Lock | None = None
@@ -294,8 +401,22 @@ class ServeController:
     async def _run(self) -> None:
         self._started_s = self._now()
         # Ids of this incarnation: virtual time in the simulator, so they replay.
-        self._incarnation = f"{int(time.time() * 1000) % 10**10:x}"
-        await self._recover()
+        # Fixed width, so that a later incarnation's id sorts after an earlier
+        # one's (routers order routing targets by (incarnation, n)).
+        self._incarnation = f"{int(time.time() * 1000):012x}"
+        failures = 0
+        while True:
+            try:
+                await self._recover()
+                break
+            except Exception as error:  # noqa: BLE001 - e.g. a lookup task lost to crashes
+                # Never give up: a controller whose recovery ended leaves every
+                # call waiting forever (chaos seeds 104, 192: lookup_actor
+                # used up its retries while the GCS restarted).
+                failures += 1
+                logger.warning("serve controller: recovering its state failed (%s); trying "
+                               "again", _error_text(error))
+                await asyncio.sleep(min(0.05 * 2 ** min(failures, 6), 2.0))
         self._ready.set()
         while True:
             try:
@@ -359,37 +480,84 @@ class ServeController:
         for key in stale:
             self._stored_specs.discard(key)
         items["state"] = cloudpickle.dumps(self._snapshot())
-        try:
-            await self._store.put.remote(items, stale)
-        except Exception as error:  # noqa: BLE001 - written again at the next change
+        required = tuple(sorted(live))
+        self._seq += 1
+        results = await asyncio.gather(*[self._put(store, self._seq, items, stale, required)
+                                         for store in self._stores], return_exceptions=True)
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors:  # written again at the next step
             self._dirty = True
             self._stored_specs.difference_update(items)
-            logger.warning("serve controller: checkpoint failed: %s", _error_text(error))
+            logger.warning("serve controller: checkpoint failed at %d of %d copies: %s",
+                           len(errors), len(results), _error_text(errors[0]))
+
+    async def _put(self, store, seq: int, items: dict, stale: list, required: tuple) -> None:
+        missing = await store.put.remote(seq, items, stale, required)
+        if missing:
+            # The copy restarted empty (and no peer had the state) since these
+            # were written: the state goes only with every spec it names.
+            logger.warning("serve controller: a checkpoint copy lost %d spec(s): writing "
+                           "them again", len(missing))
+            blobs = dict(_spec_blob(dep.spec) for dep in self._deployments.values())
+            more = dict(items)
+            more.update({key: blobs[key] for key in missing if key in blobs})
+            missing = await store.put.remote(seq, more, stale, required)
+        if missing:
+            raise RayServeException(f"the checkpoint copy lacks {missing}")
 
     async def _check_store(self) -> None:
-        """The store restarted empty: write everything again."""
-        try:
-            keys = await self._store.keys.remote()
-        except Exception:  # noqa: BLE001 - try again later
-            return
-        if "state" not in keys:
-            self._stored_specs.clear()
-            await self._checkpoint()
+        """A copy restarted and found no peer with the state: write
+        everything again."""
+        results = await asyncio.gather(*[_await(store.keys.remote()) for store in self._stores],
+                                       return_exceptions=True)
+        live = {self._spec_key(dep.spec) for dep in self._deployments.values()}
+        for keys in results:
+            if isinstance(keys, BaseException):
+                continue  # try again later
+            if "state" not in keys or any(key not in keys for key in live):
+                self._stored_specs.clear()
+                await self._checkpoint()
+                return
+
+    def _watch_store(self) -> None:
+        """Keep one ``CheckpointStore.watch`` call waiting at each copy; once
+        one answers without the state (the copy restarted), check them."""
+        for index, store in enumerate(self._stores):
+            task = self._store_watches.get(index)
+            if task is not None and not task.done():
+                continue
+            if task is not None and (task.cancelled() or task.exception() is not None or
+                                     not task.result()):
+                self._store_check_s = -1e18  # check now (below, in this step)
+            self._store_watches[index] = _spawn(_await(store.watch.remote(
+                STORE_WATCH_TIMEOUT_S)))
 
     async def _recover(self) -> None:
         import cloudpickle
 
+        self._apps.clear()  # what an earlier attempt got before it failed
+        self._deployments.clear()
+        self._proxies.clear()
+        self._stored_specs.clear()
         self._self_handle = await _common.lookup_actor.remote(_common.CONTROLLER_NAME,
                                                              SERVE_NAMESPACE)
-        self._store = await _common.lookup_actor.remote(_common.CHECKPOINT_NAME,
-                                                        SERVE_NAMESPACE)
-        if self._store is None:
+        stores = await asyncio.gather(*[_await(_common.lookup_actor.remote(name, SERVE_NAMESPACE))
+                                        for name in _common.checkpoint_store_names()])
+        self._stores = [store for store in stores if store is not None]
+        if not self._stores:
             raise RayServeException("the Serve checkpoint store is missing")
-        blob = await self._store.get.remote("state")
-        if blob is None:
+        # The newest state any copy holds (each asks its peers if it restarted).
+        dumps = await asyncio.gather(*[_await(store.dump.remote()) for store in self._stores],
+                                     return_exceptions=True)
+        found = [d for d in dumps if d is not None and not isinstance(d, BaseException)]
+        if not found:
+            failed = [d for d in dumps if isinstance(d, BaseException)]
+            if failed:  # a copy that could not answer may hold the state: ask again
+                raise failed[0]
             await self._checkpoint()
             return
-        snapshot = cloudpickle.loads(blob)
+        self._seq, items = max(found, key=lambda d: d[0])
+        snapshot = cloudpickle.loads(items["state"])
         self._http_options = snapshot["http_options"]
         self._proxy_location = snapshot["proxy_location"]
         self._head_node_id = snapshot["head_node_id"]
@@ -401,7 +569,7 @@ class ServeController:
                 deleting=app["deleting"], was_running=app["was_running"])
         lookups = []
         for record in snapshot["deployments"]:
-            spec_blob = await self._store.get.remote(record["spec_key"])
+            spec_blob = items.get(record["spec_key"])
             if spec_blob is None:
                 logger.error("serve controller: the checkpoint lacks the spec of %s/%s",
                              record["app"], record["name"])
@@ -420,6 +588,20 @@ class ServeController:
                                    state=ReplicaState.RECOVERING)
                 dep.replicas.append(replica)
                 lookups.append((dep, replica, stopping))
+        for app in list(self._apps.values()):
+            lost = [n for n in app.deployments if (app.name, n) not in self._deployments]
+            if lost:
+                # Only an older store could lack a spec (a state now goes only
+                # with its specs): the application is lost, as with no
+                # checkpoint (serve.run sends it again; its replicas, unknown
+                # now, stop themselves).
+                logger.error("serve controller: application %r lost deployment(s) %s with "
+                             "the checkpoint", app.name, lost)
+                for name in app.deployments:
+                    dep = self._deployments.pop((app.name, name), None)
+                    if dep is not None:
+                        lookups = [item for item in lookups if item[0] is not dep]
+                del self._apps[app.name]
         for node_id in snapshot["proxies"]:
             self._proxies[node_id] = _Proxy(node_id=node_id)
         for dep, replica, stopping in lookups:
@@ -471,9 +653,10 @@ class ServeController:
     # --------------------------------------------------------- client API
 
     async def deploy_application(self, name: str, route_prefix: str | None, ingress: str,
-                                 specs: list) -> None:
+                                 specs: list) -> str:
         """Deploy (or update) an application; raises for a route prefix that
-        another application uses."""
+        another application uses. Returns the incarnation that took it (a
+        later one that does not know it lost it with its checkpoint)."""
         await self._ensure_started()
         if self._shutting_down:
             raise RayServeException("Serve is shutting down")
@@ -509,6 +692,7 @@ class ServeController:
         self._dirty = True
         await self._checkpoint()
         self._publish()
+        return self._incarnation
 
     def _deploy(self, spec: DeploymentSpec) -> None:
         key = (spec.app_name, spec.name)
@@ -700,6 +884,14 @@ class ServeController:
         return {dep.name: self._current(dep.key) for dep in self._deployments.values()
                 if dep.app_name == app_name}
 
+    async def routing_target(self, app_name: str, deployment: str) -> RoutingTarget:
+        """The deployment's routing target as of now, without waiting: a
+        router checks with it before it tells a caller that the deployment
+        does not exist (its long poll's answer may be an old one)."""
+        await self._ensure_started()
+        self._publish()
+        return self._current(("deployment", app_name, deployment))
+
     def _current(self, key: tuple):
         if key[0] == "routes":
             return self._routes
@@ -772,6 +964,7 @@ class ServeController:
                 self._dirty = True
         self._manage_proxies(now)
         self._publish()
+        self._watch_store()
         if now - self._store_check_s >= STORE_CHECK_PERIOD_S:
             self._store_check_s = now
             await self._check_store()
@@ -902,8 +1095,8 @@ class ServeController:
                         config.graceful_shutdown_timeout_s)),
                     timeout=config.graceful_shutdown_timeout_s +
                     config.graceful_shutdown_wait_loop_s + 5.0)
-                if left == 0:
-                    dep.drained.append(replica.replica_id)
+                if left == 0 and await self._exit_replica(dep, replica):
+                    handle = None  # it ends by itself: a kill now could cut its last replies
             except Exception as error:  # noqa: BLE001 - it goes anyway
                 logger.info("serve controller: replica %s did not drain: %s",
                             replica.replica_id, _error_text(error))
@@ -914,6 +1107,28 @@ class ServeController:
                 logger.info("serve controller: killing %s: %s", replica.replica_id,
                             _error_text(error))
         self._remove(dep, replica)
+
+    async def _exit_replica(self, dep: _Deployment, replica: _Replica) -> bool:
+        """End a drained replica from inside (``exit_actor``), not by a kill:
+        its process then sends the replies of the requests that finished
+        last before it ends. A kill could cut off the reply of a request
+        that ran (the replica counts it finished when its code returns, and
+        the reply goes some time later), and the router that then found
+        the replica dead would take it for drained and send the request
+        again: it ran twice (simtest default seed 39). Whether it exited."""
+        # Recorded first: a request that fails because of the exit asks at once.
+        dep.drained.append(replica.replica_id)
+        try:
+            await asyncio.wait_for(_await(replica.handle.exit_gracefully.remote()),
+                                   timeout=REPLICA_EXIT_TIMEOUT_S)
+        except tray.exceptions.ActorDiedError:
+            return True  # its exit: the caller of the exiting method hears this
+        except Exception as error:  # noqa: BLE001 - killed instead: not drained then
+            logger.info("serve controller: replica %s did not exit: %s", replica.replica_id,
+                        _error_text(error))
+        if replica.replica_id in dep.drained:
+            dep.drained.remove(replica.replica_id)
+        return False
 
     def _remove(self, dep: _Deployment, replica: _Replica) -> None:
         if replica in dep.replicas:

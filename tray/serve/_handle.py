@@ -115,9 +115,24 @@ class Router:
     def next_request_id(self) -> str:
         return f"{self._seed}:{next(self._ids)}"
 
+    def _stale(self, target: RoutingTarget) -> bool:
+        """Whether ``target`` is older than the one the router has: an older
+        answer (a re-sent poll, or one a dead controller gave) never undoes
+        a newer one. Versions are ``(controller incarnation, n)``; "does not
+        exist" is ``(incarnation, -1)``, so it is stale only when an older
+        incarnation said it (a deployment deleted since is told in the
+        same one)."""
+        current = self.target
+        if current is None or not isinstance(current.version, tuple) or \
+                not isinstance(target.version, tuple):
+            return False
+        if target.exists:
+            return target.version < current.version
+        return target.version[0] < current.version[0]
+
     def _apply(self, target: RoutingTarget) -> None:
-        if self.target is not None and target.version < self.target.version and target.exists:
-            return  # an older answer (a re-sent poll) never undoes a newer one
+        if self._stale(target):
+            return
         self.target = target
         self.replicas = sorted(target.replicas, key=lambda r: r.replica_id)
         live = {r.replica_id for r in self.replicas}
@@ -135,8 +150,21 @@ class Router:
         hands over the one it saw when the application ran)."""
         self._apply(target)
 
-    def _known_version(self) -> int:
+    def _known_version(self):
         return -1 if self.target is None else self.target.version
+
+    def _fresh_target_sync(self) -> None:
+        """Ask the controller for the deployment's target now (before telling
+        a caller that it does not exist: the long poll's answer may be old,
+        from a controller that restarted without its state since)."""
+        try:
+            self._apply(tray.get(self.controller.routing_target.remote(
+                self.app_name, self.deployment)))
+        except tray.exceptions.ActorDiedError as error:
+            raise RayServeException("the Serve controller is gone (serve.shutdown() ran, "
+                                    f"or it died for good): {error}") from error
+        except tray.exceptions.ActorUnavailableError:
+            pass  # the old answer stands
 
     def _unavailable(self) -> Exception | None:
         target = self.target
@@ -248,8 +276,13 @@ class Router:
         """Send one request from synchronous code: (ref, replica)."""
         self._poll_sync(block=self.target is None)
         waited = 0
+        confirmed = False
         while not self.replicas:
             error = self._unavailable()
+            if error is not None and not confirmed and not self.target.exists:
+                confirmed = True
+                self._fresh_target_sync()
+                continue
             if error is not None:
                 raise error
             waited += 1
@@ -328,7 +361,10 @@ class Router:
                     ("deployment", self.app_name, self.deployment), self._known_version(),
                     self._waiting)
             except tray.exceptions.ActorDiedError:
-                self.target = RoutingTarget(version=self._known_version() + 1, exists=False)
+                known = self._known_version()
+                self.target = RoutingTarget(
+                    version=(known[0], known[1] + 1) if isinstance(known, tuple) else ("", 0),
+                    exists=False)
                 if self._changed is not None:
                     self._changed.set()
                 return
@@ -347,8 +383,20 @@ class Router:
         kwargs = {k: await _resolve(v) for k, v in kwargs.items()}
         loop = asyncio.get_running_loop()
         deadline = loop.time() + ASSIGN_TIMEOUT_S
+        confirmed = False
         while not self.replicas:
             error = self._unavailable()
+            if error is not None and not confirmed and not self.target.exists:
+                confirmed = True  # the poll's answer may be old: ask now
+                try:
+                    self._apply(await self.controller.routing_target.remote(
+                        self.app_name, self.deployment))
+                except tray.exceptions.ActorDiedError as died:
+                    raise RayServeException("the Serve controller is gone (serve.shutdown() "
+                                            f"ran, or it died for good): {died}") from died
+                except Exception:  # noqa: BLE001 - unreachable now: the old answer stands
+                    pass
+                continue
             if error is not None:
                 raise error
             remaining = deadline - loop.time()

@@ -26,16 +26,17 @@ away holds no slot for long.
 **Orphans.** Every ``ORPHAN_CHECK_PERIOD_S`` a replica asks
 the controller whether it still knows it (``knows_replica``). A replica the
 controller does not know — made by an incarnation whose checkpoint was lost
-(its store restarted empty and the controller died before writing it again)
-— or whose controller is gone for good (``serve.shutdown``) stops itself, so
+(every copy of it restarted empty while the controller was down) — or
+whose controller is gone for good (``serve.shutdown``) stops itself, so
 no detached replica outlives what manages it. An unreachable controller
 (a partition, a restart in progress) is asked again later.
 
 **Draining.** ``prepare_for_shutdown`` waits until no request has been
 ongoing for a whole ``graceful_shutdown_wait_loop_s`` (requests that were
 already on their way when routers dropped this replica still arrive and are
-served), at most ``graceful_shutdown_timeout_s``; then the controller kills
-the actor."""
+served), at most ``graceful_shutdown_timeout_s``. A replica that drained
+ends itself (``exit_gracefully``: its last replies go out before its
+process ends); one that did not is killed."""
 
 from __future__ import annotations
 
@@ -49,6 +50,7 @@ from dataclasses import dataclass
 import cloudpickle
 
 import tray
+import tray.actor
 
 from . import _context
 from ._common import SERVE_NAMESPACE, StreamBatch, kill_actor, lookup_actor, replica_actor_name
@@ -340,6 +342,14 @@ class ServeReplica:
                 logger.warning("replica %s: __del__ raised %s: %s", self.replica_id,
                                type(error).__name__, error)
         return left
+
+    @tray.method(concurrency_group="control")
+    async def exit_gracefully(self) -> None:
+        """End this replica (the controller calls it once it drained): its
+        caller hears ``ActorDiedError``, and the process ends once the
+        replies of the calls that finished are out (see the controller's
+        ``_exit_replica``)."""
+        tray.actor.exit_actor()
 
     # ----------------------------------------------------------- requests
 

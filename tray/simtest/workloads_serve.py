@@ -21,8 +21,9 @@ Reference model and invariants:
   id runs twice, and every request that got a value ran exactly once;
 * **the replica count converges to the autoscaler's target**: with ``h``
   long requests held, the target becomes ``ceil(h / target_ongoing_requests)``
-  bounded by ``max_replicas``, and as many ``v2`` replicas run; once they
-  end, it returns to ``min_replicas``, with nothing else left running.
+  bounded by ``max_replicas``, and as many ``v2`` replicas run (unless a
+  fault failed a held request: that load was never there); once they end,
+  it returns to ``min_replicas``, with nothing else left running.
 """
 
 from __future__ import annotations
@@ -42,28 +43,34 @@ HOLD_S = 8.0  # how long the held requests run: the scale-up must come sooner
 EXECUTIONS: dict = {}  # request id -> times a replica ran it
 
 
-@serve.deployment(
-    ray_actor_options={"num_cpus": 0},
-    max_ongoing_requests=4,
-    autoscaling_config={"min_replicas": MIN_REPLICAS, "max_replicas": MAX_REPLICAS,
-                        "initial_replicas": 2, "target_ongoing_requests": TARGET_ONGOING,
-                        "metrics_interval_s": 0.25, "look_back_period_s": 1.0,
-                        "upscale_delay_s": 0.5, "downscale_delay_s": 1.0},
-    health_check_period_s=1.0, health_check_timeout_s=3.0,
-    graceful_shutdown_wait_loop_s=0.2, graceful_shutdown_timeout_s=20.0)
-class SimWorker:
+class _SimWorker:
     def __init__(self, version: str) -> None:
         self.version = version
 
     async def __call__(self, request_id: str, sleep_s: float):
-        # Through the module: this class is pickled by value (its name now
-        # means the Deployment), and a by-value copy would get its own dict.
         from tray.simtest import workloads_serve
 
         ledger = workloads_serve.EXECUTIONS
         ledger[request_id] = ledger.get(request_id, 0) + 1
         await asyncio.sleep(sleep_s)
         return request_id, self.version
+
+
+# The class keeps a module-level name of its own, so it is pickled by
+# reference. Pickled by value (were its name the Deployment's), the
+# simulator's replicas, in this same process, would unpickle it onto the
+# original class (cloudpickle tracks it), replacing its methods with copies
+# that pickle differently: the next run of a seed in this process differed
+# (chaos seed 60's determinism check).
+SimWorker = serve.deployment(
+    name="SimWorker", ray_actor_options={"num_cpus": 0},
+    max_ongoing_requests=4,
+    autoscaling_config={"min_replicas": MIN_REPLICAS, "max_replicas": MAX_REPLICAS,
+                        "initial_replicas": 2, "target_ongoing_requests": TARGET_ONGOING,
+                        "metrics_interval_s": 0.25, "look_back_period_s": 1.0,
+                        "upscale_delay_s": 0.5, "downscale_delay_s": 1.0},
+    health_check_period_s=1.0, health_check_timeout_s=3.0,
+    graceful_shutdown_wait_loop_s=0.2, graceful_shutdown_timeout_s=20.0)(_SimWorker)
 
 
 def _outcome(response) -> tuple:
@@ -143,9 +150,11 @@ def _check_executions(outcomes: list) -> None:
                              f"{EXECUTIONS.get(request_id, 0)} times")
 
 
-def _wait_for_replicas(expected: int, what: str) -> None:
+def _wait_for_replicas(expected: int, what: str, excused=None) -> None:
     """Virtual time passes until the deployment's target is ``expected`` and
-    exactly that many v2 replicas run, and nothing else."""
+    exactly that many v2 replicas run, and nothing else. ``excused()``, asked
+    once the time is up, says whether the load the target follows was lost
+    to a fault (then it need not have come)."""
     import tray.simtest
     from tray.serve import _context
 
@@ -164,6 +173,8 @@ def _wait_for_replicas(expected: int, what: str) -> None:
                 all(state == "RUNNING" for state, _version in states) and len(versions) == 1:
             return
         if clock.current_time() > deadline:
+            if excused is not None and excused():
+                return
             raise _violation("serve-replicas-converge-to-the-target",
                              f"{what}: expected the target and the running replicas to be "
                              f"{expected}; after {CONVERGE_S} s the target is {seen[0]} and the "
@@ -218,9 +229,20 @@ def serve_stream(program) -> None:
     _wait_for_replicas(MIN_REPLICAS, "idle after the stream")
     held = rng.randint(3, 7)
     expected = max(MIN_REPLICAS, min(MAX_REPLICAS, math.ceil(held / TARGET_ONGOING)))
-    long_requests = [handle.remote(f"h-{i}", HOLD_S) for i in range(held)]
-    _wait_for_replicas(expected, f"{held} requests held")
-    held_outcomes = [(f"h-{i}", *_outcome(r)) for i, r in enumerate(long_requests)]
+    long_requests = [(f"h-{i}", handle.remote(f"h-{i}", HOLD_S)) for i in range(held)]
+    held_outcomes: list = []
+
+    def held_lost() -> bool:
+        # A held request that failed (judged below: only a fault may fail
+        # it) held no load: e.g. it went to a replica that had died, which
+        # the controller could not know yet (chaos seed 6: the GCS was down
+        # when its worker crashed), so the target had nothing to follow.
+        held_outcomes[:] = [(rid, *_outcome(r)) for rid, r in long_requests]
+        return any(kind == "error" for _rid, kind, _value, _replica in held_outcomes)
+
+    _wait_for_replicas(expected, f"{held} requests held", excused=held_lost)
+    if not held_outcomes:
+        held_outcomes = [(rid, *_outcome(r)) for rid, r in long_requests]
     del long_requests
     _judge(program, held_outcomes, killed, after_update=True)
     _wait_for_replicas(MIN_REPLICAS, "no requests")
