@@ -63,14 +63,12 @@ def _block(worker, async_fn, *args):
     if worker.in_user_thread():
         with _outside_users_trio_run(worker):
             return _global_state["runtime"].run(async_fn, *args)
-    if _in_asyncio_task():
+    loop = worker.actor_host.asyncio_loop
+    if loop is not None and _in_asyncio_task():
         # An async actor's method (an asyncio task on trio-asyncio, with a
-        # portal of its own: actor_host): the trio call runs as trio code,
-        # and this method waits for it while the actor's other asyncio
-        # tasks go on (Ray blocks the whole event loop instead).
-        import asyncio
-
-        loop = asyncio.get_running_loop()  # trio-asyncio's: it runs trio code too
+        # portal of its own: actor_host): the trio call runs as trio code
+        # through the loop, and this method waits for it while the actor's
+        # other asyncio tasks go on (Ray blocks the whole event loop instead).
         return greenback.await_(loop.trio_as_future(async_fn, *args))
     return greenback.await_(async_fn(*args))
 

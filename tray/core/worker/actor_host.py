@@ -219,7 +219,7 @@ class ActorHost:
         # run_sync_in_thread(fn, group) -> awaitable result: a backend's thread
         # pool for synchronous methods of concurrent actors (None: inline).
         self._run_sync_in_thread = run_sync_in_thread
-        self._asyncio_loop = None
+        self.asyncio_loop = None
         self._groups: dict[str, trio.Semaphore] = {}
         self.concurrent = False
         self._name = name
@@ -295,8 +295,8 @@ class ActorHost:
         self._runnables = {}
         self._groups = {name: trio.Semaphore(limit)
                         for name, limit in sorted(actor.concurrency_groups.items())}
-        if self.is_async and self._asyncio_loop is None:
-            self._asyncio_loop = await self._nursery.start(_run_asyncio_loop)
+        if self.is_async and self.asyncio_loop is None:
+            self.asyncio_loop = await self._nursery.start(_run_asyncio_loop)
         instance_box = []
 
         async def construct():
@@ -594,9 +594,9 @@ class ActorHost:
     def _runnable(self, method, group: str):
         """``method`` as the task receiver runs it: a coroutine function."""
         if inspect.iscoroutinefunction(method):
-            if self._asyncio_loop is None:
+            if self.asyncio_loop is None:
                 return method
-            loop = self._asyncio_loop
+            loop = self.asyncio_loop
 
             async def with_portal(*args, **kwargs):
                 # A blocking call inside (tray.get, as Ray allows in async
