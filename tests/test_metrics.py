@@ -100,6 +100,17 @@ def test_merge_sums_counters_and_histograms_and_keeps_the_last_gauge():
     assert merged["h"]["series"][()] == {"buckets": [1, 2], "sum": 4.5, "count": 3}
 
 
+def test_merged_series_are_in_tag_order_whoever_reported_first():
+    # Regression (CI): the README walkthrough printed ('/b',) first when the
+    # worker that ran handle("/b") sorted before the other one.
+    def counter(series):
+        return {"c": {"kind": "counter", "description": "", "tag_keys": ["k"],
+                      "boundaries": None, "series": series}}
+
+    merged = merge([counter({'["b"]': 1.0}), counter({'["a"]': 2.0})])
+    assert list(merged["c"]["series"].items()) == [(("a",), 2.0), (("b",), 1.0)]
+
+
 def test_bad_definitions_and_tags_fail_with_rays_errors():
     with pytest.raises(ValueError, match="non-empty"):
         Counter("")

@@ -298,7 +298,8 @@ class Histogram(Metric):
 def merge(records: list[dict]) -> dict:
     """Processes' registries (as flushed) merged into one: ``{name: {"kind",
     "description", "tag_keys", "boundaries", "series": {tags tuple: value}}}``
-    with counters and histograms summed and gauges last-set-wins."""
+    with counters and histograms summed and gauges last-set-wins; each
+    metric's series in tag order, whichever process reported a tag first."""
     merged: dict = {}
     for record in records:
         for name, metric in record.items():
@@ -323,8 +324,9 @@ def merge(records: list[dict]) -> dict:
                     known["sum"] += value["sum"]
                     known["count"] += value["count"]
     for metric in merged.values():
-        if metric["kind"] == "gauge":
-            metric["series"] = {tags: value[0] for tags, value in metric["series"].items()}
+        gauge = metric["kind"] == "gauge"
+        metric["series"] = {tags: value[0] if gauge else value
+                            for tags, value in sorted(metric["series"].items())}
     return merged
 
 
