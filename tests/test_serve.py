@@ -347,6 +347,21 @@ def test_unhealthy_and_dead_replicas_are_replaced(sim):
     assert serve.status().applications["fragile"].status == serve.ApplicationStatus.RUNNING
 
 
+def _checkpoint_keys() -> list:
+    from tray.experimental import internal_kv
+
+    return [k.decode() for k in internal_kv._internal_kv_list("", namespace="serve")]
+
+
+def _checkpoint_state() -> dict:
+    import cloudpickle
+
+    from tray.experimental import internal_kv
+
+    return cloudpickle.loads(internal_kv._internal_kv_get("controller/state",
+                                                          namespace="serve"))
+
+
 def test_the_controller_recovers_its_state_after_a_crash(sim):
     handle = serve.run(Adder.bind(7), name="kept", route_prefix="/kept")
     replicas = _api._list_replicas("kept", "Adder")
@@ -354,60 +369,107 @@ def test_the_controller_recovers_its_state_after_a_crash(sim):
     sim.kill_worker(sim.worker_of(controller))  # it restarts (max_restarts=-1)
     _advance(2.0)
     assert handle.remote(1).result() == 8  # the replicas never stopped
-    assert _api._list_replicas("kept", "Adder") == replicas
+    assert _api._list_replicas("kept", "Adder") == replicas  # (once it recovered)
+    _advance(0.5)  # statuses are worked out again in its loop's next steps
     status = serve.status().applications["kept"]
     assert status.status == serve.ApplicationStatus.RUNNING and status.route_prefix == "/kept"
     serve.run(Adder.bind(8), name="kept", route_prefix="/kept")  # and it still deploys
     assert handle.remote(1).result() == 9
-    store = tray.get_actor("SERVE_CHECKPOINT_ACTOR", namespace="serve")
-    sim.kill_worker(sim.worker_of(store))  # the store restarts empty and is refilled
-    _advance(8.0)
+    replicas = _api._list_replicas("kept", "Adder")
     sim.kill_worker(sim.worker_of(tray.get_actor("SERVE_CONTROLLER_ACTOR", namespace="serve")))
     _advance(2.0)
+    assert _api._list_replicas("kept", "Adder") == replicas
+    _advance(0.5)
     assert serve.status().applications["kept"].status == serve.ApplicationStatus.RUNNING
     assert handle.remote(2).result() == 10
 
 
-def test_a_checkpoint_copy_lost_while_the_controller_is_down_loses_nothing(sim):
-    # simtest serve/chaos seeds 8 and 28: the controller's worker crashed,
-    # and while it was down (the GCS was restarting) the one store's did too:
-    # the store came back empty, then the controller, and Serve's state was
-    # gone. The other copies keep it, and the restarted one takes it back.
-    from tray.serve._common import CHECKPOINT_COPIES, checkpoint_store_names
-
-    assert CHECKPOINT_COPIES >= 2
+def test_the_checkpoint_outlives_a_gcs_restart_with_the_controller_down(sim):
+    # simtest serve/chaos seeds 8, 28 and 165: the controller's worker
+    # crashed while the GCS restarted, and the checkpoint's store actors
+    # (all of them, in 165) restarted empty meanwhile: Serve's state was
+    # gone. It lives in the GCS's key-value store now, whose storage outlives
+    # the GCS's restarts (Redis; the simulator's), as Ray Serve keeps it.
     handle = serve.run(Adder.bind(7), name="kept", route_prefix="/kept")
     replicas = _api._list_replicas("kept", "Adder")
     controller = tray.get_actor("SERVE_CONTROLLER_ACTOR", namespace="serve")
-    first, *others = [tray.get_actor(n, namespace="serve") for n in checkpoint_store_names()]
-    sim.kill_worker(sim.worker_of(controller))
-    sim.kill_worker(sim.worker_of(first))  # at the same instant: no write can refill it
-    _advance(2.0)
+    sim.restart_gcs(down_for_s=1.0)
+    sim.kill_worker(sim.worker_of(controller))  # at the same instant
+    _advance(3.0)
     assert handle.remote(1).result() == 8  # the replicas never stopped
-    _advance(1.0)
     assert _api._list_replicas("kept", "Adder") == replicas
-    assert serve.status().applications["kept"].status == serve.ApplicationStatus.RUNNING
-    # The restarted copy took the state back from its peers.
-    assert tray.get(first.dump.remote())[1].keys() == tray.get(others[0].dump.remote())[1].keys()
-
-
-def test_checkpoint_copies_restarted_empty_are_refilled_at_once(sim):
-    # simtest serve/chaos seed 32: the store restarted empty and the
-    # controller died 80 ms later, before its periodic (5 s) check of the
-    # store: the state was lost. Now the restarted copies are refilled
-    # within a loop step, so the controller's crash right after loses nothing.
-    from tray.serve._common import checkpoint_store_names
-
-    handle = serve.run(Adder.bind(7), name="kept")
-    stores = [tray.get_actor(n, namespace="serve") for n in checkpoint_store_names()]
-    for worker in [sim.worker_of(store) for store in stores]:
-        sim.kill_worker(worker)  # every copy at one instant: no peer can refill another
     _advance(0.5)
-    assert all("state" in tray.get(store.dump.remote())[1] for store in stores)
+    assert serve.status().applications["kept"].status == serve.ApplicationStatus.RUNNING
+
+
+def test_the_checkpoint_is_a_state_key_and_one_key_per_spec(sim):
+    serve.run(Pipeline.bind(Adder.bind(1), doubler.bind()), name="p")
+    keys = _checkpoint_keys()
+    specs = [k for k in keys if k.startswith("controller/spec/")]
+    assert keys == sorted(["controller/state", *specs]) and len(specs) == 3
+    state = _checkpoint_state()
+    assert sorted(d["spec_key"] for d in state["deployments"]) == sorted(specs)
+    # Every replica is in the state (each is recorded before it is created).
+    recorded = {r[0] for d in state["deployments"] for r in d["replicas"]}
+    for name in ("Pipeline", "Adder", "doubler"):
+        assert {r[0] for r in _api._list_replicas("p", name)} <= recorded
+    # A new version of one deployment: its new spec is written, the old one
+    # deleted once the state no longer names it.
+    serve.run(Pipeline.bind(Adder.bind(2), doubler.bind()), name="p")
+    _advance(1.0)
+    new_specs = [k for k in _checkpoint_keys() if k.startswith("controller/spec/")]
+    assert len(new_specs) == 3 and set(new_specs) != set(specs)
+    assert sorted(d["spec_key"] for d in _checkpoint_state()["deployments"]) == new_specs
+    serve.shutdown()
+    assert _checkpoint_keys() == []  # serve.shutdown() deletes it
+
+
+def test_a_restarted_controller_deletes_specs_its_state_does_not_name(sim):
+    # A controller that died between writing a new spec and the state that
+    # names it left the spec behind: its successor deletes it.
+    from tray.experimental import internal_kv
+
+    serve.run(Adder.bind(7), name="kept")
+    internal_kv._internal_kv_put("controller/spec/left-behind", b"x", namespace="serve")
     sim.kill_worker(sim.worker_of(tray.get_actor("SERVE_CONTROLLER_ACTOR", namespace="serve")))
     _advance(1.0)
-    assert handle.remote(1).result() == 8
+    assert len(_api._list_replicas("kept", "Adder")) == 1  # once it recovered
+    _advance(0.5)
+    keys = _checkpoint_keys()
+    assert "controller/spec/left-behind" not in keys and len(keys) == 2
     assert serve.status().applications["kept"].status == serve.ApplicationStatus.RUNNING
+
+
+def test_a_write_while_the_gcs_stays_down_is_made_again(caplog):
+    # The GCS stays down past gcs_reconnect_timeout_s while an application
+    # is updated: the checkpoint write fails, and is made again once the GCS
+    # is back; a controller restarted then finds the update.
+    from tray.core.config import Config
+    from tray.serve._deployment import build
+
+    tray.init(backend="sim", num_cpus=8, seed=0, config=Config(gcs_reconnect_timeout_s=5.0))
+    try:
+        sim = tray.simtest.cluster()
+        handle = serve.run(Adder.bind(7), name="kept")
+        controller = tray.get_actor("SERVE_CONTROLLER_ACTOR", namespace="serve")
+        ingress, specs = build(Adder.bind(8), "kept", "/")
+        sim.restart_gcs(down_for_s=12.0)
+        deployed = controller.deploy_application.remote("kept", "/", ingress, specs)
+        with caplog.at_level("WARNING", logger="tray.serve"):
+            _advance(20.0)
+        tray.get(deployed)
+        assert "writing the checkpoint failed" in caplog.text
+        assert handle.remote(1).result() == 9
+        replicas = _api._list_replicas("kept", "Adder")
+        state = _checkpoint_state()
+        assert [r[0] for r in state["deployments"][0]["replicas"]] == [r[0] for r in replicas]
+        sim.kill_worker(sim.worker_of(controller))
+        _advance(2.0)
+        assert _api._list_replicas("kept", "Adder") == replicas
+        assert handle.remote(1).result() == 9
+    finally:
+        serve.shutdown()
+        tray.shutdown()
 
 
 def test_a_router_keeps_a_newer_target_over_an_older_controllers_answer():
@@ -610,19 +672,17 @@ class SlowStart:
 
 @tray.remote(num_cpus=0)
 def lose_serve_state(delay_s: float) -> None:
-    """Crash the controller and every copy of its checkpoint at one instant
-    (they all restart, empty): its state is lost."""
+    """Crash the controller and delete its checkpoint at one instant (as when
+    the GCS loses its storage): it restarts with nothing."""
     import time
 
     import tray.simtest
-    from tray.serve._common import checkpoint_store_names
+    from tray.experimental import internal_kv
 
     time.sleep(delay_s)
     sim = tray.simtest.cluster()  # the simulator is one process: reachable from a task
-    names = ["SERVE_CONTROLLER_ACTOR", *checkpoint_store_names()]
-    workers = [sim.worker_of(tray.get_actor(name, namespace="serve")) for name in names]
-    for worker in workers:
-        sim.kill_worker(worker)
+    sim.kill_worker(sim.worker_of(tray.get_actor("SERVE_CONTROLLER_ACTOR", namespace="serve")))
+    internal_kv._internal_kv_del("", del_by_prefix=True, namespace="serve")
 
 
 def test_a_lost_checkpoint_redeploys_and_stops_orphaned_replicas(sim):

@@ -2,8 +2,9 @@
 ``shutdown``, ``get_app_handle``, ``get_deployment_handle``.
 
 These run in a driver (or a task): they find the controller by name, or
-create it — with its checkpoint store, both detached, pinned to the
-caller's node (the head, for a driver) — and talk to it through actor calls.
+create it (detached, pinned to the caller's node: the head, for a driver;
+it checkpoints its state to the GCS's key-value store) — and talk to it
+through actor calls.
 Waiting (for an application to run, for a deletion) happens in the
 controller, in calls that return once the state is reached or a while has
 passed, so in the simulator the driver waits on virtual time.
@@ -21,12 +22,7 @@ import time
 import tray
 
 from . import _context
-from ._common import (
-    CONTROLLER_NAME,
-    SERVE_NAMESPACE,
-    checkpoint_store_names,
-    in_event_loop,
-)
+from ._common import CONTROLLER_NAME, SERVE_NAMESPACE, in_event_loop
 from ._deployment import Application, build, validate_route_prefix
 from ._handle import DeploymentHandle
 from ._status import ApplicationStatus, ProxyStatus, ServeStatus
@@ -81,20 +77,15 @@ def _find_controller():
 
 def _start_controller(http_options: HTTPOptions, proxy_location: ProxyLocation):
     from ..util.scheduling_strategies import NodeAffinitySchedulingStrategy
-    from ._controller import CheckpointStoreActor, ControllerActor
+    from ._controller import ControllerActor
 
-    # Pinned to this node (a driver's: the head), as Ray pins its controller:
-    # placed softly, both could land on one node whose death loses the state.
+    # Pinned to this node (a driver's: the head), as Ray pins its controller.
     node_id = tray.get_runtime_context().get_node_id()
     where = NodeAffinitySchedulingStrategy(node_id, soft=False)
-    common = dict(namespace=SERVE_NAMESPACE, lifetime="detached", get_if_exists=True,
-                  max_restarts=-1, max_task_retries=-1, num_cpus=0, scheduling_strategy=where)
-    names = checkpoint_store_names()
-    for name in names:
-        CheckpointStoreActor.options(name=name, **common).remote(
-            tuple(n for n in names if n != name), name)
-    controller = ControllerActor.options(name=CONTROLLER_NAME, **common).remote(
-        http_options, proxy_location, node_id)
+    controller = ControllerActor.options(
+        name=CONTROLLER_NAME, namespace=SERVE_NAMESPACE, lifetime="detached",
+        get_if_exists=True, max_restarts=-1, max_task_retries=-1, num_cpus=0,
+        scheduling_strategy=where).remote(http_options, proxy_location, node_id)
     _context.reset()
     _context.set_controller(controller)
     tray.get(controller.ping.remote())
@@ -169,10 +160,10 @@ def start(http_options=None, *, proxy_location=None, detached: bool = True,
 
 def _wait_for_app(controller, name: str, incarnation: str = "", redeploy=None) -> None:
     """Wait until the application runs (or failed to deploy). If it vanished
-    because the controller restarted without its checkpoint (every copy of
-    it had restarted empty meanwhile: the state lives in actors, not in a
-    durable store), ``redeploy`` sends it again, at most ``MAX_REDEPLOYS`` times; an
-    application deleted by someone else is an error."""
+    because the controller restarted without its checkpoint (the GCS lost
+    its storage, or the keys were deleted), ``redeploy`` sends it again, at
+    most ``MAX_REDEPLOYS`` times; an application deleted by someone else is
+    an error."""
     wanted = [ApplicationStatus.RUNNING.value, ApplicationStatus.DEPLOY_FAILED.value]
     redeploys = 0
     while True:
@@ -278,7 +269,10 @@ def delete(name: str, _blocking: bool = True) -> None:
 
 
 def shutdown() -> None:
-    """Delete every application, stop the proxies and the controller."""
+    """Delete every application, stop the proxies and the controller, and
+    delete its checkpoint."""
+    from ._common import delete_checkpoint
+
     _require_sync("shutdown")
     controller = _find_controller()
     if controller is not None:
@@ -289,11 +283,7 @@ def shutdown() -> None:
         except tray.exceptions.ActorDiedError:
             pass
         tray.kill(controller)
-    for store_name in checkpoint_store_names():
-        try:
-            tray.kill(tray.get_actor(store_name, namespace=SERVE_NAMESPACE))
-        except ValueError:
-            pass
+    delete_checkpoint()  # after the kill: a controller restarted now starts empty
     _context.reset()
 
 

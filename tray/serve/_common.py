@@ -1,12 +1,15 @@
 """Names, small records passed between Serve's actors, and helper tasks.
 
-The helper tasks exist because an async actor's methods cannot yet make the
-blocking tray calls that create, look up or kill actors (``ActorClass.remote``,
-``tray.get_actor``, ``tray.kill`` wait through greenback, which an asyncio
-task has no portal for). The controller and the proxies are async actors, so
-they submit these tiny zero-CPU tasks, which may block, and await their
-results. Each is idempotent, so a retry after a crash does no harm:
-creation uses ``get_if_exists``, killing a dead actor is a no-op."""
+The controller and the proxies are async actors; they make the blocking
+tray calls — creating, looking up and killing actors (``ActorClass.remote``,
+``tray.get_actor``, ``tray.kill``), the checkpoint's key-value calls
+(``tray.experimental.internal_kv``) — through these tiny zero-CPU tasks,
+and await their results: a call lost to a crash is retried
+(``max_retries``), and the asyncio tasks the controller spawns could not
+make those calls themselves (a blocking call works in an async method's own
+task only). Each is idempotent, so a retry after a crash does no harm:
+creation uses ``get_if_exists``, killing a dead actor is a no-op, a
+checkpoint write puts the same bytes again."""
 
 from __future__ import annotations
 
@@ -16,7 +19,6 @@ import tray
 
 SERVE_NAMESPACE = "serve"
 CONTROLLER_NAME = "SERVE_CONTROLLER_ACTOR"
-CHECKPOINT_NAME = "SERVE_CHECKPOINT_ACTOR"
 PROXY_NAME_PREFIX = "SERVE_PROXY_ACTOR-"
 REPLICA_NAME_PREFIX = "SERVE_REPLICA::"
 
@@ -80,14 +82,20 @@ def replica_actor_name(replica_id: str) -> str:
     return REPLICA_NAME_PREFIX + replica_id
 
 
-# The controller's checkpoint is kept by this many CheckpointStore actors
-# (_controller.py), so that one restarting (empty) while the controller is
-# down too loses nothing: the state is lost only if every copy is.
-CHECKPOINT_COPIES = 2
+# The controller's checkpoint in the GCS's key-value store (namespace
+# SERVE_NAMESPACE): STATE_KEY the snapshot, SPEC_PREFIX + digest each
+# deployment spec it names (_controller.py's header).
+CHECKPOINT_PREFIX = "controller/"
+STATE_KEY = CHECKPOINT_PREFIX + "state"
+SPEC_PREFIX = CHECKPOINT_PREFIX + "spec/"
 
 
-def checkpoint_store_names() -> list:
-    return [CHECKPOINT_NAME] + [f"{CHECKPOINT_NAME}_{i}" for i in range(1, CHECKPOINT_COPIES)]
+def delete_checkpoint() -> int:
+    """Delete the controller's checkpoint (blocking); how many keys went."""
+    from tray.experimental import internal_kv
+
+    return internal_kv._internal_kv_del(CHECKPOINT_PREFIX, del_by_prefix=True,
+                                        namespace=SERVE_NAMESPACE)
 
 
 # ============================================================ helper tasks
@@ -119,6 +127,37 @@ def lookup_actor(name: str, namespace: str):
         return tray.get_actor(name, namespace=namespace)
     except ValueError:
         return None
+
+
+@tray.remote(num_cpus=0, max_retries=3)
+def write_checkpoint(puts: list, deletes: list) -> None:
+    """Put ``puts`` ((key, value) pairs) in their order, then delete
+    ``deletes``, in the checkpoint's namespace. The controller sends one
+    at a time and waits for it; a retry after a crash writes the same again."""
+    from tray.experimental import internal_kv
+
+    for key, value in puts:
+        internal_kv._internal_kv_put(key, value, True, namespace=SERVE_NAMESPACE)
+    for key in deletes:
+        internal_kv._internal_kv_del(key, namespace=SERVE_NAMESPACE)
+
+
+@tray.remote(num_cpus=0, max_retries=3)
+def read_checkpoint() -> dict:
+    """Every key of the checkpoint and its value."""
+    from tray.experimental import internal_kv
+
+    items = {}
+    for key in internal_kv._internal_kv_list(CHECKPOINT_PREFIX, namespace=SERVE_NAMESPACE):
+        value = internal_kv._internal_kv_get(key, namespace=SERVE_NAMESPACE)
+        if value is not None:
+            items[key.decode()] = value
+    return items
+
+
+@tray.remote(num_cpus=0, max_retries=3)
+def delete_checkpoint_task() -> int:
+    return delete_checkpoint()
 
 
 @tray.remote(num_cpus=0, max_retries=3)

@@ -32,19 +32,25 @@ a deployment and for the route table; every change is published at the end
 of the loop step that made it, under a version ``(incarnation, n)`` that
 grows across restarts of the controller.
 
-**Restarts.** The controller's state is checkpointed to small detached
-actors (``CheckpointStore``, ``CHECKPOINT_COPIES`` of them) after every
-change, and a replica is recorded there *before* it is created, so a
-restarted controller (tray restarts it: ``max_restarts=-1``) finds every
-replica it made: it takes the newest state a copy holds, looks each replica
-up by name, re-attaches the live ones (``initialize`` is idempotent) and
-forgets the dead ones. A copy that restarts (empty) takes the state back
-from a peer at once (each keeps a call waiting at the others, which its
-restart sends again), even while the controller is down; the controller
-keeps one waiting at each copy too, and writes everything again if a copy
-came back with nothing. Only losing every copy and the controller at once
-(the head node) loses the state. (Ray keeps this checkpoint in the GCS's
-key-value store, which tray's public API does not offer yet.)
+**Restarts.** The controller's state is checkpointed to the GCS's
+key-value store (``tray.experimental.internal_kv``, namespace ``"serve"``),
+as Ray Serve keeps it, after every change, and a replica is recorded there
+*before* it is created, so a restarted controller (tray restarts it:
+``max_restarts=-1``) finds every replica it made: it reads the state back,
+looks each replica up by name, re-attaches the live ones (``initialize`` is
+idempotent) and forgets the dead ones. The checkpoint is the key
+``controller/state`` (a pickled snapshot) and one key per deployment spec,
+``controller/spec/`` and the digest of its bytes: a write puts the specs
+the state names first and the state after, so a state never names a
+missing spec, and deletes the specs the state no longer names only after
+it. Writes go one at a time, each a helper task on the controller's node
+(``_common.write_checkpoint``, which makes the blocking key-value calls),
+aside from the control loop, which goes on while the GCS restarts; one that
+fails (the GCS stayed down past its reconnect timeout) is made again at the
+next loop step, and a replica whose record failed is not created. The keys
+outlive any actor's death, and GCS restarts where the GCS's storage is
+durable (Redis; the simulator's): Serve's state is lost only with the GCS's
+own storage, as in Ray. ``serve.shutdown()`` deletes them.
 
 Everything here runs on the actor's asyncio loop: on trio-asyncio, so in
 the simulator on virtual time, deterministically. Decisions iterate dicts
@@ -65,6 +71,8 @@ from ._autoscaling import CONTROL_LOOP_PERIOD_S, LoadSamples, PolicyState
 from ._common import (
     PROXY_NAME_PREFIX,
     SERVE_NAMESPACE,
+    SPEC_PREFIX,
+    STATE_KEY,
     ReplicaInfo,
     RouteTable,
     RoutingTarget,
@@ -91,10 +99,6 @@ REPLICA_HEALTH_CHECK_UNHEALTHY_THRESHOLD = 3
 PROXY_HEALTH_CHECK_PERIOD_S = 10.0
 PROXY_RESTART_BACKOFF_S = 5.0
 NODES_REFRESH_PERIOD_S = 5.0
-STORE_CHECK_PERIOD_S = 5.0
-STORE_WATCH_TIMEOUT_S = 30.0
-STORE_PEER_TIMEOUT_S = 5.0
-STORE_PEER_RETRY_S = 1.0
 CONTROLLER_CONCURRENCY = 10_000  # long polls of routers and proxies, and client calls
 SHUTDOWN_TIMEOUT_S = 120.0
 REPLICA_EXIT_TIMEOUT_S = 10.0
@@ -123,7 +127,7 @@ def _spec_blob(spec: DeploymentSpec) -> tuple:
     cached = _spec_blobs.get(id(spec))
     if cached is None or cached[0] is not spec:
         blob = cloudpickle.dumps(spec)
-        cached = (spec, "spec:" + hashlib.sha256(blob).hexdigest()[:24], blob)
+        cached = (spec, SPEC_PREFIX + hashlib.sha256(blob).hexdigest()[:24], blob)
         _spec_blobs[id(spec)] = cached
         if len(_spec_blobs) > 1024:  # bounded: old specs are pickled again if needed
             del _spec_blobs[next(iter(_spec_blobs))]
@@ -230,124 +234,17 @@ class ControllerStatistics:
 # ========================================================= the checkpoint
 
 
-class CheckpointStore:
-    """Bytes under keys, for the controller's checkpoint (see the module's
-    header): ``CHECKPOINT_COPIES`` actors of their own, so that the state
-    outlives the controller. Each write carries a sequence number that grows
-    with every write. A copy that restarted (empty) takes, on the first call
-    it gets, the newest state one of its ``peers`` holds."""
+def _kv_task(function):
+    """``function`` (a helper task of _common's) pinned to the controller's
+    node: the controller (its owner) sees the worker that runs it on its own
+    node, so a retry goes only after an attempt that died, never beside one
+    a partition held back whose write could land after a later one."""
+    from ..util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    def __init__(self, peers: tuple = (), name: str = "") -> None:
-        self._items: dict[str, bytes] = {}
-        self._seq = -1
-        self._name = name
-        self._peers = tuple(peers)
-        self._handles: dict = {}  # peer name -> its handle (from its calls, or looked up)
-        self._loading: asyncio.Future | None = None
-        self._watching: list = []
-
-    async def _load(self) -> None:
-        if self._loading is None:
-            self._loading = asyncio.ensure_future(self._pull())
-            # A copy that restarts gets a call at once even while the
-            # controller is down: the one each peer keeps waiting here.
-            self._watching = [_spawn(self._watch_peer(name)) for name in self._peers]
-        await asyncio.shield(self._loading)
-
-    async def _handle(self, name: str):
-        handle = self._handles.get(name)
-        if handle is None:
-            handle = await _common.lookup_actor.remote(name, SERVE_NAMESPACE)
-            if handle is not None:
-                self._handles[name] = handle
-        return handle
-
-    async def _watch_peer(self, name: str) -> None:
-        """Keep a ``watch`` call waiting at the peer, with this copy's handle:
-        it is sent again when the peer restarts, and the peer asks this copy
-        for the state at once (no lookup first: chaos seed 38 lost both
-        copies while one still looked the other up)."""
-        while True:
-            try:
-                me, handle = await self._handle(self._name), await self._handle(name)
-                if handle is None or me is None:
-                    return  # Serve shut down
-                await handle.watch.remote(STORE_WATCH_TIMEOUT_S, True, (self._name, me))
-            except tray.exceptions.ActorDiedError:
-                return  # killed for good: Serve shut down
-            except Exception:  # noqa: BLE001 - unreachable for now: again later
-                await asyncio.sleep(STORE_PEER_RETRY_S)
-
-    async def _pull(self) -> None:
-        async def peek(name: str):
-            try:
-                handle = await self._handle(name)
-                if handle is None:
-                    return None
-                return await asyncio.wait_for(_await(handle.peek.remote()),
-                                              timeout=STORE_PEER_TIMEOUT_S)
-            except Exception:  # noqa: BLE001 - unreachable or gone: the others may have it
-                return None
-
-        found = [r for r in await asyncio.gather(*[peek(n) for n in self._peers])
-                 if r is not None]
-        if found:
-            seq, items = max(found, key=lambda r: r[0])
-            if seq > self._seq and "state" not in self._items:
-                self._seq, self._items = seq, dict(items)
-
-    async def peek(self):
-        """(sequence number, items) as they are here, without asking the
-        peers (they ask this), or None if no state is here."""
-        return (self._seq, dict(self._items)) if "state" in self._items else None
-
-    async def dump(self):
-        """(sequence number, items), or None if no copy holds a state."""
-        await self._load()
-        return await self.peek()
-
-    async def get(self, key: str):
-        await self._load()
-        return self._items.get(key)
-
-    async def put(self, seq: int, items: dict, delete: list, required: tuple = ()) -> list:
-        """Store ``items`` and drop ``delete``, unless a key of ``required``
-        (the specs the state names) would be missing: then nothing changes
-        and the missing keys are returned, so that a state never names a
-        spec the store lacks (a store restarted empty forgot the specs the
-        controller wrote before)."""
-        await self._load()
-        missing = [key for key in required if key not in items and key not in self._items]
-        if missing:
-            return missing
-        self._items.update(items)
-        for key in delete:
-            self._items.pop(key, None)
-        self._seq = max(self._seq, seq)
-        return []
-
-    async def keys(self) -> list:
-        await self._load()
-        return list(self._items)
-
-    async def watch(self, timeout_s: float, hold: bool = False, peer: tuple = ()) -> bool:
-        """Whether the state is here; if it is (or ``hold``), only after
-        ``timeout_s``. The controller and the peers (``peer``: the caller's
-        name and handle) keep one call waiting at each copy: the actor
-        restarts with ``max_task_retries=-1``, so a restart (empty) sends
-        them again, the copy takes the state from its peers, and the
-        controller checks it at once (writing everything again if no peer
-        had it) rather than at its periodic check."""
-        if peer:
-            self._handles[peer[0]] = peer[1]
-        await self._load()
-        if "state" not in self._items and not hold:
-            return False
-        await asyncio.sleep(timeout_s)
-        return "state" in self._items
-
-
-CheckpointStoreActor = tray.remote(CheckpointStore)
+    # Asked each time: the simulator runs every process in this interpreter.
+    node_id = tray.get_runtime_context().get_node_id()
+    return function.options(
+        scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False))
 
 
 # ========================================================== the controller
@@ -372,20 +269,19 @@ class ServeController:
         self._loop_task: asyncio.Task | None = None
         self._ready: asyncio.Event | None = None
         self._self_handle = None
-        self._stores: list = []  # the checkpoint's copies (CheckpointStore actors)
-        self._seq = 0  # of the last checkpoint written
-        self._stored_specs: set = set()
+        self._stored_specs: set = set()  # spec keys the GCS holds
+        self._maybe_stored_specs: set = set()  # and those it may hold (deleted once stale)
         self._dirty = False
         self._iterations = 0
         self._waiting_polls = 0
         self._alive_nodes: list = []
         self._nodes_refresh_s = -1e18
         self._nodes_task: asyncio.Task | None = None
-        self._store_check_s = 0.0
-        self._store_watches: dict = {}  # copy index -> its watch call
         self._shutting_down = False
         self._started_s = 0.0
         self._checkpoint_lock: asyncio.Lock | None = None
+        self._write_task: asyncio.Task | None = None
+        self._checkpoint_off = False  # deleted at shutdown: no more writes
 
     # -------------------------------------------------------- lifecycle
 
@@ -456,81 +352,45 @@ class ServeController:
     def _spec_key(spec: DeploymentSpec) -> str:
         return _spec_blob(spec)[0]
 
-    async def _checkpoint(self) -> None:
+    async def _checkpoint(self) -> bool:
         """Write the state; one write at a time, each with the state as it is
-        when its turn comes (the store runs calls concurrently, so two writes
-        in flight could land in either order)."""
+        when its turn comes (two writes in flight could land in either order,
+        and one could delete a spec the other's state names). Whether it was
+        written: a failed write is made again at the next loop step."""
+        async with self._lock():
+            if self._checkpoint_off:
+                return True
+            try:
+                await self._write_checkpoint()
+            except Exception as error:  # noqa: BLE001 - e.g. the GCS stayed down too long
+                self._dirty = True
+                logger.warning("serve controller: writing the checkpoint failed (%s); "
+                               "trying again", _error_text(error))
+                return False
+            return True
+
+    def _lock(self) -> asyncio.Lock:
         if self._checkpoint_lock is None:
             self._checkpoint_lock = asyncio.Lock()
-        async with self._checkpoint_lock:
-            await self._write_checkpoint()
+        return self._checkpoint_lock
 
     async def _write_checkpoint(self) -> None:
+        """The specs the state names that the GCS lacks, then the state,
+        then the specs no state names any more (a state never names a spec
+        the GCS lacks), in one helper task."""
         import cloudpickle
 
         self._dirty = False
-        items = {}
-        for dep in self._deployments.values():
-            key, blob = _spec_blob(dep.spec)
-            if key not in self._stored_specs:
-                items[key] = blob
-                self._stored_specs.add(key)
-        live = {self._spec_key(dep.spec) for dep in self._deployments.values()}
-        stale = [key for key in sorted(self._stored_specs) if key not in live]
-        for key in stale:
-            self._stored_specs.discard(key)
-        items["state"] = cloudpickle.dumps(self._snapshot())
-        required = tuple(sorted(live))
-        self._seq += 1
-        results = await asyncio.gather(*[self._put(store, self._seq, items, stale, required)
-                                         for store in self._stores], return_exceptions=True)
-        errors = [r for r in results if isinstance(r, BaseException)]
-        if errors:  # written again at the next step
-            self._dirty = True
-            self._stored_specs.difference_update(items)
-            logger.warning("serve controller: checkpoint failed at %d of %d copies: %s",
-                           len(errors), len(results), _error_text(errors[0]))
-
-    async def _put(self, store, seq: int, items: dict, stale: list, required: tuple) -> None:
-        missing = await store.put.remote(seq, items, stale, required)
-        if missing:
-            # The copy restarted empty (and no peer had the state) since these
-            # were written: the state goes only with every spec it names.
-            logger.warning("serve controller: a checkpoint copy lost %d spec(s): writing "
-                           "them again", len(missing))
-            blobs = dict(_spec_blob(dep.spec) for dep in self._deployments.values())
-            more = dict(items)
-            more.update({key: blobs[key] for key in missing if key in blobs})
-            missing = await store.put.remote(seq, more, stale, required)
-        if missing:
-            raise RayServeException(f"the checkpoint copy lacks {missing}")
-
-    async def _check_store(self) -> None:
-        """A copy restarted and found no peer with the state: write
-        everything again."""
-        results = await asyncio.gather(*[_await(store.keys.remote()) for store in self._stores],
-                                       return_exceptions=True)
-        live = {self._spec_key(dep.spec) for dep in self._deployments.values()}
-        for keys in results:
-            if isinstance(keys, BaseException):
-                continue  # try again later
-            if "state" not in keys or any(key not in keys for key in live):
-                self._stored_specs.clear()
-                await self._checkpoint()
-                return
-
-    def _watch_store(self) -> None:
-        """Keep one ``CheckpointStore.watch`` call waiting at each copy; once
-        one answers without the state (the copy restarted), check them."""
-        for index, store in enumerate(self._stores):
-            task = self._store_watches.get(index)
-            if task is not None and not task.done():
-                continue
-            if task is not None and (task.cancelled() or task.exception() is not None or
-                                     not task.result()):
-                self._store_check_s = -1e18  # check now (below, in this step)
-            self._store_watches[index] = _spawn(_await(store.watch.remote(
-                STORE_WATCH_TIMEOUT_S)))
+        blobs = dict(_spec_blob(dep.spec) for dep in self._deployments.values())
+        puts = [(key, blob) for key, blob in blobs.items() if key not in self._stored_specs]
+        puts.append((STATE_KEY, cloudpickle.dumps(self._snapshot())))
+        stale = [key for key in sorted(self._stored_specs | self._maybe_stored_specs)
+                 if key not in blobs]
+        self._maybe_stored_specs.update(key for key, _blob in puts[:-1])  # if it fails
+        await _kv_task(_common.write_checkpoint).remote(puts, stale)
+        self._stored_specs.update(key for key, _blob in puts[:-1])
+        self._stored_specs.difference_update(stale)
+        self._maybe_stored_specs.difference_update(stale)
 
     async def _recover(self) -> None:
         import cloudpickle
@@ -539,25 +399,18 @@ class ServeController:
         self._deployments.clear()
         self._proxies.clear()
         self._stored_specs.clear()
+        self._maybe_stored_specs.clear()
         self._self_handle = await _common.lookup_actor.remote(_common.CONTROLLER_NAME,
                                                              SERVE_NAMESPACE)
-        stores = await asyncio.gather(*[_await(_common.lookup_actor.remote(name, SERVE_NAMESPACE))
-                                        for name in _common.checkpoint_store_names()])
-        self._stores = [store for store in stores if store is not None]
-        if not self._stores:
-            raise RayServeException("the Serve checkpoint store is missing")
-        # The newest state any copy holds (each asks its peers if it restarted).
-        dumps = await asyncio.gather(*[_await(store.dump.remote()) for store in self._stores],
-                                     return_exceptions=True)
-        found = [d for d in dumps if d is not None and not isinstance(d, BaseException)]
-        if not found:
-            failed = [d for d in dumps if isinstance(d, BaseException)]
-            if failed:  # a copy that could not answer may hold the state: ask again
-                raise failed[0]
+        items = await _kv_task(_common.read_checkpoint).remote()
+        # Every spec key, those of a write cut short included: the ones the
+        # state does not name go at the first write.
+        self._stored_specs.update(key for key in items if key.startswith(SPEC_PREFIX))
+        state = items.get(STATE_KEY)
+        if state is None:  # a new Serve (or one whose checkpoint was deleted)
             await self._checkpoint()
             return
-        self._seq, items = max(found, key=lambda d: d[0])
-        snapshot = cloudpickle.loads(items["state"])
+        snapshot = cloudpickle.loads(state)
         self._http_options = snapshot["http_options"]
         self._proxy_location = snapshot["proxy_location"]
         self._head_node_id = snapshot["head_node_id"]
@@ -574,7 +427,6 @@ class ServeController:
                 logger.error("serve controller: the checkpoint lacks the spec of %s/%s",
                              record["app"], record["name"])
                 continue
-            self._stored_specs.add(record["spec_key"])
             dep = _Deployment(app_name=record["app"], name=record["name"],
                               spec=cloudpickle.loads(spec_blob),
                               config_version=record["config_version"],
@@ -591,8 +443,9 @@ class ServeController:
         for app in list(self._apps.values()):
             lost = [n for n in app.deployments if (app.name, n) not in self._deployments]
             if lost:
-                # Only an older store could lack a spec (a state now goes only
-                # with its specs): the application is lost, as with no
+                # A state never names a spec the GCS lacks (specs are written
+                # before it and deleted after it): only keys deleted from
+                # outside get here. The application is lost, as with no
                 # checkpoint (serve.run sends it again; its replicas, unknown
                 # now, stop themselves).
                 logger.error("serve controller: application %r lost deployment(s) %s with "
@@ -637,6 +490,7 @@ class ServeController:
         replica.node_id = meta.get("node_id", "")
         replica.state = ReplicaState.RUNNING
         replica.next_health_s = self._now() + dep.spec.config.health_check_period_s
+        self._publish()  # as _start does: no answer names it under an older version
 
     async def _reattach_proxy(self, proxy: _Proxy) -> None:
         try:
@@ -834,7 +688,19 @@ class ServeController:
         deadline = self._now() + SHUTDOWN_TIMEOUT_S
         while (self._apps or self._proxies) and self._now() < deadline:
             await asyncio.sleep(CONTROL_LOOP_PERIOD_S)
-        return not self._apps and not self._proxies
+        if self._apps or self._proxies:
+            return False
+        # Nothing left: the checkpoint goes, and no write comes after (one
+        # landing after serve.shutdown() would hand the next Serve this one's
+        # HTTP options).
+        async with self._lock():
+            self._checkpoint_off = True
+            try:
+                await _kv_task(_common.delete_checkpoint_task).remote()
+            except Exception as error:  # noqa: BLE001 - serve.shutdown() deletes it again
+                logger.warning("serve controller: deleting the checkpoint failed: %s",
+                               _error_text(error))
+        return True
 
     async def statistics(self) -> ControllerStatistics:
         await self._ensure_started()
@@ -964,12 +830,10 @@ class ServeController:
                 self._dirty = True
         self._manage_proxies(now)
         self._publish()
-        self._watch_store()
-        if now - self._store_check_s >= STORE_CHECK_PERIOD_S:
-            self._store_check_s = now
-            await self._check_store()
-        if self._dirty:
-            await self._checkpoint()
+        if self._dirty and (self._write_task is None or self._write_task.done()):
+            # Aside from the loop: while the GCS restarts the write waits for
+            # it, and health checks, drains and routing go on meanwhile.
+            self._write_task = _spawn(self._checkpoint())
 
     # ---------------------------------------------------------- reconcile
 
@@ -1029,7 +893,9 @@ class ServeController:
 
         spec = dep.spec
         try:
-            await self._checkpoint()  # recorded before it exists: a restart finds it
+            # Recorded before it exists: a restarted controller finds it.
+            if not await self._checkpoint():
+                raise RayServeException("the checkpoint could not be written")
             options = dict(spec.actor_options)
             options.setdefault("num_cpus", 1)
             options.update(name=replica.actor_name, namespace=SERVE_NAMESPACE,
@@ -1267,10 +1133,13 @@ class ServeController:
                 dep.message = ""
         elif dep.unhealthy:
             dep.status = DeploymentStatus.UNHEALTHY
-        elif any(r.version != version and r.serving() for r in dep.replicas):
+        elif any(r.version != version and (r.serving() or r.state == ReplicaState.RECOVERING)
+                 for r in dep.replicas):
             # A rolling update in progress, whatever the autoscaler decided
             # meanwhile: the application is not RUNNING (serve.run waits)
-            # while replicas of the old version still take requests.
+            # while replicas of the old version still take requests, or may
+            # once re-attached after a restart (chaos seed 136: serve.run
+            # returned, then an old replica came back and took a request).
             dep.status = DeploymentStatus.UPDATING
         elif dep.status not in (DeploymentStatus.UPSCALING, DeploymentStatus.DOWNSCALING):
             dep.status = DeploymentStatus.UPDATING

@@ -26,7 +26,7 @@ away holds no slot for long.
 **Orphans.** Every ``ORPHAN_CHECK_PERIOD_S`` a replica asks
 the controller whether it still knows it (``knows_replica``). A replica the
 controller does not know — made by an incarnation whose checkpoint was lost
-(every copy of it restarted empty while the controller was down) — or
+(the GCS lost its storage, or the keys were deleted) — or
 whose controller is gone for good (``serve.shutdown``) stops itself, so
 no detached replica outlives what manages it. An unreachable controller
 (a partition, a restart in progress) is asked again later.
