@@ -165,10 +165,6 @@ class Program:
         self.placement_groups: list = []  # removed at quiescence
         self.laters: list = []
         self.max_restarts: dict[str, int] = {}  # actor key -> its finite max_restarts
-        # From the trace once the faults stopped (None: it kept too few
-        # events to say): retries spent per task and restarts per actor
-        # (hex ids), and the actors killed on purpose.
-        self.spent: Spent | None = None
         self.cluster = None  # the simulated cluster, once the values are checked
         self.not_ready: list[str] = []  # refs wait reported ready that get did not answer
         self.cancels: list[tuple] = []  # (key, runs when cancelled, force, task id hex)
@@ -969,8 +965,13 @@ def _check_budget_spent(program: Program, expectation: Expectation, error: BaseE
     """A crash may fail work with a finite budget only once the budget is
     spent: the task that gave up (named in the error) retried ``budget``
     times, the actor restarted ``max_restarts`` times (or was killed)."""
-    cause, ledger = _cause(error), program.spent
-    if expectation.budget is None or ledger is None:
+    if expectation.budget is None or program.cluster is None:
+        return
+    # Read from the trace now, not once the faults stopped: the error may
+    # have come after, with a retry spent since (wait seed 300: a retry and
+    # the failure of the retried attempt at the instant the faults stopped).
+    cause, ledger = _cause(error), spent(program.cluster)
+    if ledger is None:
         return
     if isinstance(cause, exceptions.WorkerCrashedError):
         match = _GAVE_UP_TASK.search(str(cause))
@@ -1091,7 +1092,6 @@ def _check_object_lost(program: Program, error: BaseException, where: str) -> bo
 
 
 def _liveness_and_values(cluster, program: Program) -> None:
-    program.spent = spent(cluster)
     program.cluster = cluster
     deadline = cluster.clock.current_time() + LIVENESS_S
     for expectation in list(program.expectations):
