@@ -232,15 +232,17 @@ def serve_stream(program) -> None:
     long_requests = [(f"h-{i}", handle.remote(f"h-{i}", HOLD_S)) for i in range(held)]
     held_outcomes: list = []
 
-    def held_lost() -> bool:
+    def held_lost(requests=long_requests, outcomes=held_outcomes) -> bool:
         # A held request that failed (judged below: only a fault may fail
         # it) held no load: e.g. it went to a replica that had died, which
         # the controller could not know yet (chaos seed 6: the GCS was down
         # when its worker crashed), so the target had nothing to follow.
-        held_outcomes[:] = [(rid, *_outcome(r)) for rid, r in long_requests]
-        return any(kind == "error" for _rid, kind, _value, _replica in held_outcomes)
+        # (Arguments, not a closure: the names are deleted below.)
+        outcomes[:] = [(rid, *_outcome(r)) for rid, r in requests]
+        return any(kind == "error" for _rid, kind, _value, _replica in outcomes)
 
     _wait_for_replicas(expected, f"{held} requests held", excused=held_lost)
+    del held_lost
     if not held_outcomes:
         held_outcomes = [(rid, *_outcome(r)) for rid, r in long_requests]
     del long_requests
