@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from tray.autoscaler import policy
 from tray.simtest import runner
 from tray.simtest.cli import sweep
@@ -43,3 +45,30 @@ def test_a_policy_that_never_scales_down_is_caught(monkeypatch):
     result = runner.run_seed(1, "autoscaler", "none")
     assert not result.ok
     assert result.invariant == "autoscaler-scales-down", result.message[:2000]
+
+
+# Chaos seeds of the autoscaler workload that broke: (seed, what broke).
+PINNED_CHAOS = [
+    # The workload removed its placement group once the work was done, then
+    # its own crash of a scaled node took the only copy of the group task's
+    # result (the seed stores small results in the node's store); the
+    # runner's later read reconstructed the task, which failed with
+    # TaskPlacementGroupRemoved (as Ray's would: a removed group's tasks
+    # cannot run again). The workload now reads that result, pulling a copy
+    # to the driver's node, before it removes the group.
+    (3, "a removed group's task reconstructed after its node crashed"),
+    # A scaled node added while the GCS was down crashed (a fault) before it
+    # registered; the workload's own node crash then asked whether it was
+    # alive, and SimCluster.is_alive raised "unknown node" (neither the
+    # machines nor the GCS knew the id). An id no machine holds is not alive;
+    # test_fault_tolerance.py has the direct test.
+    (37, "is_alive of a node that never registered raised"),
+    (49, "is_alive of a node that never registered raised"),
+]
+
+
+@pytest.mark.parametrize("seed,bug", PINNED_CHAOS, ids=[str(s) for s, _ in PINNED_CHAOS])
+def test_autoscaler_chaos_seed_stays_fixed(seed, bug):
+    result = runner.run_seed(seed, "autoscaler", "chaos")
+    assert result.ok, f"{bug}: {result.report()}"
+    assert any("by the workload" in fault for fault in result.schedule)

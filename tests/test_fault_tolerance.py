@@ -185,6 +185,28 @@ def test_crashed_node_restarts_with_a_new_id_and_takes_work(sim):
     assert tray.get(ref) == 25
 
 
+def test_a_node_that_never_registered_and_crashed_is_not_alive(sim):
+    # Autoscaler chaos seeds 37 and 49: a node added while the GCS was down
+    # crashed (to restart with a new id) before it registered, so neither
+    # the machines nor the GCS knew its old id any more, and is_alive raised
+    # "unknown node" in the workload's own node crash. Not alive, and no
+    # error; kill_node still refuses an id it cannot place. (Killed at the
+    # instant it was added, before its processes began to run: that crashed
+    # the simulator, process.scope being None yet.)
+    sim.restart_gcs(down_for_s=5.0)
+    victim = sim.add_node()
+    sim.kill_node(victim, restart_after_s=1.0)
+    sim.advance(2.0)
+    assert victim not in sim.node_ids()
+    assert not sim.is_alive(victim)
+    assert sim.is_alive(sim.node_ids()[-1])
+    assert not sim.is_alive("0" * 32)
+    with pytest.raises(ValueError, match="unknown node"):
+        sim.kill_node(victim)
+    sim.advance(5.0)
+    assert all(sim.is_alive(node_id) for node_id in sim.node_ids())
+
+
 def test_slow_node_and_connection_reset_lose_nothing(sim):
     victim = sim.node_ids()[2]
     sim.slow_node(victim, 50.0)

@@ -175,6 +175,19 @@ def autoscaler_bursts(program) -> None:
                              f"work did not finish within {WORK_TIMEOUT_S} s of virtual time; "
                              f"autoscaler status: {monitor.status}; decisions: "
                              f"{monitor.decisions[-10:]}")
+        # Read the group's task's result before removing its group: the
+        # read pulls a copy to the driver's node. Its only copy may live on
+        # the node crash_one crashes (when the seed stores small results in
+        # the node's store), and a task whose group is gone cannot be
+        # re-executed: its reconstruction would fail with
+        # TaskPlacementGroupRemoved, as in Ray (chaos seed 3: the group was
+        # removed at 6.1 s, its task's node crashed at 6.4 s, the runner's
+        # read at 22 s found the object lost). An error here is the
+        # runner's to judge when it reads the ref again.
+        try:
+            tray.get(group_ref, timeout=WORK_TIMEOUT_S)
+        except Exception:  # noqa: BLE001 - judged by the runner's read
+            pass
         for actor in actors:
             tray.kill(actor)
         remove_placement_group(group)

@@ -752,6 +752,8 @@ class SimCluster:
         try:
             with trio.CancelScope() as scope:
                 process.scope = scope
+                if not process.alive:
+                    scope.cancel()  # killed before it began to run
                 async with trio.open_nursery() as nursery:
                     process.nursery = nursery
                     await main(process, nursery)
@@ -793,7 +795,8 @@ class SimCluster:
         process.alive = False
         process.exit_code = -9
         self.network.close_all(address)
-        process.scope.cancel()
+        if process.scope is not None:  # else it has not begun to run: it ends as it begins
+            process.scope.cancel()
 
     async def _start_gcs(self) -> None:
         async def gcs_main(process: SimProcess, nursery: trio.Nursery) -> None:
@@ -896,7 +899,15 @@ class SimCluster:
         return list(self._node_ids)
 
     def is_alive(self, node_id: str) -> bool:
-        index = self._index_of(node_id)
+        """Whether this node id is its machine's current node and runs. An
+        id no machine holds now (a crashed node, replaced on its machine) is
+        not alive, whether or not the GCS knows it: a node added while the
+        GCS was down and crashed before it registered is known to nobody
+        (the autoscaler workload's node crash asked about one, and raised
+        "unknown node": autoscaler chaos seeds 37 and 49)."""
+        if node_id not in self._node_ids:
+            return False
+        index = self._node_ids.index(node_id)
         process = self.processes.get(f"n{index}/raylet")
         return self._node_ids[index] == node_id and process is not None and process.alive
 
