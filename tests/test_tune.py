@@ -17,6 +17,7 @@ import pytest
 import tray
 import tray.simtest
 from tray import tune
+from tray.tune._controller import TuneController
 from tray.tune.search.variant_generator import BasicVariantGenerator, resolve
 
 # ================================================================ trainables
@@ -272,6 +273,49 @@ def test_function_trainable_resumes_from_its_checkpoint(sim, tmp_path):
     kept = sorted(name for name in os.listdir(result.path) if name.startswith("checkpoint_"))
     assert len(kept) == 2  # num_to_keep
     assert "Failure # 1" in open(os.path.join(result.path, "error.txt")).read()
+
+
+class _ControllerThatDies(TuneController):
+    """Its worker exits once in ``start`` and once in a ``poll`` after a trial
+    reported, each while a marker file in the experiment directory says so."""
+
+    def _die_once(self, method: str) -> None:
+        marker = os.path.join(self.spec.experiment_path, f"die-in-{method}")
+        if os.path.exists(marker):
+            os.remove(marker)
+            os._exit(1)  # in the simulator: this worker only
+
+    def start(self):
+        self._die_once("start")
+        return super().start()
+
+    def poll(self, census):
+        if any(t.last_result for t in self.state.trials.values()):
+            self._die_once("poll")
+        return super().poll(census)
+
+
+def test_fit_survives_the_controller_dying_while_it_starts_and_later(sim, tmp_path,
+                                                                   monkeypatch):
+    # The controller died in start() (chaos seed 10 of the tune workload): fit()
+    # raised ActorDiedError. Now the driver starts another controller, as it
+    # already did for one that died later on (from its snapshot).
+    from tray.tune import tuner
+
+    monkeypatch.setattr(tuner, "ControllerActor", tray.remote(_ControllerThatDies))
+    experiment = tmp_path / "dies"
+    os.makedirs(experiment)
+    for method in ("start", "poll"):
+        open(experiment / f"die-in-{method}", "w").close()
+    grid = run(checkpointed, tmp_path, name="dies", metric="total", mode="max",
+               param_space={"x": tune.grid_search([1.0, 2.0, 3.0]), "steps": 6,
+                            "marker_dir": str(tmp_path)})
+    assert not any(name.startswith("die-in-") for name in os.listdir(experiment))  # both died
+    assert [r.status for r in grid] == ["TERMINATED"] * 3
+    for result in grid:  # resumed from checkpoints: no step lost or doubled
+        assert result.metrics["total"] == 6 * result.config["x"]
+        assert [row["training_iteration"] for row in history(result)] == [1, 2, 3, 4, 5, 6]
+        assert result._trial.num_failures == 0  # a lost controller is no trial's failure
 
 
 def test_errors_beyond_max_failures_are_reported_not_raised(sim, tmp_path):

@@ -9,7 +9,9 @@ controller gives up on, prints the progress table, and when the
 controller says the experiment is over, turns its trial records into a
 ``ResultGrid``. If the controller actor itself dies (its worker crashed),
 the driver starts a new one from the last snapshot, as ``Tuner.restore``
-would after a driver crash.
+would after a driver crash; one that dies before its ``start`` answered is
+replaced by one started the same way (up to ``CONTROLLER_RESTARTS_MAX``
+replacements in all).
 """
 
 from __future__ import annotations
@@ -229,22 +231,30 @@ class _ExperimentRun:
         from tray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         node = tray.get_runtime_context().get_node_id()
-        self.controller = ControllerActor.options(
-            num_cpus=0, max_restarts=0,
-            scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
-        ).remote(self.spec, self.trainable, restore)
-        try:
-            return tray.get(self.controller.start.remote())
-        except TrayError as error:
-            # A bad setting raised in the controller: raise the user's error itself.
-            self._kill(self.controller)
-            cause = error
-            while isinstance(cause, TrayError) and \
-                    isinstance(getattr(cause, "cause", None), BaseException):
-                cause = cause.cause
-            if cause is not error and not isinstance(cause, TrayError):
-                raise cause from None
-            raise
+        while True:
+            self.controller = ControllerActor.options(
+                num_cpus=0, max_restarts=0,
+                scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
+            ).remote(self.spec, self.trainable, restore)
+            try:
+                return tray.get(self.controller.start.remote())
+            except TrayError as error:
+                self._kill(self.controller)
+                if isinstance(error, tray.exceptions.ActorError) and error.cause is None:
+                    # Its process died (or was cut off) before start() answered: no
+                    # runner has used it yet, so start another the same way (from the
+                    # same snapshot when resuming; a fresh start redoes the same
+                    # seeded setup).
+                    self._count_restart()
+                    continue
+                # A bad setting raised in the controller: raise the user's error itself.
+                cause = error
+                while isinstance(cause, TrayError) and \
+                        isinstance(getattr(cause, "cause", None), BaseException):
+                    cause = cause.cause
+                if cause is not error and not isinstance(cause, TrayError):
+                    raise cause from None
+                raise
 
     def _kill(self, actor) -> None:
         try:
@@ -261,11 +271,14 @@ class _ExperimentRun:
             self._recover()
             return None
 
-    def _recover(self) -> None:
+    def _count_restart(self) -> None:
         self.controller_restarts += 1
         if self.controller_restarts > CONTROLLER_RESTARTS_MAX:
             raise TuneError(f"the experiment's controller actor died "
                             f"{self.controller_restarts} times; giving up")
+
+    def _recover(self) -> None:
+        self._count_restart()
         for runner in list(self.runners.values()):
             self._kill(runner.actor)
         self.runners.clear()
