@@ -98,6 +98,35 @@ def test_failure_report_names_the_seed_schedule_and_replay_command(monkeypatch):
     assert result.failure_dict()["replay"] == result.replay_command()
 
 
+def test_a_program_that_polls_forever_fails_no_hang_and_the_sweep_goes_on(monkeypatch):
+    # Each call is short, so no single blocking call hangs; before the
+    # bound on the whole program a sweep sat on such a seed for ever (tune
+    # chaos seed 89). The bound is not swallowed by `except Exception`.
+    import time
+
+    import tray
+    from tray.simtest import workloads
+
+    def poll_forever(program):
+        @tray.remote
+        def never_done():
+            time.sleep(10**6)
+
+        ref = never_done.remote()
+        while True:
+            try:
+                tray.wait([ref], timeout=1.0)
+            except Exception:  # noqa: BLE001 - what a careless program does
+                pass
+
+    monkeypatch.setitem(workloads.WORKLOADS, "poll_forever", poll_forever)
+    monkeypatch.setattr(runner, "PROGRAM_S", 30.0)
+    result = runner.run_seed(0, "poll_forever", "none")
+    assert not result.ok and result.invariant == "no-hang", result.report()
+    assert "ran past" in result.message and "who waits on whom" in result.message
+    assert 30.0 <= result.virtual_time_s < 40.0
+
+
 def test_replay_in_a_fresh_process_gives_the_digest_of_the_run(tmp_path):
     seed, workload, faults = 3, "mixed", "default"
     in_process = sweep([seed], workload, faults, determinism_every=0)["digests"][str(seed)]

@@ -44,6 +44,10 @@ WAIT_TIMEOUT_S = 5.0
 # A ref `wait(fetch_local=True)` reported ready answers `get` within this.
 READY_GET_S = 0.05
 HANG_S = 300.0  # any single blocking driver call (a hang beyond the liveness bound)
+# The whole seed, workload, liveness and quiescence together (virtual
+# seconds; a seed takes ~30): a program that polls forever, each call short,
+# is a hang too (tune chaos seed 89 swept on for ever).
+PROGRAM_S = 3600.0
 # Every component's validate_state() runs after every this many simulated
 # steps (0: never); a broken invariant fails the seed at the step that broke it.
 VALIDATE_EVERY_STEPS = 1
@@ -623,6 +627,7 @@ def run_seed(seed: int, workload: str = "mixed", faults: str = "chaos", *,
 
 def _run_seed(seed, workload, faults, trace_path, config, started,
               validate_every_steps) -> SeedResult:
+    from ..backends.sim.cluster import SimulationTimeLimit
     from . import cluster as current_cluster
 
     ledger = workloads.reset_ledger()
@@ -637,6 +642,7 @@ def _run_seed(seed, workload, faults, trace_path, config, started,
         init["config"] = config
     tray.init(**init)
     cluster = current_cluster()
+    cluster.time_limit_s = cluster.clock.current_time() + PROGRAM_S
     schedule = faults_module.plan(seed, faults, faults_module.available_kinds(cluster),
                                   shape["num_nodes"])
     program = Program(seed, kills=faults_module.kills(schedule))
@@ -675,6 +681,10 @@ def _run_seed(seed, workload, faults, trace_path, config, started,
             _check_cancels(cluster, program, ledger)
         except InvariantViolation as violation:
             failure = violation
+        except SimulationTimeLimit as error:
+            cluster.time_limit_s = float("inf")  # (what follows blocks too)
+            failure = InvariantViolation("no-hang", f"{error}; who waits on whom:\n"
+                                         + wait_for_graph(cluster))
         except (KeyboardInterrupt, SystemExit):
             raise
         except BaseException as error:  # noqa: BLE001 - the run itself broke
@@ -688,6 +698,7 @@ def _run_seed(seed, workload, faults, trace_path, config, started,
         if trace_path is not None:
             write_trace(cluster, trace_path)
     finally:
+        cluster.time_limit_s = float("inf")
         program.expectations.clear()
         program.actors.clear()
         program.placement_groups.clear()

@@ -84,6 +84,13 @@ class SimulationInvariantError(TrayError):
         self.virtual_time_s = virtual_time_s
 
 
+class SimulationTimeLimit(BaseException):
+    """The simulated program ran past ``SimCluster.time_limit_s`` of virtual
+    time (set by a harness: a program that polls forever is a hang no single
+    blocking call shows). A BaseException, as KeyboardInterrupt: an
+    ``except Exception`` in the program must not swallow it and poll on."""
+
+
 class SimulatedProcessExit(ProcessExit):
     """Raised by ``os._exit`` in simulated user code: ends that simulated
     process, not the real one."""
@@ -478,6 +485,9 @@ class SimCluster:
         self.task_costs = TaskCostModel(seed, task_cost_s)
         self.config = config or config_module.DEFAULT_CONFIG
         self.clock = VirtualClock()
+        # Virtual time past which any blocking call of the program raises
+        # SimulationTimeLimit (a harness's bound on the whole program).
+        self.time_limit_s = float("inf")
         self.trace = Trace(self.clock.current_time)
         self.storage = MemoryStorage()
         self.network = SimNetwork(self._rng("network"), self.trace)
@@ -568,7 +578,7 @@ class SimCluster:
         self._finished = result
 
     def _pump(self, condition, what: str) -> None:
-        deadline = self.clock.current_time() + HANG_TIMEOUT_S
+        deadline = min(self.clock.current_time() + HANG_TIMEOUT_S, self.time_limit_s)
         ticker = self._ticker
         # The driver's code ran since the last step: it changed the driver's
         # state (what it changes elsewhere, it changes through call_soon or
@@ -611,6 +621,10 @@ class SimCluster:
                 gc.collect()
                 self._all_changed = True  # finalizers may have run anywhere
             if clock._now_s > deadline:
+                if clock._now_s > self.time_limit_s:
+                    raise SimulationTimeLimit(
+                        f"the program ran past {self.time_limit_s:.0f} s of virtual time "
+                        f"(during {what}): it makes no progress (a hang)")
                 raise TrayError(f"{what} waited {HANG_TIMEOUT_S} s of virtual time: the "
                                 "simulated cluster cannot make progress (a hang)")
 
