@@ -505,6 +505,51 @@ def test_does_not_exist_is_checked_with_the_controller_before_a_caller_hears_it(
     assert handle.remote(2).result() == 9
 
 
+@tray.remote(num_cpus=0)
+def scale_versioned(num_replicas: int) -> None:
+    # From another process: the driver's router is not handed the target.
+    serve.run(Versioned.options(num_replicas=num_replicas).bind("v1"), name="versioned")
+
+
+def test_a_synchronous_router_reads_the_current_target_before_it_routes(sim, monkeypatch):
+    # simtest serve/chaos seed 205: the driver's router took a long-poll
+    # answer that had waited for it since a scale-up (two replicas), while
+    # a downscale had since drained and stopped one of them; its check that
+    # the answer was still the latest (another poll, waited for 20 ms) lost
+    # to a slow controller, so held requests went to the stopped replica,
+    # failed, and were sent again only when the driver fetched them: for
+    # 30 s they were load that no replica and no autoscaler saw. Now a
+    # router that finds an answer waiting reads the current target.
+    from tray.serve._context import router_for
+    from tray.serve._controller import ServeController
+
+    busy = []
+    listen = ServeController.listen_for_change
+
+    async def slow_listen(self, *args, **kwargs):
+        if busy:
+            await asyncio.sleep(0.05)  # a busy controller answers late
+        return await listen(self, *args, **kwargs)
+
+    monkeypatch.setattr(ServeController, "listen_for_change", slow_listen)
+    handle = serve.run(Versioned.options(num_replicas=1).bind("v1"), name="versioned")
+    assert handle.remote(0.0).result() == "v1"
+    router = router_for("versioned", "Versioned")
+    tray.get(scale_versioned.remote(2))
+    _advance(2.0)
+    waiting = tray.get(router._poll_ref)  # the answer waits, unread
+    assert len(waiting.replicas) == 2
+    tray.get(scale_versioned.remote(1))
+    _advance(5.0)  # one drained and stopped
+    live = [r[0] for r in _api._list_replicas("versioned", "Versioned")]
+    assert len(live) == 1
+    assert live[0] in {r.replica_id for r in waiting.replicas}
+    busy.append(True)
+    responses = [handle.remote(0.0) for _ in range(6)]
+    assert [r._replica.replica_id for r in responses] == live * 6
+    assert [r.result() for r in responses] == ["v1"] * 6
+
+
 # ============================================================ limits, scale
 
 

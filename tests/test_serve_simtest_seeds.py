@@ -55,6 +55,15 @@ from tray.simtest.cli import sweep
     # drained replica ends itself (exit_actor), which sends the replies
     # first.
     (39, "default"),
+    # The driver's router took a long-poll answer that had waited for it
+    # since a scale-up to two replicas, while a downscale had since drained
+    # and stopped one; its 20 ms check that the answer was the latest lost
+    # to a slow controller, so 3 of 6 held requests went to the stopped
+    # replica, failed at once, and were sent again only when the driver
+    # fetched them, after the 30 s wait: the autoscaler saw 3 requests and
+    # kept 1-2 replicas, not 3. Now a synchronous router that finds an answer
+    # waiting reads the controller's current target before it routes.
+    (205, "chaos"),
 ])
 def test_serve_seed(seed, faults):
     result = runner.run_seed(seed, "serve", faults)

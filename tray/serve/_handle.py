@@ -24,10 +24,16 @@ router free of a background loop in synchronous callers.
 **Two kinds of callers.** Synchronous code (a driver script, a task, a
 threaded method) has no event loop to run a router's background work in.
 There the router does its work inside ``.remote()``: it checks whether the
-long poll answered (``tray.wait`` with no timeout), sends the next one, and
-learns which of its in-flight requests ended by checking the oldest ones of
-a candidate that looks full (replicas serve their queue in order, so the
-oldest finish first), or when the caller fetches a result. Asynchronous
+long poll answered (``tray.wait`` with no timeout) and sends the next one,
+and learns which of its in-flight requests ended by checking the oldest ones
+of a candidate that looks full (replicas serve their queue in order, so the
+oldest finish first), or when the caller fetches a result. An answer found
+waiting may have waited there for as long as the caller made no call (it
+says only that the replicas changed since the router last looked): unless
+the next poll confirms it at once, the router reads the current target
+(``routing_target``, answered at once) before it routes, since a replica
+stopped meanwhile (drained and gone) would fail the request, and a
+synchronous caller's request is sent again only when it fetches the result. Asynchronous
 code (a replica's methods, the HTTP proxy) runs on an asyncio loop: there
 ``.remote()`` starts an asyncio task that assigns the request, a background
 task keeps the long poll going, and each request's result is fetched once by
@@ -69,6 +75,11 @@ MAX_REQUEST_RETRIES = 3
 # times in a row.
 CONFIRM_WAIT_S = 0.02
 CONFIRM_ROUNDS = 3
+# How long a synchronous router then waits for the controller's current
+# target, when the answer it took had been waiting (the controller answers
+# at once; past this, it restarts or is cut off, and the answer the router
+# has stands).
+CURRENT_TARGET_TIMEOUT_S = 1.0
 
 
 def _trio_asyncio_loop() -> bool:
@@ -153,17 +164,18 @@ class Router:
     def _known_version(self):
         return -1 if self.target is None else self.target.version
 
-    def _fresh_target_sync(self) -> None:
+    def _fresh_target_sync(self, timeout_s: float | None = None) -> None:
         """Ask the controller for the deployment's target now (before telling
         a caller that it does not exist: the long poll's answer may be old,
-        from a controller that restarted without its state since)."""
+        from a controller that restarted without its state since; and after
+        taking an answer that waited for the caller)."""
         try:
             self._apply(tray.get(self.controller.routing_target.remote(
-                self.app_name, self.deployment)))
+                self.app_name, self.deployment), timeout=timeout_s))
         except tray.exceptions.ActorDiedError as error:
             raise RayServeException("the Serve controller is gone (serve.shutdown() ran, "
                                     f"or it died for good): {error}") from error
-        except tray.exceptions.ActorUnavailableError:
+        except (tray.exceptions.ActorUnavailableError, tray.exceptions.GetTimeoutError):
             pass  # the old answer stands
 
     def _unavailable(self) -> Exception | None:
@@ -234,19 +246,27 @@ class Router:
         and keep one poll outstanding. An answer says the replicas changed;
         changes come in runs (a rolling update, a scale-up), so the router
         asks once more at once, waiting up to ``CONFIRM_WAIT_S``, whether
-        that answer is still the latest."""
+        that answer is still the latest. An answer found waiting (``block``
+        false) came at any time since the caller's last call, and a busy
+        controller may answer that check later than ``CONFIRM_WAIT_S``: the
+        replicas may have changed again since (a downscale drained and
+        stopped one: chaos seed 205), so then the router reads the current
+        target before it routes, rather than send requests to replicas that
+        are gone."""
         if self._poll_ref is None:
             self._send_poll(pending)
         if block:
             ready = [self._poll_ref]
         else:
             ready, _ = tray.wait([self._poll_ref], timeout=0, fetch_local=False)
+        took = False
         for _ in range(CONFIRM_ROUNDS):
             if not ready:
-                return
+                break
             ref, self._poll_ref = self._poll_ref, None
             try:
                 self._apply(tray.get(ref))
+                took = True
             except tray.exceptions.ActorDiedError as error:
                 raise RayServeException("the Serve controller is gone (serve.shutdown() ran, "
                                         f"or it died for good): {error}") from error
@@ -254,6 +274,8 @@ class Router:
                 pass  # it restarts: the next poll goes to the new one
             self._send_poll(0)
             ready, _ = tray.wait([self._poll_ref], timeout=CONFIRM_WAIT_S, fetch_local=False)
+        if took and not block and not ready:
+            self._fresh_target_sync(CURRENT_TARGET_TIMEOUT_S)
 
     def _send_poll(self, pending: int) -> None:
         self._poll_ref = self.controller.listen_for_change.remote(
