@@ -379,3 +379,49 @@ def test_children_a_plain_cancel_leaves_running_end_before_quiescence():
     # leaks. The workload's children sleep 1 s when nothing stops them.
     result = runner.run_seed(236, "cancel", "chaos")
     assert result.ok, result.report()
+
+
+def test_an_error_raised_in_the_simulation_never_chains_to_the_drivers():
+    # tune chaos seed 86: the driver called its controller (a tray.get) in
+    # the ``except`` block for a lost runner; the GCS, run by that call,
+    # lost a lease request there and slept inside its own ``except`` block,
+    # holding an error whose ``__context__`` was the driver's error: its
+    # traceback kept the driver's frames, and in them the refs of the
+    # runners' ``serve`` calls, past quiescence. In a real cluster each
+    # process handles its own exceptions; so must each simulated one.
+    import gc
+    import time
+
+    import trio
+
+    import tray
+    from tray.core.context import _global_state
+    from tray.simtest import cluster as current_cluster
+
+    kept = []
+
+    async def keeps_its_error():  # as the GCS's actor scheduler, after a lost lease request
+        try:
+            raise ConnectionError("a peer went away")
+        except ConnectionError as error:
+            kept.append(error)
+            await trio.sleep(3600)
+
+    def lose(ref):  # the driver's error: its traceback holds this frame, and ref
+        raise KeyError("the driver's own")
+
+    tray.init(backend="sim", seed=0)
+    try:
+        ref = tray.put("held")
+        try:
+            lose(ref)
+        except KeyError:
+            current_cluster().spawn(keeps_its_error)
+            time.sleep(0.1)  # runs the simulation from the driver's handler
+        assert kept and not isinstance(kept[0].__context__, KeyError)
+        del ref
+        gc.collect()
+        time.sleep(0.5)
+        assert _global_state["driver"].statistics().references.objects == 0
+    finally:
+        tray.shutdown()

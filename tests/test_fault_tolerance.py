@@ -207,6 +207,13 @@ def test_a_node_that_never_registered_and_crashed_is_not_alive(sim):
     assert all(sim.is_alive(node_id) for node_id in sim.node_ids())
 
 
+def test_kill_worker_without_a_worker_id_is_a_clear_error(sim):
+    # worker_of() gives None for an actor that is not alive; passing that on
+    # raised TypeError deep inside (serve chaos seed 269).
+    with pytest.raises(ValueError, match="needs a worker id"):
+        sim.kill_worker(None)
+
+
 def test_slow_node_and_connection_reset_lose_nothing(sim):
     victim = sim.node_ids()[2]
     sim.slow_node(victim, 50.0)

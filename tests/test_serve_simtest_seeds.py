@@ -64,6 +64,12 @@ from tray.simtest.cli import sweep
     # kept 1-2 replicas, not 3. Now a synchronous router that finds an answer
     # waiting reads the controller's current target before it routes.
     (205, "chaos"),
+    # The workload's own replica kill asked the GCS for the worker of a
+    # replica the controller listed RUNNING while the GCS had it restarting
+    # (None) and passed None to kill_worker, which raised TypeError. A
+    # replica not alive by the GCS is skipped; kill_worker(None) is a clear
+    # ValueError.
+    (269, "chaos"),
 ])
 def test_serve_seed(seed, faults):
     result = runner.run_seed(seed, "serve", faults)

@@ -110,8 +110,10 @@ def _killed_replicas(program, sim, count: int) -> list:
     replicas = [r for r in _api._list_replicas(APP, "SimWorker") if r[2] == "RUNNING"]
     for replica_id, actor_name, _state, _version in replicas[:count]:
         try:
-            actor = tray.get_actor(actor_name, namespace="serve")
-            sim.kill_worker(sim.worker_of(actor))
+            worker = sim.worker_of(tray.get_actor(actor_name, namespace="serve"))
+            if worker is None:  # not alive by the GCS (chaos seed 269): nothing to kill
+                continue
+            sim.kill_worker(worker)
         except (ValueError, tray.exceptions.TrayError):
             continue
         killed.append(replica_id)

@@ -96,6 +96,22 @@ class SimulatedProcessExit(ProcessExit):
     process, not the real one."""
 
 
+class _DriverExceptionHidden(Exception):
+    """The exception the simulated processes see as being handled while the
+    driver's code runs the simulation from inside an ``except`` block (a
+    ``tray.get`` in a handler). In a real cluster every process handles its
+    own exceptions; here the processes' coroutines run in the driver's
+    thread, and an exception raised in one chained to the driver's
+    (``__context__``), with its traceback, its frames and every ref in them.
+    A process that kept such an exception (a coroutine awaiting inside its
+    ``except`` block, as the GCS's actor scheduler does after a lost lease
+    request) kept the driver's refs alive past their last use: tune chaos
+    seed 86 leaked the returns of the runners' ``serve`` calls, held by the
+    driver's ``except`` frame of a lost runner. This stand-in is raised
+    and caught around those steps instead, with no context and no
+    traceback: what chains to it holds nothing."""
+
+
 class _GuestTicks:
     """trio's guest run, one tick per call of ``tick()``, for the host loop.
 
@@ -578,6 +594,29 @@ class SimCluster:
         self._finished = result
 
     def _pump(self, condition, what: str) -> None:
+        if sys.exception() is None:
+            self._steps(condition, what)
+            return
+        # The driver's code is handling an exception: the simulated
+        # processes must not see it (see _DriverExceptionHidden).
+        handled = sys.exception()
+        handled_context = handled.__context__
+        try:
+            raise _DriverExceptionHidden("(the driver's code was handling an exception)")
+        except _DriverExceptionHidden as stand_in:
+            stand_in.__context__ = stand_in.__traceback__ = None
+            try:
+                self._steps(condition, what)
+            except BaseException as error:
+                if error.__context__ is stand_in:
+                    # What it would chain to, raised in the driver's handler
+                    # (where the one handled keeps its own).
+                    error.__context__ = handled_context if error is handled else handled
+                raise
+        finally:
+            del handled, handled_context
+
+    def _steps(self, condition, what: str) -> None:
         deadline = min(self.clock.current_time() + HANG_TIMEOUT_S, self.time_limit_s)
         ticker = self._ticker
         # The driver's code ran since the last step: it changed the driver's
@@ -948,6 +987,9 @@ class SimCluster:
 
     def kill_worker(self, worker_id: str) -> None:
         """Kill a worker process, as SIGKILL would."""
+        if not isinstance(worker_id, str) or not worker_id:
+            raise ValueError(f"kill_worker needs a worker id, got {worker_id!r} (worker_of "
+                             "gives None for an actor that is not alive)")
         for index in range(self.num_nodes):
             address = f"n{index}/worker-{worker_id[:12]}"
             if address in self.processes:
