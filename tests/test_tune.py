@@ -680,10 +680,52 @@ def test_controller_state_machine_without_a_cluster(tmp_path):
     trial = controller.get_trial(a.trial_id)
     assert trial.status == "PENDING" and trial.num_failures == 1
     assert controller.report(a.trial_id, a.attempt, [(dict(result), None)]) == ("stop", False)  # stale
-    again = controller.next_work(0, shape)
+    assert controller.next_work(0, shape) == "finished"  # a lost runner gets no trial
+    again = controller.next_work(3, shape)  # (the driver never reuses a runner id)
     assert again.trial_id == a.trial_id and again.attempt == a.attempt + 1
     with pytest.raises(KeyError):
         controller.get_trial("nope")
+
+
+def test_controller_gives_no_trial_to_a_runner_it_was_told_is_gone(tmp_path):
+    """Chaos seed 89 of the tune workload hung: a runner's next_work call was on
+    the way when its node crashed; the driver's runner_lost reached the
+    controller first, then the late next_work handed a trial to the dead
+    runner, and the trial stayed RUNNING forever. Now a lost runner's calls get
+    "finished", and a poll fails any RUNNING trial whose runner the driver no
+    longer holds (one that left without a runner_lost, too)."""
+    from tray.tune._controller import ExperimentSpec, TuneController
+    from tray.tune.trainable import as_spec
+
+    spec = ExperimentSpec(
+        name="gone", experiment_path=str(tmp_path / "gone"), trainable_name="quadratic",
+        param_space={"x": tune.grid_search([0.1, 0.2])}, metric="score", mode="max",
+        num_samples=1, search=BasicVariantGenerator(), scheduler=tune.schedulers.FIFOScheduler(),
+        stopper=None, checkpoint_config=tune.CheckpointConfig(),
+        failure_config=tune.FailureConfig(max_failures=3), max_concurrent_trials=None,
+        time_budget_s=None, reuse_actors=False, seed=0, strict_metrics=("score",))
+    controller = TuneController(spec, as_spec(quadratic))
+    controller._nodes = lambda: [{"Resources": {"CPU": 2.0}, "Alive": True}]
+    controller.start()
+    shape = "num_cpus=1"
+    controller.poll({0: shape, 1: shape})
+    controller.runner_lost(0, "node died")  # before runner 0's next_work arrives
+    assert controller.next_work(0, shape) == "finished"
+    assert {t.status for t in controller.get_trials()} == {"PENDING"}
+    a = controller.next_work(1, shape)
+    # Runner 1 leaves without a runner_lost (its serve returned): the next census
+    # lacks it, so its trial fails (and is retried); a late call of its gets nothing.
+    controller.poll({2: shape})
+    trial = controller.get_trial(a.trial_id)
+    assert trial.status == "PENDING" and trial.num_failures == 1 and trial.runner_id is None
+    assert controller.next_work(1, shape) == "finished"
+    assert controller.trial_ended(1, a.trial_id, a.attempt, {"kind": "returned"},
+                                  shape) == "finished"
+    assert trial.status == "PENDING"  # the lost attempt's end changes nothing
+    again = controller.next_work(2, shape)
+    assert again.trial_id == a.trial_id and again.attempt == a.attempt + 1
+    status = controller.poll({2: shape})  # its runner is in the census: it keeps running
+    assert trial.status == "RUNNING" and trial.runner_id == 2 and not status["done"]
 
 
 def test_reports_that_need_no_answer_are_sent_without_waiting():

@@ -20,6 +20,7 @@ reference model possible without running the experiment twice:
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import tempfile
@@ -50,6 +51,12 @@ def tune_objective(config: dict) -> None:
             with open(os.path.join(directory, "state.json"), "w", encoding="utf-8") as file:
                 json.dump({"t": t, "total": total}, file)
             tune.report({"score": total}, checkpoint=tune.Checkpoint.from_directory(directory))
+
+
+# A score is a sum of 9-digit roundings, the model's a product: they agree to
+# ~1e-8 (rounding both to 6 digits can still differ, at a half: chaos seed 126).
+# A restore from the wrong checkpoint is off by a whole quality (>= 0.1).
+SCORE_TOLERANCE = 1e-6
 
 
 def _violation(invariant: str, message: str):
@@ -120,19 +127,19 @@ def _check(grid, num_samples: int, max_t: int, max_failures: int) -> None:
                              f"{where}: result.json holds iterations {iterations}, expected "
                              f"1..{iteration} once each")
         for row in history:
-            expected = round(quality * row["training_iteration"], 6)
-            if round(row["score"], 6) != expected:
+            expected = quality * row["training_iteration"]
+            if not math.isclose(row["score"], expected, rel_tol=0, abs_tol=SCORE_TOLERANCE):
                 raise _violation("tune-scores-match-model",
                                  f"{where}: iteration {row['training_iteration']} scored "
-                                 f"{row['score']}, the model says {expected} (a restore from "
+                                 f"{row['score']}, the model says {expected:.9g} (a restore from "
                                  f"the wrong checkpoint?)")
     if errored:
         return
     best = grid.get_best_result()
     qualities = sorted(((_quality(r.config), r.trial_id) for r in grid), reverse=True)
     best_quality, best_id = qualities[0]
-    if best.trial_id != best_id or round(best.metrics["score"], 6) != \
-            round(best_quality * max_t, 6):
+    if best.trial_id != best_id or not math.isclose(
+            best.metrics["score"], best_quality * max_t, rel_tol=0, abs_tol=SCORE_TOLERANCE):
         raise _violation("tune-same-best-as-fault-free",
                          f"best trial {best.trial_id} (score {best.metrics.get('score')}); the "
                          f"model's best is {best_id} with {best_quality * max_t}")

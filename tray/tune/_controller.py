@@ -126,6 +126,9 @@ class TuneController:
         self._stopping_since: float | None = None  # budget, stop_all or a fatal error
         self._asking_shape: str | None = None
         self._runners: dict[int, str] = {}  # runner id -> shape, from the driver's census
+        # Runners the driver dropped (died, killed, or left): a call of theirs that
+        # arrives late (sent before the runner died) gets no trial. Ids are never reused.
+        self._gone: set[int] = set()
         self._nodes = None  # test hook: a function returning tray.nodes()-like rows
         self._started = False
         self._restore = restore
@@ -384,6 +387,10 @@ class TuneController:
 
     def next_work(self, runner_id: int, shape: str) -> Any:
         """A runner asks for a trial: a ``Work``, or "wait", "retire", "finished"."""
+        if runner_id in self._gone:
+            # Its call was on the way when the driver saw it die (runner_lost came
+            # first): a trial handed to it now would stay RUNNING with no one to run it.
+            return "finished"
         if self.is_done():
             self.snapshot(force=True)
             return "finished"
@@ -566,6 +573,7 @@ class TuneController:
     def runner_lost(self, runner_id: int, error_text: str) -> None:
         """The driver saw runner ``runner_id`` die: its trial failed."""
         self._runners.pop(runner_id, None)
+        self._gone.add(runner_id)
         for trial in self._running():
             if trial.runner_id == runner_id:
                 self._fail(trial, f"the trial's runner actor died: {error_text}", None)
@@ -672,9 +680,21 @@ class TuneController:
 
     def poll(self, census: dict) -> dict:
         """The driver's periodic call. ``census``: runner id -> shape of the
-        runners it holds. Answers the runners it should hold per shape, the
-        ones to kill, whether the experiment is over, and the progress."""
-        self._runners = dict(census)
+        runners it holds (a RUNNING trial whose runner is not in it has lost
+        it). Answers the runners it should hold per shape, the ones to kill,
+        whether the experiment is over, and the progress."""
+        census = dict(census)
+        self._gone.update(set(self._runners) - set(census))
+        self._runners = census
+        for trial in self._running():
+            if trial.runner_id not in census:
+                # Its runner is gone and no runner_lost said so (it returned after a
+                # broken call to this controller, or its last call came late): the
+                # attempt is lost, as when its runner dies.
+                self._gone.add(trial.runner_id)
+                self._fail(trial, f"the trial's runner actor {trial.runner_id} is gone "
+                                  f"(the driver no longer holds it)", None)
+                self._write_error(trial)
         self._check_budget()
         if self._started:
             capacity = self._capacity(self._default_options())
