@@ -310,9 +310,13 @@ def main(argv: list[str] | None = None) -> int:
         "versions": versions, "runtimes": runtimes, "rounds": rounds, "quick": args.quick,
         "rows": [],
     }
+    others = {name for other in metrics for name in other.row_names()}
     for metric in metrics:
         names = list(metric.row_names())
-        names += [r for r in rows if r.startswith(metric.name + ", ") and r not in names]
+        # Sub-rows a metric named as it ran, not another metric whose name
+        # extends this one's ("get 80 MB array across two nodes, copied").
+        names += [r for r in rows if r.startswith(metric.name + ", ") and r not in names
+                  and r not in others]
         for name in names:
             record["rows"].append({"name": name, "metric": metric.name, "unit": metric.unit,
                                    "higher_is_better": metric.higher_is_better,
