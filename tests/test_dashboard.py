@@ -71,9 +71,11 @@ def live_cluster():
 
         def tasks_reported():
             tasks = json.loads(_get(url + "/api/tasks"))["tasks"]
-            failed = [t for t in tasks if t["state"] == "FAILED" and t["error_message"]]
             # (worker_pid: the executor's own events arrived too, which the
-            # timeline's bars are made of; the owner's FINISHED may come first.)
+            # timeline's bars are made of; the owner's FINISHED or FAILED may
+            # come first.)
+            failed = [t for t in tasks if t["state"] == "FAILED" and t["error_message"]
+                      and t.get("worker_pid")]
             squares = [t for t in tasks if "square" in (t["func_or_class_name"] or "")
                        and t["state"] == "FINISHED" and t.get("worker_pid")]
             return failed and len(squares) == 6
