@@ -159,7 +159,7 @@ def test_a_cancel_that_arrives_before_its_task_means_the_task_never_starts():
     receiver = TaskReceiver(
         address="n0/worker-test", name="worker:test", endpoint=None, tracer=NullTracer(),
         store=None, node_id="n0", node_manager_address="n0/raylet", config=None,
-        functions=None, references=None, getter=None, on_gpu_ids=None, exit_process=None,
+        functions=None, references=None, getter=None, before_task=None, exit_process=None,
         cancel_children=None)
     loaded = []
 

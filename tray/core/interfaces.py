@@ -164,9 +164,10 @@ class ProcessEnv:
     # Ends this process: a worker told to stop a task by force, a node that
     # was declared dead (it fences itself). None: nothing to end.
     exit_process: Callable[[], None] | None = None
-    # Called with a task's GPU ids and its TaskSpec before user code runs (a
-    # real worker sets CUDA_VISIBLE_DEVICES and OMP_NUM_THREADS).
-    on_gpu_ids: Callable[[list, Any], None] | None = None
+    # Awaited with a task's GPU ids and its TaskSpec before its function is
+    # loaded (a real worker sets up the runtime_env the first time, then
+    # CUDA_VISIBLE_DEVICES and OMP_NUM_THREADS).
+    before_task: Callable[[list, Any], Awaitable[None]] | None = None
     # Simulated workers: the virtual seconds a task or actor call costs once
     # its user code returned (the TaskSpec in; backends/sim/task_cost.py).
     # None: real work takes real time.

@@ -71,7 +71,7 @@ class SimWorkerEnv:
                                                                 "CUDA_VISIBLE_DEVICES")}
         self.runtime_env: dict | None = None
 
-    def before_task(self, gpu_ids: list, spec) -> None:
+    async def before_task(self, gpu_ids: list, spec) -> None:
         """As a real worker's hook: set up for the task's runtime_env (its
         first), record it as what the task's submissions inherit, and set
         ``CUDA_VISIBLE_DEVICES``/``OMP_NUM_THREADS`` from its resources.

@@ -58,8 +58,8 @@ _started_with = {name: os.environ.get(name) for name in ("OMP_NUM_THREADS",
                                                           "CUDA_VISIBLE_DEVICES")}
 
 
-def _before_task(gpu_ids: list, spec, args, cache_dir: str) -> None:
-    _apply_runtime_env(spec, cache_dir)
+async def _before_task(gpu_ids: list, spec, args, cache_dir: str) -> None:
+    await _apply_runtime_env(spec, cache_dir)
     _task_environment(gpu_ids, spec, args.node_gpus)
 
 
@@ -94,7 +94,7 @@ def _task_environment(gpu_ids: list, spec, node_gpus: float) -> None:
 _runtime_env = {"hash": None}
 
 
-def _apply_runtime_env(spec, cache_dir: str) -> None:
+async def _apply_runtime_env(spec, cache_dir: str) -> None:
     """Set this process up for the task's runtime_env before its user code
     runs, once: packages fetched and unpacked (once per node), a pip env
     built (once per node), then ``env_vars`` into ``os.environ``, the
@@ -115,8 +115,7 @@ def _apply_runtime_env(spec, cache_dir: str) -> None:
         async def fetch(key: str):
             return await worker.gcs_call("kv_get", key)
 
-        prepared = greenback.await_(
-            runtime_env_setup.prepare_with_timeout(env, cache_dir, fetch))
+        prepared = await runtime_env_setup.prepare_with_timeout(env, cache_dir, fetch)
         os.environ.update(prepared.env_vars)
         for name in ("OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES"):
             if name in prepared.env_vars:  # the user's value wins, as if set at start
@@ -144,7 +143,7 @@ async def run_worker(args) -> None:
         object_store=store,
         gcs_address=args.gcs, node_manager_address=args.node_manager,
         exit_process=lambda: os._exit(1),
-        on_gpu_ids=lambda gpu_ids, spec: _before_task(gpu_ids, spec, args, cache_dir),
+        before_task=lambda gpu_ids, spec: _before_task(gpu_ids, spec, args, cache_dir),
         run_sync_in_thread=_run_sync_in_thread, thread_condition=_thread_condition)
     async with trio.open_nursery() as nursery:
         worker = CoreWorker(env, WORKER, nursery, worker_id=args.worker_id)

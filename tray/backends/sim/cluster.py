@@ -888,7 +888,7 @@ class SimCluster:
                 self._machine_resources.get(node_index, self.node_resources).get("GPU", 0.0))
             env = self._env(address, node_index,
                             exit_process=lambda: self.kill_process(address),
-                            on_gpu_ids=environ.before_task,
+                            before_task=environ.before_task,
                             task_cost_s=self.task_costs.cost_s)
             worker = CoreWorker(env, WORKER, nursery, worker_id=worker_id)
             process.component = worker

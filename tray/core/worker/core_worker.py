@@ -216,7 +216,7 @@ class CoreWorker:
             store=env.object_store, node_id=env.node_id,
             node_manager_address=env.node_manager_address, config=config,
             functions=functions, references=references, getter=getter,
-            on_gpu_ids=env.on_gpu_ids, exit_process=env.exit_process,
+            before_task=env.before_task, exit_process=env.exit_process,
             cancel_children=self._cancel_children, events=task_events,
             task_cost_s=env.task_cost_s)
         self.actor_host = ActorHost(nursery=nursery,

@@ -112,7 +112,7 @@ def _task_error(name: str, error: BaseException) -> SerializedObject:
 class TaskReceiver:
     def __init__(self, *, address: str, name: str, endpoint: Endpoint, tracer, store,
                  node_id: str, node_manager_address: str, config, functions: FunctionTable,
-                 references: ReferenceCounter, getter: ObjectGetter, on_gpu_ids,
+                 references: ReferenceCounter, getter: ObjectGetter, before_task,
                  exit_process, cancel_children, events: TaskEventBuffer | None = None,
                  task_cost_s=None) -> None:
         self._address = address
@@ -130,10 +130,10 @@ class TaskReceiver:
         self._functions = functions
         self._references = references
         self._getter = getter
-        # Backend hooks: on_gpu_ids(ids, spec) before user code runs (sets
-        # CUDA_VISIBLE_DEVICES and OMP_NUM_THREADS in a real process);
-        # exit_process() ends it.
-        self._on_gpu_ids = on_gpu_ids
+        # Backend hooks: await before_task(ids, spec) before the function is
+        # loaded (the runtime_env, CUDA_VISIBLE_DEVICES and OMP_NUM_THREADS
+        # in a real process); exit_process() ends it.
+        self._before_task = before_task
         self._exit_process = exit_process
         # cancel_children(task_id, force): cancel the tasks this one submitted.
         self._cancel_children = cancel_children
@@ -256,7 +256,6 @@ class TaskReceiver:
                        record: TaskAttemptEvents | None) -> TaskReply:
         spans = [] if record is not None else None
         current_task.set(context)
-        await greenback.ensure_portal()
         if spec.task_id in self._cancelled_early:
             del self._cancelled_early[spec.task_id]
             error = exceptions.TaskCancelledError(f"task {spec.name} ({spec.task_id.hex()}) "
@@ -269,8 +268,8 @@ class TaskReceiver:
         with trio.CancelScope() as scope:
             self.running[spec.task_id] = scope
             try:
-                if self._on_gpu_ids is not None:
-                    self._on_gpu_ids(context.gpu_ids, spec)
+                if self._before_task is not None:
+                    await self._before_task(context.gpu_ids, spec)
                 function = await load()
                 waits = not self._args_here(spec)
                 if waits:  # (for a pull, or for a lost argument to be made again)
@@ -285,10 +284,15 @@ class TaskReceiver:
                 if spans is not None and (spec.args or spec.kwargs):
                     spans.append(("task:fetch_args", fetch_start, run_start))
                 try:
+                    # A greenback portal for the user's code only (a blocking
+                    # tray.get inside suspends through it): one set up for the
+                    # whole trio task, as before, taxed each of its later steps
+                    # too (~9% of the simulator's CPU per task); an actor's
+                    # executor task has its own, which these reuse.
                     if inspect.iscoroutinefunction(function):
-                        value = await function(*args, **kwargs)
+                        value = await greenback.with_portal_run(function, *args, **kwargs)
                     else:
-                        value = function(*args, **kwargs)
+                        value = await greenback.with_portal_run_sync(function, *args, **kwargs)
                     if self._task_cost_s is not None:
                         await trio.sleep(self._task_cost_s(spec))
                 finally:
