@@ -197,6 +197,43 @@ def test_gcs_table_keeps_the_newest_and_counts_the_rest():
     assert any("task attempts are missing" in str(w.message) for w in caught)
 
 
+def test_gcs_table_checks_the_rows_merged_since_its_last_check():
+    """The simulator's check of the GCS table reads only the rows merged
+    into since the last check (every row was quadratic in a long run); a
+    row broken by a merge is still caught, and a real GCS, which is never
+    checked, keeps no keys for it."""
+    from types import SimpleNamespace
+
+    import trio
+
+    from tray.core.gcs.task_event_table import TaskEventTable
+
+    table = TaskEventTable(config=Config(task_events_gcs_max=4), tracer=None)
+
+    async def merge(*tasks: str, state_: str = "FINISHED") -> None:
+        events = [(task, 0, None, {state_: 1.0}, None, None, None, None, None, [])
+                  for task in tasks]
+        table.handle_add_task_events(None, SimpleNamespace(events=events, dropped=0,
+                                                           sender_now=trio.current_time()))
+
+    trio.run(merge, "a", "b", "c")
+    assert table._merged_since_check is None  # never checked: nothing kept
+    table.validate_state()  # the first check reads every row
+    assert table._merged_since_check == set()
+    trio.run(lambda: merge("d", state_="RUNNING"))
+    assert table._merged_since_check == {("d", 0)}
+    table.rows[("d", 0)]["state"] = "NO_SUCH_STATE"  # as a broken merge would leave it
+    with pytest.raises(AssertionError, match="NO_SUCH_STATE"):
+        table.validate_state()
+    table.rows[("d", 0)]["state"] = "RUNNING"
+    table.validate_state()
+    # More merges between two checks than the table holds rows: the next
+    # check reads every row again rather than keep more keys than rows.
+    trio.run(merge, *(f"e{index}" for index in range(6)))
+    assert table._merged_since_check is None and len(table.rows) == 4
+    table.validate_state()
+
+
 def test_process_buffer_is_bounded_and_counts_drops():
     tray.init(backend="sim", seed=0, num_cpus=2, config=Config(task_events_buffer_max=3))
     tray.get([add_one.remote(i) for i in range(10)])

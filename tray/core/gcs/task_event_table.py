@@ -51,12 +51,28 @@ class TaskEventTable:
         # worker id -> its pid, from the executors' events (list_workers),
         # the WORKER_PIDS_MAX most recently seen.
         self.worker_pids: OrderedDict[str, int] = OrderedDict()
+        # Keys of the rows merged into since the last validate_state (None:
+        # check every row next time): only _merge changes a row, so checking
+        # those is checking them all. The whole table, up to
+        # task_events_gcs_max rows, at every step of the GCS made a long
+        # simulation quadratic in its tasks. Kept only once validate_state
+        # has run (the simulator's checks; a real GCS keeps nothing), and
+        # never more keys than rows.
+        self._merged_since_check: set[tuple[str, int]] | None = None
+        self._checking = False
 
     def validate_state(self) -> None:
-        assert len(self.rows) <= self._max, len(self.rows)
-        for (task_id, attempt), row in self.rows.items():
-            assert row["task_id"] == task_id and row["attempt_number"] == attempt, task_id
+        rows = self.rows
+        assert len(rows) <= self._max, len(rows)
+        merged = self._merged_since_check
+        for key in rows if merged is None else merged:
+            row = rows.get(key)
+            if row is None:
+                continue  # evicted since
+            assert (row["task_id"], row["attempt_number"]) == key, key
             assert row["state"] in STATE_ORDER, row["state"]
+        self._merged_since_check = set()
+        self._checking = True
 
     def handle_add_task_events(self, conn, batch) -> None:
         """A process's batch (``TaskEventBatch``): merge it in."""
@@ -74,6 +90,12 @@ class TaskEventTable:
         (task_id, attempt, info, states, node_id, worker_id, worker_pid, error_type,
          error_message, spans) = event  # TaskAttemptEvents.as_tuple()
         key = (task_id, attempt)
+        if self._checking:
+            merged = self._merged_since_check
+            if merged is not None:
+                merged.add(key)
+                if len(merged) > self._max:
+                    self._merged_since_check = None
         row = self.rows.get(key)
         if row is None:
             row = self.rows[key] = {
