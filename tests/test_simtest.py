@@ -231,3 +231,21 @@ def test_readme_example_runs_under_the_plugin_and_failures_name_the_seed(tmp_pat
     assert "20 passed" in out and "1 failed" in out, out[-3000:]
     assert "seed 3 failed; fault schedule" in out
     assert "rerun this seed: pytest 'test_failing.py::test_always_fails[seed3]'" in out
+
+
+def test_a_worker_a_workload_kills_is_a_fault_behind_a_re_execution():
+    """The checker's fault spans hold every ``kill_worker`` the trace shows,
+    whether the schedule or a workload (``sim.kill_worker``) asked for it;
+    a workload's kill leaves no schedule line ("simtest" fault) behind."""
+    worker = "570bd9f3fc18b9def2968156bda607b0"
+    events = [
+        {"component": "fault", "event": "kill_worker", "t": 0.18, "worker": worker},
+        {"component": "simtest", "event": "fault", "t": 0.2,
+         "what": "t=0.195s stall seconds=0.1 node=a4b5baff"},
+        {"component": "simtest", "event": "faults_stopped", "t": 0.9},
+    ]
+    spans = runner.fault_spans(events, head_node="0cc79ecf")
+    killed = [span for span in spans if span.kind == "kill_worker"]
+    assert len(killed) == 1 and killed[0].start_s == killed[0].end_s == 0.18
+    assert killed[0].hits(worker, ()) and not killed[0].hits("1ae67eb69cbe82a5", ())
+    assert [span.kind for span in spans if span.kind != "kill_worker"] == ["stall"]

@@ -808,16 +808,22 @@ class FaultSpan:
 def fault_spans(events, head_node: str) -> list[FaultSpan]:
     """The faults the injector recorded, with how long each acted."""
     raw, heals, stopped_s = [], [], None
+    spans = []
     for event in events:
         if event["event"] == "faults_stopped":
             stopped_s = event["t"]
+        elif event["event"] == "kill_worker" and event["component"] == "fault":
+            # Every worker killed, whoever asked: the schedule, or a workload
+            # through ``kill_worker`` (rllib's default seed 253 killed an env
+            # runner so, and its constructor's second run had no cause).
+            spans.append(FaultSpan(event["t"], event["t"], "kill_worker",
+                                   worker=event["worker"]))
         elif event["event"] == "fault" and event["component"] == "simtest":
             if event["what"] == "heal":
                 heals.append(event["t"])
             else:
                 raw.append(event)
     end_of_faults = stopped_s if stopped_s is not None else float("inf")
-    spans = []
     for event in raw:
         match = _FAULT_WHAT.match(event["what"])
         if match is None:

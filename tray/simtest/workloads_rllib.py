@@ -103,10 +103,18 @@ def rllib(program) -> None:
         sim = tray.simtest.cluster()
         victim = algo.env_runner_group.runners[rng.randint(1, num_runners)]
 
-        def kill_runner() -> None:
-            worker = sim.worker_of(victim)
+        def kill_runner(tries_left: int = 20) -> None:
+            try:
+                worker = sim.worker_of(victim)
+            except tray.exceptions.TrayError:  # the GCS is restarting: a little later
+                if tries_left:
+                    sim.at(0.1, lambda: kill_runner(tries_left - 1))
+                return
             if worker is not None:
-                sim.kill_worker(worker)
+                try:
+                    sim.kill_worker(worker)
+                except ValueError:
+                    pass  # its process is gone already (the GCS has not heard yet)
         sim.at(rng.uniform(0.05, 0.5), kill_runner)
     try:
         results = [algo.train() for _ in range(iterations)]
