@@ -129,6 +129,12 @@ PINNED_CHAOS = [
     # quiescence. The simulator runs its processes apart from the exception
     # the driver handles, as separate processes are.
     (86, "tune", "an error in the simulation chained to the driver's, holding its refs"),
+    # The sweep of 0:2000 at 41dca79 (one checkpoint less per task changed
+    # the interleavings). A deposit's argument task had its worker die on
+    # all four attempts, so that call failed without running, as it must;
+    # the model still counted its amount in every later balance. Balances
+    # now allow any such call to have failed.
+    (586, "mixed", "the model counted a deposit whose argument's task failed"),
 ]
 
 
