@@ -15,8 +15,9 @@ processes and, deterministically and under injected faults, in the
 simulator. torch is needed by the learners only (``pip install
 tray[rllib]``)."""
 
+from tray.rllib.core.rl_module import DEFAULT_MODULE_ID, RLModuleSpec
+
 from .algorithms import Algorithm, AlgorithmConfig, get_algorithm_class
-from .core.rl_module import DEFAULT_MODULE_ID, RLModuleSpec
 from .env import EnvContext, MultiAgentEnv, register_env
 
 __all__ = ["DEFAULT_MODULE_ID", "Algorithm", "AlgorithmConfig", "EnvContext", "MultiAgentEnv",

@@ -35,8 +35,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..core.learner_group import LearnerGroup
-from ..core.rl_module import DEFAULT_MODULE_ID, NumpyPolicy, env_action
+from tray.rllib.core.learner_group import LearnerGroup
+from tray.rllib.core.rl_module import DEFAULT_MODULE_ID, NumpyPolicy, env_action
+
 from ..env.env_runner_group import EnvRunnerGroup
 from ..env.registry import make_env
 from ..utils import spaces as spaces_module
@@ -149,7 +150,7 @@ class Algorithm:
                                  f"spaces are unknown; give RLModuleSpec(observation_space=..., "
                                  f"action_space=...) in multi_agent(policies=...)")
             model = {**config.model, **(getattr(given, "model_config", None) or {})}
-            from ..core.rl_module import RLModuleSpec
+            from tray.rllib.core.rl_module import RLModuleSpec
 
             spec = RLModuleSpec(observation_space, action_space, model)
             spec.validate()
@@ -377,7 +378,7 @@ class Algorithm:
     def get_module(self, module_id: str = DEFAULT_MODULE_ID):
         """The module (a torch ``nn.Module``) with the current weights, with
         RLlib's ``forward_inference`` / ``forward_exploration`` / ``forward_train``."""
-        from ..core.torch_rl_module import TorchRLModule
+        from tray.rllib.core.torch_rl_module import TorchRLModule
 
         if module_id not in self.module_specs:
             raise ValueError(f"no module {module_id!r}; modules: {sorted(self.module_specs)}")

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import copy as copy_module
 
-from ..core.rl_module import DEFAULT_MODULE_ID, RLModuleSpec
+from tray.rllib.core.rl_module import DEFAULT_MODULE_ID, RLModuleSpec
 
 DEFAULT_MODEL_CONFIG = {"fcnet_hiddens": [256, 256], "fcnet_activation": "tanh",
                         "vf_share_layers": False}

@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..core.rl_module import DEFAULT_MODULE_ID, NumpyPolicy, env_action
+from tray.rllib.core.rl_module import DEFAULT_MODULE_ID, NumpyPolicy, env_action
+
 from ..utils import spaces as spaces_module
 from ..utils.packing import unpack
 from .registry import make_env

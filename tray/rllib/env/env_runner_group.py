@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..core.rl_module import DEFAULT_MODULE_ID
+from tray.rllib.core.rl_module import DEFAULT_MODULE_ID
 
 SYNC_ROUNDS_MAX = 10_000  # a sampling loop that cannot fill its batch stops, loudly
 ABANDONED_MAX = 1_000  # timed-out requests remembered; older ones are forgotten

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..core.rl_module import NumpyPolicy, env_action
+from tray.rllib.core.rl_module import NumpyPolicy, env_action
+
 from ..utils import spaces as spaces_module
 from ..utils.packing import unpack
 from .env_runner import _get, _incarnation

@@ -18,7 +18,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ...core.learner import Learner, _scalar
+from tray.rllib.core.learner import Learner, _scalar
+
 from ...utils.postprocessing import vtrace
 from ..algorithm import Algorithm
 from ..algorithm_config import AlgorithmConfig, NotProvided

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...core.learner import Learner, _scalar
-from ...core.rl_module import DEFAULT_MODULE_ID
+from tray.rllib.core.learner import Learner, _scalar
+from tray.rllib.core.rl_module import DEFAULT_MODULE_ID
+
 from ...offline.io import read_transitions
 from ..algorithm import Algorithm
 from ..algorithm_config import AlgorithmConfig

@@ -20,9 +20,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ...core.learner import Learner, _scalar
-from ...core.rl_module import DEFAULT_MODULE_ID
-from ...core.torch_rl_module import TorchRLModule
+from tray.rllib.core.learner import Learner, _scalar
+from tray.rllib.core.rl_module import DEFAULT_MODULE_ID
+from tray.rllib.core.torch_rl_module import TorchRLModule
+
 from ...utils import spaces as spaces_module
 from ..algorithm import Algorithm
 from ..algorithm_config import AlgorithmConfig, NotProvided

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...core.learner import Learner, _scalar, standardize
+from tray.rllib.core.learner import Learner, _scalar, standardize
+
 from ...utils.postprocessing import discounted_returns
 from ..algorithm import Algorithm
 from ..algorithm_config import AlgorithmConfig, NotProvided

@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ...core.learner import Learner, _scalar, standardize
+from tray.rllib.core.learner import Learner, _scalar, standardize
+
 from ...utils.postprocessing import discounted_returns, gae
 
 
