@@ -55,11 +55,10 @@ class TaskEventTable:
         # check every row next time): only _merge changes a row, so checking
         # those is checking them all. The whole table, up to
         # task_events_gcs_max rows, at every step of the GCS made a long
-        # simulation quadratic in its tasks. Kept only once validate_state
-        # has run (the simulator's checks; a real GCS keeps nothing), and
-        # never more keys than rows.
+        # simulation quadratic in its tasks. Kept only after a check (the
+        # simulator's; a real GCS, never checked, keeps nothing), and never
+        # more keys than rows.
         self._merged_since_check: set[tuple[str, int]] | None = None
-        self._checking = False
 
     def validate_state(self) -> None:
         rows = self.rows
@@ -72,7 +71,6 @@ class TaskEventTable:
             assert (row["task_id"], row["attempt_number"]) == key, key
             assert row["state"] in STATE_ORDER, row["state"]
         self._merged_since_check = set()
-        self._checking = True
 
     def handle_add_task_events(self, conn, batch) -> None:
         """A process's batch (``TaskEventBatch``): merge it in."""
@@ -90,12 +88,11 @@ class TaskEventTable:
         (task_id, attempt, info, states, node_id, worker_id, worker_pid, error_type,
          error_message, spans) = event  # TaskAttemptEvents.as_tuple()
         key = (task_id, attempt)
-        if self._checking:
-            merged = self._merged_since_check
-            if merged is not None:
-                merged.add(key)
-                if len(merged) > self._max:
-                    self._merged_since_check = None
+        merged = self._merged_since_check
+        if merged is not None:
+            merged.add(key)
+            if len(merged) > self._max:
+                self._merged_since_check = None
         row = self.rows.get(key)
         if row is None:
             row = self.rows[key] = {
