@@ -135,6 +135,14 @@ PINNED_CHAOS = [
     # the model still counted its amount in every later balance. Balances
     # now allow any such call to have failed.
     (586, "mixed", "the model counted a deposit whose argument's task failed"),
+    # The sweep of 2000:4000 at 097380c. A task was retried while its first
+    # worker, cut off by a partition, still lived. The retry put its
+    # children's arguments under the first run's ids; the node's store kept
+    # those objects as the first worker's, and freed them when that worker
+    # died, so a child's argument was "lost" on a live node. Each execution
+    # now makes its children and puts from its own id (Ray's
+    # TaskID::ForExecutionAttempt).
+    (2368, "mixed", "a retry's puts reused the ids of its first run's objects"),
 ]
 
 

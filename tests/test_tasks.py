@@ -490,6 +490,72 @@ def test_nested_task_has_its_own_task_id(cluster):
     assert outer_id != inner
 
 
+@tray.remote
+class IdLog:
+    """What each execution of a task or constructor made: (task id, ids)."""
+
+    def __init__(self):
+        self.runs = []
+
+    def add(self, run):
+        self.runs.append(run)
+        return len(self.runs)
+
+    def all(self):
+        return list(self.runs)
+
+
+@tray.remote
+def noop():
+    return None
+
+
+@tray.remote(max_retries=1)
+def make_ids_then_exit_once(log):
+    put_ref, child_ref = tray.put("made"), noop.remote()
+    tray.get(child_ref)
+    runs = tray.get(log.add.remote((tray.get_runtime_context().get_task_id(),
+                                    put_ref.hex(), child_ref.hex())))
+    if runs == 1:
+        raise SystemExit(1)  # ends the worker: the task runs again
+    return "second run"
+
+
+def test_a_retry_makes_children_and_puts_with_new_ids(one_node):
+    """As Ray's TaskID::ForExecutionAttempt: a retry's puts and children
+    must not reuse the first run's ids, whose objects may still sit in a
+    store under the dead worker's ownership (simtest mixed chaos seed 2368)."""
+    log = IdLog.remote()
+    assert tray.get(make_ids_then_exit_once.remote(log), timeout=120 * one_node.tick_s) \
+        == "second run"
+    (task1, put1, child1), (task2, put2, child2) = tray.get(log.all.remote())
+    assert task1 == task2  # the same task, run twice
+    assert put1 != put2 and child1 != child2
+
+
+@tray.remote(max_restarts=1)
+class PutsInItsConstructor:
+    def __init__(self, log):
+        self.ref = tray.put("made")
+        tray.get(log.add.remote(self.ref.hex()))
+
+    def ref_hex(self):
+        return self.ref.hex()
+
+
+def test_a_restarted_actor_s_constructor_makes_puts_with_new_ids(one_node):
+    log = IdLog.remote()
+    actor = PutsInItsConstructor.remote(log)
+    first = tray.get(actor.ref_hex.remote())
+    tray.kill(actor, no_restart=False)
+    deadline = time.monotonic() + 200 * one_node.tick_s
+    while len(tray.get(log.all.remote())) < 2 and time.monotonic() < deadline:
+        time.sleep(one_node.tick_s)
+    assert tray.get(log.all.remote())[0] == first
+    assert tray.get(actor.ref_hex.remote()) not in (first, None)
+    assert len(set(tray.get(log.all.remote()))) == 2
+
+
 # ---------------------------------------------------------------------------
 # Resources and scheduling
 # ---------------------------------------------------------------------------

@@ -39,7 +39,9 @@ def get_worker(required: bool = True):
 class TaskContext:
     """What the code running now belongs to: a task, an actor call, or the
     driver's script. Ids of children and ``put`` objects count from here, so
-    they are a pure function of where in the program they were made."""
+    they are a pure function of where in the program they were made, and of
+    which execution (``attempt``: 0 for the first, then one more for each
+    retry or actor restart) made them."""
     task_id: TaskID
     actor_id: ActorID | None = None
     gpu_ids: list = field(default_factory=list)
@@ -50,14 +52,18 @@ class TaskContext:
     puts: int = 0
     # The placement-group strategy it runs under (scheduling.Strategy), if any.
     placement_group: object = None
+    attempt: int = 0
+
+    def __post_init__(self) -> None:
+        self._ids_from = TaskID.for_attempt(self.task_id, self.attempt)
 
     def next_child_id(self) -> TaskID:
         self.children += 1
-        return TaskID.for_child(self.task_id, self.children)
+        return TaskID.for_child(self._ids_from, self.children)
 
     def next_put_id(self) -> ObjectID:
         self.puts += 1
-        return ObjectID.for_put(self.task_id, self.puts)
+        return ObjectID.for_put(self._ids_from, self.puts)
 
 
 # The task (or actor call) this trio task runs, in a worker; unset in the

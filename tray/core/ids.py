@@ -107,6 +107,17 @@ class TaskID(BaseID):
     def for_child(cls, parent: TaskID, counter: int) -> TaskID:
         return cls(_digest(parent.binary(), counter.to_bytes(8, "big"), size=16))
 
+    @classmethod
+    def for_attempt(cls, task_id: TaskID, attempt: int) -> TaskID:
+        """The id that seeds the children and ``put`` objects of one execution
+        of ``task_id``: the task's own id for the first, a distinct one for
+        each retry (as Ray's ``TaskID::ForExecutionAttempt``). A retry that
+        reused the first run's ids could meet that run's objects, still in
+        some store under the dead (or cut-off) worker's ownership."""
+        if attempt == 0:
+            return task_id
+        return cls(_digest(b"attempt", task_id.binary(), attempt.to_bytes(8, "big"), size=16))
+
 
 class ActorID(BaseID):
     __slots__ = ()

@@ -38,6 +38,10 @@ class MemoryObjectStore:
 
     def put(self, object_id: bytes, data: bytes, buffers: list, owner: str = "") -> None:
         if object_id in self._objects:
+            # One id, one owner: each execution makes its own ids
+            # (TaskID.for_attempt), so a second copy has the first one's owner.
+            assert self._owners[object_id] == owner, (object_id.hex(), self._owners[object_id],
+                                                      owner)
             return
         copies = [bytes(memoryview(b).cast("B")) for b in buffers]
         size = len(data) + sum(len(c) for c in copies)

@@ -284,7 +284,8 @@ class ActorHost:
             else None
         context = TaskContext(TaskID(spec.task_id), ActorID.from_hex(self.actor_id), gpu_ids,
                               name=spec.name, job_id=spec.job_id, namespace=spec.namespace,
-                              placement_group=self.placement_group)
+                              placement_group=self.placement_group,
+                              attempt=incarnation - 1)  # incarnations count from 1
         cls = await self._functions.load(spec.function_id)
         self.is_async = any(inspect.iscoroutinefunction(member) for _, member in
                             inspect.getmembers(cls, inspect.isfunction))
@@ -535,12 +536,15 @@ class ActorHost:
             self._executor_idle = trio.Event()
             await self._executor_idle.wait()
 
+    def _call_context(self, spec: TaskSpec) -> TaskContext:
+        return TaskContext(TaskID(spec.task_id), ActorID.from_hex(self.actor_id), self.gpu_ids,
+                           name=spec.name, job_id=spec.job_id, namespace=spec.namespace,
+                           placement_group=self.placement_group, attempt=spec.attempt)
+
     async def _execute(self, spec: TaskSpec) -> TaskReply:
         if self.exiting is not None:
             raise self._exiting_error(spec)
-        context = TaskContext(TaskID(spec.task_id), ActorID.from_hex(self.actor_id),
-                              self.gpu_ids, name=spec.name, job_id=spec.job_id,
-                              namespace=spec.namespace, placement_group=self.placement_group)
+        context = self._call_context(spec)
         instance = self.instance
 
         async def bound_method():
@@ -554,9 +558,7 @@ class ActorHost:
         group, then the method (async ones on the asyncio loop, synchronous
         ones in the backend's threads when there are any)."""
         queue.next_seq = max(queue.next_seq, spec.seq + 1)
-        context = TaskContext(TaskID(spec.task_id), ActorID.from_hex(self.actor_id),
-                              self.gpu_ids, name=spec.name, job_id=spec.job_id,
-                              namespace=spec.namespace, placement_group=self.placement_group)
+        context = self._call_context(spec)
         group = spec.concurrency_group
         if group and group not in self._groups:
             raise exceptions.ActorError(

@@ -163,7 +163,8 @@ class TaskReceiver:
             await trio.sleep_forever()
         context = TaskContext(TaskID(spec.task_id), gpu_ids=gpu_ids, name=spec.name,
                               job_id=spec.job_id, namespace=spec.namespace,
-                              placement_group=_group_of(spec.strategy))
+                              placement_group=_group_of(spec.strategy),
+                              attempt=spec.attempt)
         loaded: list = []
 
         async def load():
