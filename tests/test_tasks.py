@@ -364,6 +364,50 @@ def test_task_error_is_instance_of_user_exception(cluster):
     assert "Traceback" in text or "line" in text
 
 
+@tray.remote
+def raise_in_task():
+    raise ValueError("from a task")
+
+
+@tray.remote
+class RaisesEverywhere:
+    def __init__(self, fail=False):
+        if fail:
+            raise ValueError("from a constructor")
+
+    def sync_method(self):
+        raise ValueError("from a method")
+
+    async def async_method(self):
+        raise ValueError("from an async method")
+
+
+@tray.remote(max_concurrency=2)
+class RaisesInThreads:
+    def threaded_method(self):
+        raise ValueError("from a threaded method")
+
+
+def test_a_task_error_s_traceback_starts_at_the_user_s_code(one_node):
+    """No frame of the worker, greenback, trio or asyncio before the user's:
+    as in Ray, the traceback begins with the function that raised."""
+    refs = {
+        "raise_in_task": raise_in_task.remote(),
+        "sync_method": RaisesEverywhere.remote().sync_method.remote(),
+        "async_method": RaisesEverywhere.remote().async_method.remote(),
+        "threaded_method": RaisesInThreads.remote().threaded_method.remote(),
+        "__init__": RaisesEverywhere.remote(fail=True).sync_method.remote(),
+    }
+    for function, ref in refs.items():
+        with pytest.raises(TrayError) as caught:
+            tray.get(ref, timeout=60 * one_node.tick_s)
+        text = str(caught.value)
+        frames = [line for line in text.splitlines() if line.lstrip().startswith("File ")]
+        assert frames, text
+        assert __file__ in frames[0] and frames[0].endswith(f"in {function}"), text
+        assert "greenback" not in text and "task_receiver" not in text, text
+
+
 def test_task_error_custom_exception_class(cluster):
     class InventoryError(Exception):
         pass

@@ -303,6 +303,7 @@ class ActorHost:
         async def construct():
             def make(*args, **kwargs):
                 instance_box.append(cls(*args, **kwargs))
+            make._tray_runs = cls
             return make
 
         spec.num_returns = 1
@@ -608,6 +609,7 @@ class ActorHost:
 
             async def on_asyncio(*args, **kwargs):
                 return await loop.run_aio_coroutine(with_portal(*args, **kwargs))
+            on_asyncio._tray_runs = method  # (for the traceback of its errors)
             return on_asyncio
         if self._run_sync_in_thread is None:
             return method
@@ -615,6 +617,7 @@ class ActorHost:
 
         async def in_thread(*args, **kwargs):
             return await run_in_thread(lambda: method(*args, **kwargs), group)
+        in_thread._tray_runs = method
         return in_thread
 
     @staticmethod

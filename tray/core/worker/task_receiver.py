@@ -98,10 +98,33 @@ def _traced(error: BaseException) -> BaseException:
     return _Traced(text.rstrip())
 
 
-def _task_error(name: str, error: BaseException) -> SerializedObject:
+def _user_code(function):
+    """The code object of the user's function or method that ``function``
+    runs (a wrapper of tray's names it in ``_tray_runs``; a class, its
+    ``__init__``), or None."""
+    function = getattr(function, "_tray_runs", function)
+    if isinstance(function, type):
+        function = function.__init__
+    function = getattr(function, "__func__", function)  # a bound method
+    return getattr(function, "__code__", None)
+
+
+def _from_user_code(tb, code):
+    """The traceback from the user's frame (``code``) on: the frames of the
+    worker, greenback, trio and asyncio that ran it say nothing to the user
+    (Ray's tracebacks start at the user's function too). All of it when the
+    user's frame is not there (the error came before the user's code ran)."""
+    start = tb
+    while start is not None and start.tb_frame.f_code is not code:
+        start = start.tb_next
+    return tb if start is None or code is None else start
+
+
+def _task_error(name: str, error: BaseException, function=None) -> SerializedObject:
     if isinstance(error, exceptions.TaskError):
         return serialize_error(error)  # an upstream failure: keep its story
-    text = "".join(traceback.format_exception(type(error), error, error.__traceback__))
+    tb = _from_user_code(error.__traceback__, _user_code(function))
+    text = "".join(traceback.format_exception(type(error), error, tb))
     try:
         task_error = exceptions.TaskError(name, text, error).as_instanceof_cause()
     except Exception:  # the user's exception class resists subclassing
@@ -266,6 +289,7 @@ class TaskReceiver:
             return TaskReply(self._error_results(spec, serialize_error(error)))
         self._tracer.record(self._name, "task_started", task=spec.task_id, name=spec.name,
                             attempt=spec.attempt)
+        function = None
         with trio.CancelScope() as scope:
             self.running[spec.task_id] = scope
             try:
@@ -307,7 +331,8 @@ class TaskReceiver:
             except Exception as error:
                 if record is not None:
                     self._events.ended(record, spans, _traced(error), "TASK_EXECUTION_EXCEPTION")
-                return TaskReply(self._error_results(spec, _task_error(spec.name, error)), True)
+                return TaskReply(self._error_results(spec, _task_error(spec.name, error,
+                                                                       function)), True)
             except BaseException as error:
                 return await self._base_exception_reply(spec, error)
             finally:
