@@ -329,6 +329,46 @@ def test_kill_fails_every_later_call(cluster):
             tray.get(ref, timeout=100 * cluster.tick_s)
 
 
+@tray.remote(max_restarts=1)
+class Incarnations:
+    """max_task_retries=0, Ray's default: only a call in flight when the
+    actor dies may fail."""
+
+    def __init__(self):
+        import os
+
+        self.pid = os.getpid()
+        self.instance = id(self)
+
+    def whoami(self):
+        return self.pid, self.instance
+
+
+def _crash_actor_process(cluster, actor, pid: int) -> None:
+    if cluster.is_sim:
+        import tray.simtest
+
+        assert tray.simtest.cluster().kill_actor_worker(actor)
+    else:
+        import os
+        import signal
+
+        os.kill(pid, signal.SIGKILL)
+
+
+def test_a_call_made_after_an_actor_restarted_runs_on_the_new_instance(one_node):
+    """No call was in flight when the actor's process died: the next call
+    waits for the restart and runs there, as in Ray (it used to fail with
+    ActorDiedError, 'died while running', when it found the old process
+    gone)."""
+    actor = Incarnations.remote()
+    pid, first = tray.get(actor.whoami.remote())
+    _crash_actor_process(one_node, actor, pid)
+    time.sleep(2 * one_node.tick_s)  # (virtual seconds in the simulator)
+    _pid, second = tray.get(actor.whoami.remote(), timeout=100 * one_node.tick_s)
+    assert second != first
+
+
 def test_kill_releases_name(cluster):
     c = Counter.options(name="to-kill").remote()
     tray.get(c.read.remote())

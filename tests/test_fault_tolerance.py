@@ -214,6 +214,21 @@ def test_kill_worker_without_a_worker_id_is_a_clear_error(sim):
         sim.kill_worker(None)
 
 
+def test_kill_actor_worker_kills_a_live_actor_s_worker_and_says_when_there_is_none(sim):
+    counter = Counter.options(max_restarts=1).remote()
+    assert tray.get(counter.add.remote(1)) == 1
+    first = sim.worker_of(counter)
+    assert sim.kill_actor_worker(counter) is True
+    sim.advance(1.0)
+    assert first not in sim.workers()
+    assert tray.get(counter.add.remote(1)) == 1  # restarted: a new instance
+    assert sim.worker_of(counter) not in (None, first)
+    tray.kill(counter)
+    sim.advance(1.0)
+    assert sim.worker_of(counter) is None
+    assert sim.kill_actor_worker(counter) is False
+
+
 def test_slow_node_and_connection_reset_lose_nothing(sim):
     victim = sim.node_ids()[2]
     sim.slow_node(victim, 50.0)

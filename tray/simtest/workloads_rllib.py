@@ -105,16 +105,10 @@ def rllib(program) -> None:
 
         def kill_runner(tries_left: int = 20) -> None:
             try:
-                worker = sim.worker_of(victim)
+                sim.kill_actor_worker(victim)
             except tray.exceptions.TrayError:  # the GCS is restarting: a little later
                 if tries_left:
                     sim.at(0.1, lambda: kill_runner(tries_left - 1))
-                return
-            if worker is not None:
-                try:
-                    sim.kill_worker(worker)
-                except ValueError:
-                    pass  # its process is gone already (the GCS has not heard yet)
         sim.at(rng.uniform(0.05, 0.5), kill_runner)
     try:
         results = [algo.train() for _ in range(iterations)]

@@ -110,11 +110,10 @@ def _killed_replicas(program, sim, count: int) -> list:
     replicas = [r for r in _api._list_replicas(APP, "SimWorker") if r[2] == "RUNNING"]
     for replica_id, actor_name, _state, _version in replicas[:count]:
         try:
-            worker = sim.worker_of(tray.get_actor(actor_name, namespace="serve"))
-            if worker is None:  # not alive by the GCS (chaos seed 269): nothing to kill
+            # (Not alive by the GCS, chaos seed 269: nothing to kill.)
+            if not sim.kill_actor_worker(tray.get_actor(actor_name, namespace="serve")):
                 continue
-            sim.kill_worker(worker)
-        except (ValueError, tray.exceptions.TrayError):
+        except (ValueError, tray.exceptions.TrayError):  # no such actor; the GCS is down
             continue
         killed.append(replica_id)
     return killed

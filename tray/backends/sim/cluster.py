@@ -998,6 +998,20 @@ class SimCluster:
                 return
         raise ValueError(f"no live worker {worker_id}")
 
+    def kill_actor_worker(self, actor) -> bool:
+        """Kill the worker hosting ``actor`` (a handle), as SIGKILL would;
+        False when there is none to kill: the actor is not alive by the GCS,
+        or its process is gone already (the GCS has not heard yet). Raises
+        TrayError while the GCS is down (as ``worker_of``)."""
+        worker = self.worker_of(actor)
+        if worker is None:
+            return False
+        try:
+            self.kill_worker(worker)
+        except ValueError:
+            return False
+        return True
+
     def _kill_worker_now(self, address: str, worker_id: str) -> None:
         self.trace.record("fault", "kill_worker", worker=worker_id)
         self.kill_process(address)

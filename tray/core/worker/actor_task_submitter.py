@@ -86,7 +86,7 @@ import trio
 from ... import exceptions
 from ..ids import TaskID
 from ..messages import ALIVE, DEAD, ActorInfo, ActorSpec
-from ..rpc import Endpoint, PeerDisconnected
+from ..rpc import Endpoint, HandshakeBroken, PeerDisconnected
 from ..serialization import deserialize
 from .dependency_resolver import DependencyResolver
 from .function_table import FunctionTable
@@ -357,6 +357,17 @@ class ActorTaskSubmitter:
                     return None
                 if task.done:  # cancelled while it waited for the actor
                     return None
+                try:
+                    await self._endpoint.connect(info.address)
+                except HandshakeBroken:
+                    pass  # it may still listen: the call is cut off below
+                except PeerDisconnected:
+                    # Nothing listens there: that incarnation is gone, and the
+                    # call never left. It waits for the next incarnation (Ray's
+                    # callers queue calls while the actor restarts) and spends
+                    # no retry: it cannot have run.
+                    state.seen_incarnation = max(state.seen_incarnation, info.incarnation)
+                    continue
                 spec.floor = state.floor()
                 state.told(info.incarnation, spec.floor)
                 self._task_manager.set_state(task, SUBMITTED_TO_WORKER)
