@@ -12,7 +12,9 @@ the actor is alive in an incarnation newer than the one this process last
 saw die (or dead for good). A call cut off by a broken connection is re-sent
 within ``max_task_retries``; otherwise it fails with ``ActorDiedError`` (the
 actor is dead) or ``ActorUnavailableError`` (it is restarting, or only the
-connection broke and the call may or may not have run). Any other error on a
+connection broke and the call may or may not have run). A call that finds
+nothing listening at the actor's address before it is sent waits for the
+next incarnation and spends no retry: it cannot have run. Any other error on a
 call's way (the GCS unreachable, the actor refusing it) fails that call, and
 only that call.
 
