@@ -208,3 +208,56 @@ def test_a_restarted_actor_is_told_the_floor_a_call_its_predecessor_answered_pas
     # In one incarnation, a call answered in order needs no floor message.
     submitter._call_ended(calls[2], state, 2)
     assert len(sent) == 1
+
+
+def _submitter_with_gcs(gcs):
+    from types import SimpleNamespace
+
+    from tray.core.worker.actor_task_submitter import ActorTaskSubmitter
+
+    return ActorTaskSubmitter(address="caller", name="caller", endpoint=None, gcs=gcs,
+                              bridge=None, outbox=None, tracer=None,
+                              task_manager=SimpleNamespace(), resolver=None, functions=None,
+                              references=None)
+
+
+def _actor_info(incarnation: int, address: str = "n0/worker-old"):
+    from tray.core.messages import ALIVE, ActorInfo
+
+    return ActorInfo("a" * 32, ALIVE, address, "w" * 32, "n" * 32, None, "", 0, -1, None,
+                     incarnation, "Squarer", 0, False, {})
+
+
+def test_a_call_that_found_nothing_listening_waits_for_the_next_incarnation_boundedly():
+    """Such a call waits for the GCS to report the actor's next incarnation
+    (it cannot have run, so it spends no retry), but not for ever: a live
+    process that refused the connection gets the call failed as one cut
+    off, after UNSENT_CALL_WAIT_S."""
+    import trio.testing
+
+    from tray.core.worker import actor_task_submitter as ats
+
+    class SilentGcs:  # has not heard of any death, and never will
+        async def call(self, method, *args):
+            await trio.sleep_forever()
+
+    class AnsweringGcs:
+        async def call(self, method, actor_id, seen):
+            assert method == "wait_actor_ready" and seen == 1
+            await trio.sleep(0.5)
+            return _actor_info(2, "n1/worker-new")
+
+    async def main():
+        silent = _submitter_with_gcs(SilentGcs())
+        state = ActorState("a" * 32, info=_actor_info(1))
+        start = trio.current_time()
+        assert await silent._next_incarnation(state, state.info) is False
+        assert trio.current_time() - start == pytest.approx(ats.UNSENT_CALL_WAIT_S)
+        assert state.seen_incarnation == 0 and state.info.incarnation == 1  # untouched
+
+        answering = _submitter_with_gcs(AnsweringGcs())
+        assert await answering._next_incarnation(state, state.info) is True
+        assert state.seen_incarnation == 1
+        assert (state.info.incarnation, state.info.address) == (2, "n1/worker-new")
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))

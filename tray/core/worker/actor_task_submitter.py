@@ -104,6 +104,11 @@ from .task_manager import (
     spend_retry,
 )
 
+# How long a call that found nothing listening at its actor's address waits
+# for the GCS to report the next incarnation before it fails as a call cut
+# off does (in the simulator: virtual seconds).
+UNSENT_CALL_WAIT_S = 30.0
+
 
 @dataclass
 class ActorState:
@@ -364,11 +369,13 @@ class ActorTaskSubmitter:
                 except HandshakeBroken:
                     pass  # it may still listen: the call is cut off below
                 except PeerDisconnected:
-                    # Nothing listens there: that incarnation is gone, and the
-                    # call never left. It waits for the next incarnation (Ray's
-                    # callers queue calls while the actor restarts) and spends
-                    # no retry: it cannot have run.
-                    state.seen_incarnation = max(state.seen_incarnation, info.incarnation)
+                    # Nothing listens there, and the call never left: it cannot
+                    # have run, so it spends no retry and waits for the actor's
+                    # next incarnation (Ray's callers queue calls while the
+                    # actor restarts), or its end.
+                    if await self._next_incarnation(state, info):
+                        continue
+                    cut_off_from = info  # no news in time: as a call cut off
                     continue
                 spec.floor = state.floor()
                 state.told(info.incarnation, spec.floor)
@@ -408,6 +415,21 @@ class ActorTaskSubmitter:
             self._task_manager.fail(task, error)
             return None
         return None
+
+    async def _next_incarnation(self, state: ActorState, unreachable: ActorInfo) -> bool:
+        """Wait (at most ``UNSENT_CALL_WAIT_S``) for the GCS to report the
+        actor alive in an incarnation after ``unreachable``, where nothing
+        listens, or dead; True when it did. The GCS may not have heard of
+        the death yet; a live process that refused the connection (a real
+        one under load can) must not hold the call for ever."""
+        with trio.move_on_after(UNSENT_CALL_WAIT_S):
+            info = await self._gcs.call("wait_actor_ready", state.actor_id,
+                                        unreachable.incarnation)
+            state.seen_incarnation = max(state.seen_incarnation, unreachable.incarnation)
+            if state.info is None or info.incarnation >= state.info.incarnation:
+                state.info = info
+            return True
+        return False
 
     # ------------------------------------------------------ unsettled calls
 
