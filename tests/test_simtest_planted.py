@@ -302,3 +302,16 @@ def test_a_recursive_cancel_that_spares_the_children_is_caught_within_10_seeds(m
 
     monkeypatch.setattr(CoreWorker, "_cancel_children", childless)
     _first_failure(range(10), "cancel", "none", "recursive-cancel-cancels-children")
+
+
+def test_a_call_failed_for_a_crash_it_never_met_is_caught_within_10_seeds(monkeypatch):
+    # A call that finds its actor's process gone before it is sent does not
+    # wait for the restart: it fails as a call cut off in flight would (the
+    # bug of 2026-11-27: ActorDiedError "died while running" for a call made
+    # after the crash). The default profile catches it too, at seed 11.
+    async def impatient(self, state, unreachable):
+        return False
+
+    monkeypatch.setattr(ActorTaskSubmitter, "_next_incarnation", impatient)
+    result = _first_failure(range(10), "restarts_unretried", "none", "get-returns-model-value")
+    assert "after 1 crash(es)" in result.message

@@ -472,6 +472,34 @@ def restarts(program) -> None:
                        unlimited=True)
 
 
+def restarts_unretried(program) -> None:
+    """An actor with Ray's default ``max_task_retries=0`` (each call at most
+    once) and unlimited restarts, whose process the workload crashes itself
+    between calls, none in flight: each call made after a crash (before the
+    GCS heard of it, during the restart, or after) cannot have run on the
+    dead process, so it waits for the new one and comes back with its
+    value. Under a schedule that kills, a fault may cut a call off (then it
+    may fail); under one that does not, every call must succeed. Not a
+    piece of ``mixed``: its own kills would make every seed a killing one."""
+    rng = program.rng
+    sim = tray.simtest.cluster()
+    squarer = program.actor(Squarer.options(max_restarts=-1, max_task_retries=0, num_cpus=0),
+                            program.key("unretried", retries=-1))
+    for i in range(rng.randint(2, 5)):
+        ref = squarer.square.remote(i, rng.random() * 0.02)
+        program.expect(ref, i * i, label=f"call {i} after {i} crash(es) of its actor",
+                       actor_call=True)
+        try:
+            tray.get(ref)  # none in flight at the crash (the value is checked later)
+        except Exception:  # noqa: BLE001 - judged with the other expectations
+            pass
+        try:
+            sim.kill_actor_worker(squarer)
+        except tray.exceptions.TrayError:
+            pass  # the GCS is restarting: no crash this round
+        time.sleep(rng.choice([0.0, rng.random() * 0.05, rng.random() * 0.5]))
+
+
 def chains(program) -> None:
     """Deep chains of large objects, as many as the cluster has CPUs and
     more, spread over the nodes and over the fault window: a node that dies
@@ -805,4 +833,5 @@ def _library_workloads() -> dict:
 
 
 WORKLOADS = {**PIECES, "mixed": mixed, "lineage": lambda program: lineage(program, alone=True),
+             "restarts_unretried": restarts_unretried,
              **_library_workloads()}
