@@ -96,6 +96,29 @@ def test_tasks_finished_and_failed_with_error(one_node):
     assert any("showing the newest 2" in str(w.message) for w in caught)
 
 
+@tray.remote(num_cpus=0.5, resources={"widget": 1})
+def parent_of_one():
+    return tray.get(add_one.remote(1)), tray.get_runtime_context().get_task_id()
+
+
+def test_what_a_task_is_reaches_its_row(one_node):
+    """The owner sends what a task is (task_info's tuple, INFO_FIELDS in
+    order); each field lands in its own column of the row."""
+    value, parent_id = tray.get(parent_of_one.options(resources={}).remote())
+    assert value == 2
+    rows = _until(lambda: state.list_tasks(detail=True),
+                  lambda ts: {t.name for t in ts if t.state == "FINISHED"} >=
+                  {"parent_of_one", "add_one"})
+    parent = next(t for t in rows if t.name == "parent_of_one")
+    child = next(t for t in rows if t.name == "add_one")
+    assert parent.task_id == parent_id and child.parent_task_id == parent_id
+    assert (parent.type, parent.func_or_class_name, parent.actor_id) == \
+        ("NORMAL_TASK", "parent_of_one", None)
+    assert parent.required_resources == {"CPU": 0.5}
+    assert child.required_resources == {"CPU": 1.0} and child.placement_group_id is None
+    assert parent.job_id == child.job_id == tray.get_runtime_context().get_job_id()
+
+
 def test_actors_alive_then_dead_with_cause(one_node):
     counter = Counter.options(name="c1").remote(5)
     assert tray.get(counter.add.remote(1)) == 6

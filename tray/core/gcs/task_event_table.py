@@ -25,6 +25,8 @@ from collections import OrderedDict
 
 import trio
 
+from ..worker.task_events import INFO_FIELDS
+
 # Ray's states in the order a task goes through them; a row's state is the
 # furthest of its events.
 STATE_ORDER = {"PENDING_ARGS_AVAIL": 0, "PENDING_NODE_ASSIGNMENT": 1,
@@ -33,8 +35,10 @@ STATE_ORDER = {"PENDING_ARGS_AVAIL": 0, "PENDING_NODE_ASSIGNMENT": 1,
 # Workers whose pids are kept (list_workers shows the others without).
 WORKER_PIDS_MAX = 10_000
 
-_INFO_KEYS = ("name", "type", "job_id", "actor_id", "parent_task_id", "required_resources",
-              "placement_group_id", "func_or_class_name", "owner")
+# A new row: copied (one C-level copy) and filled in.
+_EMPTY_ROW = {"task_id": None, "attempt_number": None, "state": None, "events": None,
+              "node_id": None, "worker_id": None, "worker_pid": None, "error_type": None,
+              "error_message": None, "spans": None, **dict.fromkeys(INFO_FIELDS)}
 
 
 class TaskEventTable:
@@ -95,21 +99,20 @@ class TaskEventTable:
                 self._merged_since_check = None
         row = self.rows.get(key)
         if row is None:
-            row = self.rows[key] = {
-                "task_id": task_id, "attempt_number": attempt, "state": None,
-                "events": {}, "node_id": None, "worker_id": None, "worker_pid": None,
-                "error_type": None, "error_message": None, "spans": [],
-                **dict.fromkeys(_INFO_KEYS)}
-        if info:
-            for name in _INFO_KEYS:
-                value = info.get(name)
-                if value is not None or row[name] is None:
+            row = self.rows[key] = _EMPTY_ROW.copy()
+            row["task_id"], row["attempt_number"] = task_id, attempt
+            row["events"] = known = {state: at + shift for state, at in states.items()}
+            row["spans"] = []
+        else:
+            known = row["events"]
+            for state, at in states.items():
+                shifted = at + shift
+                if state not in known or shifted < known[state]:
+                    known[state] = shifted
+        if info is not None:  # task_info's tuple: INFO_FIELDS
+            for name, value in zip(INFO_FIELDS, info, strict=True):
+                if value is not None:
                     row[name] = value
-        known = row["events"]
-        for state, at in states.items():
-            shifted = at + shift
-            if state not in known or shifted < known[state]:
-                known[state] = shifted
         if known:
             row["state"] = max(known, key=STATE_ORDER.__getitem__)
         if node_id is not None:

@@ -98,7 +98,7 @@ class TaskAttemptEvents:
     them onto its own."""
     task_id: bytes  # (hex when it travels)
     attempt: int
-    info: dict | None = None  # what the task is: name, type, job, actor, parent...
+    info: tuple | None = None  # what the task is: task_info's INFO_FIELDS
     states: dict = field(default_factory=dict)  # state -> time it was entered
     node_id: str | None = None  # where it ran (the executor's records)
     worker_id: str | None = None
@@ -280,8 +280,15 @@ class TaskEventBuffer:
             await self.flush()
 
 
-def task_info(spec, actor_id: str | None = None) -> dict:
-    """What a task is, in the state API's (Ray's) words. An actor's
+# What a task is, in the state API's (Ray's) words: the fields of
+# ``task_info``'s tuple, in its order (the GCS's rows have them by name).
+INFO_FIELDS = ("name", "type", "job_id", "actor_id", "parent_task_id", "required_resources",
+               "placement_group_id", "func_or_class_name", "owner")
+
+
+def task_info(spec, actor_id: str | None = None) -> tuple:
+    """What a task is: the values of ``INFO_FIELDS`` (a tuple: one is made
+    per task, and the GCS unpickles and merges every one). An actor's
     constructor call carries no actor id in its spec: ``actor_id`` says it."""
     if spec.actor_id is None and actor_id is None:
         kind = NORMAL_TASK
@@ -290,8 +297,6 @@ def task_info(spec, actor_id: str | None = None) -> dict:
     else:
         kind = ACTOR_TASK
     strategy = spec.strategy
-    return {"name": spec.name, "type": kind, "job_id": spec.job_id,
-            "actor_id": spec.actor_id or actor_id, "parent_task_id": spec.parent_task_id.hex(),
-            "required_resources": dict(spec.resources),
-            "placement_group_id": getattr(strategy, "placement_group_id", None),
-            "func_or_class_name": spec.name, "owner": spec.caller}
+    return (spec.name, kind, spec.job_id, spec.actor_id or actor_id, spec.parent_task_id.hex(),
+            dict(spec.resources), getattr(strategy, "placement_group_id", None), spec.name,
+            spec.caller)
