@@ -195,6 +195,23 @@ def test_nested_fan_out_takes_no_lease_it_does_not_use():
         tray.shutdown()
 
 
+@pytest.mark.parametrize("seed", [14, 19])
+def test_nested_leaves_start_before_every_middle_has(seed):
+    """The node grants the deeper of its waiting lease requests first: a
+    middle blocked on its leaves gets them running before all of its
+    siblings have started (first come, first served started every middle,
+    then the first leaf)."""
+    tray.init(backend="sim", seed=seed, num_cpus=2)
+    try:
+        assert tray.get(fan_out_of_fan_outs.remote()) == 10 * 45
+        started = [event["name"] for event in _events("task_started")]
+        assert started.count("fan_out") == 10 and started.count("echo") == 100
+        last_middle = max(i for i, name in enumerate(started) if name == "fan_out")
+        assert started.index("echo") < last_middle, started[:24]
+    finally:
+        tray.shutdown()
+
+
 @pytest.mark.parametrize("seed", [15, 16, 17])
 def test_a_wave_after_cancelled_requests_still_runs(seed):
     tray.init(backend="sim", seed=seed, num_cpus=2)

@@ -53,6 +53,7 @@ class TaskContext:
     # The placement-group strategy it runs under (scheduling.Strategy), if any.
     placement_group: object = None
     attempt: int = 0
+    depth: int = 0  # its spec's depth (0: the driver's script)
 
     def __post_init__(self) -> None:
         self._ids_from = TaskID.for_attempt(self.task_id, self.attempt)

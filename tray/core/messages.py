@@ -100,6 +100,8 @@ class LeaseRequest:
     # The task's runtime_env hash: its worker must be set up for that env
     # (tray.runtime_env); "" for none.
     runtime_env_hash: str = ""
+    # Its tasks' depth (TaskSpec.depth): the node grants deeper requests first.
+    depth: int = 1
 
 
 @dataclass(frozen=True, slots=True)

@@ -68,6 +68,10 @@ class TaskSpec:
     # none). Actor calls carry none: they run in their actor's.
     runtime_env: dict | None = None
     runtime_env_hash: str = ""
+    # How many tasks deep it was submitted: 1 from a driver's script, one
+    # more than its submitter's otherwise (Ray's TaskSpec depth). A node
+    # grants the deeper of its waiting lease requests first.
+    depth: int = 1
 
     def __post_init__(self) -> None:
         if self.runtime_env and not self.runtime_env_hash:

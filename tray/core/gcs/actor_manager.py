@@ -540,7 +540,8 @@ class ActorManager:
             request = LeaseRequest(resources=spec.resources, owner=self._address,
                                    strategy=strategy, for_actor=actor_id,
                                    hops=self._config.spillback_hops_max,
-                                   runtime_env_hash=spec.creation.runtime_env_hash)
+                                   runtime_env_hash=spec.creation.runtime_env_hash,
+                                   depth=spec.creation.depth)
             try:
                 grant = await self._endpoint.call(node.address, "request_lease", request)
             except PeerDisconnected:

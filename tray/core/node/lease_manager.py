@@ -5,8 +5,9 @@ manager either grants a local worker (allocating the resources, GPU device
 ids included), answers "spill back to node N" when the shared policy
 (``scheduling.pick_node`` over the cluster view) prefers another node, or
 says the request is infeasible. Requests that fit the node but not its free
-resources wait in a FIFO queue (``waiting``); each time resources are
-released the queue is scanned for the first requests that fit.
+resources wait in a queue (``waiting``): the deepest tasks' requests first
+(``TaskSpec.depth``), first come first served within a depth; each time
+resources are released the queue is scanned for the first requests that fit.
 
 Every unit of a resource is either available or held by exactly one lease:
 ``available + sum(lease resources) == total`` for each resource, except
@@ -48,6 +49,7 @@ up with a placement group's bundles would wait for the group to go)."""
 
 from __future__ import annotations
 
+import bisect
 import logging
 from dataclasses import dataclass, field
 
@@ -127,6 +129,10 @@ class _Waiter:
     spillback: Spillback | None = None  # sent on to a node that can serve it now
     cancelled: bool = False  # its owner ran out of tasks for it (cancel_lease_requests)
     since: float = field(default_factory=trio.current_time)  # when it was queued
+
+
+def _deeper_first(waiter: _Waiter) -> int:
+    return -waiter.request.depth
 
 
 @dataclass(frozen=True)
@@ -247,6 +253,8 @@ class LeaseManager:
                 assert worker_id in leased_workers, f"worker {worker_id} is busy without a lease"
         for waiter in self.waiting:
             assert not waiter.event.is_set(), waiter.request
+        depths = [waiter.request.depth for waiter in self.waiting]
+        assert depths == sorted(depths, reverse=True), depths  # deeper first
         assert len(self._infeasible) <= INFEASIBLE_KEYS_MAX, len(self._infeasible)
         for window, current, previous in self._infeasible.values():
             assert window >= 0 and current >= 1 and previous >= 0, (window, current, previous)
@@ -359,7 +367,11 @@ class LeaseManager:
             node = self.view[target]
             return Spillback(node.address, target)
         waiter = _Waiter(request)
-        self.waiting.append(waiter)
+        # Deeper requests first, first come first served within a depth:
+        # a task blocked on its children gets them running before more of
+        # its siblings start (nested fan-out: the leaves no longer wait
+        # until every middle runs), as a fork-join scheduler runs depth-first.
+        bisect.insort(self.waiting, waiter, key=_deeper_first)
         self._dispatch()
         await waiter.event.wait()
         if waiter.withdrawn:

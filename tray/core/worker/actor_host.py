@@ -285,7 +285,8 @@ class ActorHost:
         context = TaskContext(TaskID(spec.task_id), ActorID.from_hex(self.actor_id), gpu_ids,
                               name=spec.name, job_id=spec.job_id, namespace=spec.namespace,
                               placement_group=self.placement_group,
-                              attempt=incarnation - 1)  # incarnations count from 1
+                              attempt=incarnation - 1,  # incarnations count from 1
+                              depth=spec.depth)
         cls = await self._functions.load(spec.function_id)
         self.is_async = any(inspect.iscoroutinefunction(member) for _, member in
                             inspect.getmembers(cls, inspect.isfunction))
@@ -540,7 +541,8 @@ class ActorHost:
     def _call_context(self, spec: TaskSpec) -> TaskContext:
         return TaskContext(TaskID(spec.task_id), ActorID.from_hex(self.actor_id), self.gpu_ids,
                            name=spec.name, job_id=spec.job_id, namespace=spec.namespace,
-                           placement_group=self.placement_group, attempt=spec.attempt)
+                           placement_group=self.placement_group, attempt=spec.attempt,
+                           depth=spec.depth)
 
     async def _execute(self, spec: TaskSpec) -> TaskReply:
         if self.exiting is not None:

@@ -603,7 +603,7 @@ class CoreWorker:
                         return_ids=[oid.binary() for oid in return_ids], caller=self.address,
                         resources=resources, strategy=strategy, max_retries=max_retries,
                         retry_exceptions=retry_exceptions, parent_task_id=context.task_id.binary(),
-                        runtime_env=runtime_env)
+                        depth=context.depth + 1, runtime_env=runtime_env)
         if actor_id is not None:
             spec.actor_id = actor_id
             spec.method = method
@@ -718,7 +718,8 @@ class CoreWorker:
                             name=f"{class_name}.__init__", function_id=function_id,
                             args=packed_args, kwargs=packed_kwargs, num_returns=0, return_ids=[],
                             caller=self.address, resources=resources, strategy=strategy,
-                            parent_task_id=context.task_id.binary(), runtime_env=runtime_env)
+                            parent_task_id=context.task_id.binary(), depth=context.depth + 1,
+                            runtime_env=runtime_env)
         actor = ActorSpec(
             actor_id=actor_id.hex(), class_name=class_name, name=options.get("name"),
             namespace=namespace, get_if_exists=bool(options.get("get_if_exists")),

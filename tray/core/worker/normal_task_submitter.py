@@ -318,7 +318,7 @@ class NormalTaskSubmitter:
             request = LeaseRequest(resources=spec.resources, strategy=spec.strategy,
                                    owner=self._address, hops=hops,
                                    retriable=spec.max_retries != 0,
-                                   runtime_env_hash=spec.runtime_env_hash)
+                                   runtime_env_hash=spec.runtime_env_hash, depth=spec.depth)
             try:
                 reply = await self._ask(queue, manager, request)
             except PeerDisconnected:

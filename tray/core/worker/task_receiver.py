@@ -187,7 +187,7 @@ class TaskReceiver:
         context = TaskContext(TaskID(spec.task_id), gpu_ids=gpu_ids, name=spec.name,
                               job_id=spec.job_id, namespace=spec.namespace,
                               placement_group=_group_of(spec.strategy),
-                              attempt=spec.attempt)
+                              attempt=spec.attempt, depth=spec.depth)
         loaded: list = []
 
         async def load():
