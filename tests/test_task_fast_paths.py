@@ -212,6 +212,56 @@ def test_nested_leaves_start_before_every_middle_has(seed):
         tray.shutdown()
 
 
+def test_a_request_waits_behind_deeper_ones_at_most_a_bound():
+    """At the node: the deeper request is offered the freed CPU first, but
+    one that has waited DEPTH_FIRST_MAX_WAIT_S goes ahead of all (a stream
+    of nested work must not starve a driver's tasks)."""
+    import random
+
+    import trio
+    import trio.testing
+
+    from tray.core.config import Config
+    from tray.core.interfaces import NullTracer
+    from tray.core.messages import LeaseRequest
+    from tray.core.node import lease_manager
+    from tray.core.scheduling import Strategy
+
+    async def main():
+        manager = lease_manager.LeaseManager(
+            node_id="n" * 32, address="node", endpoint=None, nursery=None,
+            tracer=NullTracer(), config=Config(), resources={"CPU": 1}, rng=random.Random(0),
+            pool=None, refresh_view=None, gcs_address="gcs")
+        manager.available["CPU"] = 0.0  # the one CPU is leased
+
+        def ask(owner: str, depth: int):
+            waiter = lease_manager._Waiter(LeaseRequest(
+                resources={"CPU": 1.0}, strategy=Strategy(), owner=owner, depth=depth))
+            manager._queue(waiter)
+            return waiter
+
+        def free_one_cpu():
+            manager.available["CPU"] = 1.0
+            manager._dispatch()
+
+        shallow = ask("driver", 1)
+        await trio.sleep(0.1)
+        deep, deeper = ask("middle", 2), ask("leaf-owner", 3)
+        assert manager.waiting == [deeper, deep, shallow]
+        free_one_cpu()
+        assert deeper.event.is_set() and not deep.event.is_set()
+        # The shallow request has waited the bound, the deep one not yet.
+        await trio.sleep(lease_manager.DEPTH_FIRST_MAX_WAIT_S - 0.05)
+        manager.available["CPU"] = 0.0
+        free_one_cpu()
+        assert shallow.event.is_set() and not deep.event.is_set()
+        manager.available["CPU"] = 0.0
+        free_one_cpu()
+        assert deep.event.is_set() and manager.waiting == []
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
 @pytest.mark.parametrize("seed", [15, 16, 17])
 def test_a_wave_after_cancelled_requests_still_runs(seed):
     tray.init(backend="sim", seed=seed, num_cpus=2)

@@ -6,7 +6,8 @@ ids included), answers "spill back to node N" when the shared policy
 (``scheduling.pick_node`` over the cluster view) prefers another node, or
 says the request is infeasible. Requests that fit the node but not its free
 resources wait in a queue (``waiting``): the deepest tasks' requests first
-(``TaskSpec.depth``), first come first served within a depth; each time
+(``TaskSpec.depth``), first come first served within a depth, and any that
+waited ``DEPTH_FIRST_MAX_WAIT_S`` ahead of all (oldest first); each time
 resources are released the queue is scanned for the first requests that fit.
 
 Every unit of a resource is either available or held by exactly one lease:
@@ -64,6 +65,10 @@ logger = logging.getLogger("tray.node")
 
 # The demand report holds at most this many distinct shapes (the most
 # requested first); further shapes are counted in ``shapes_dropped``.
+# A request waits behind deeper ones for at most this long; then it goes
+# first (``_in_grant_order``).
+DEPTH_FIRST_MAX_WAIT_S = 1.0
+
 DEMAND_SHAPES_MAX = 256
 # Distinct (owner, shape) pairs remembered as infeasible; the oldest go first.
 INFEASIBLE_KEYS_MAX = 1024
@@ -133,6 +138,10 @@ class _Waiter:
 
 def _deeper_first(waiter: _Waiter) -> int:
     return -waiter.request.depth
+
+
+def _since(waiter: _Waiter) -> float:
+    return waiter.since
 
 
 @dataclass(frozen=True)
@@ -367,11 +376,7 @@ class LeaseManager:
             node = self.view[target]
             return Spillback(node.address, target)
         waiter = _Waiter(request)
-        # Deeper requests first, first come first served within a depth:
-        # a task blocked on its children gets them running before more of
-        # its siblings start (nested fan-out: the leaves no longer wait
-        # until every middle runs), as a fork-join scheduler runs depth-first.
-        bisect.insort(self.waiting, waiter, key=_deeper_first)
+        self._queue(waiter)
         self._dispatch()
         await waiter.event.wait()
         if waiter.withdrawn:
@@ -458,8 +463,29 @@ class LeaseManager:
             return None, self.available, self.gpus
         return None
 
+    def _queue(self, waiter: _Waiter) -> None:
+        """Deeper requests first, first come first served within a depth: a
+        task blocked on its children gets them running before more of its
+        siblings start (nested fan-out: the leaves no longer wait until every
+        middle runs), as a fork-join scheduler runs depth-first."""
+        bisect.insort(self.waiting, waiter, key=_deeper_first)
+
+    def _in_grant_order(self) -> list[_Waiter]:
+        """The waiting requests in the order they are offered resources:
+        the queue's (deepest first), except that those waiting
+        ``DEPTH_FIRST_MAX_WAIT_S`` or longer go ahead, oldest first, so a
+        steady stream of nested work cannot starve shallower tasks."""
+        now = trio.current_time()
+        overdue = [waiter for waiter in self.waiting
+                   if now - waiter.since >= DEPTH_FIRST_MAX_WAIT_S]
+        if not overdue:
+            return list(self.waiting)
+        overdue.sort(key=_since)
+        return overdue + [waiter for waiter in self.waiting
+                          if now - waiter.since < DEPTH_FIRST_MAX_WAIT_S]
+
     def _dispatch(self) -> None:
-        for waiter in list(self.waiting):
+        for waiter in self._in_grant_order():
             resources = waiter.request.resources
             found = self._pool_for(waiter.request)
             if found is None:
