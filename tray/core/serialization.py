@@ -83,7 +83,7 @@ class SerializationContext:
 # Values that plain pickle writes byte for byte as cloudpickle does, that
 # hold no refs and have no out-of-band buffers: most results and arguments
 # of small tasks. They skip the context and cloudpickle's Pickler (measured:
-# 7.5 -> ~1 us per value).
+# 7.5 -> 1.8 us per value).
 _PLAIN_TYPES = frozenset({bytes, str, int, float, bool, type(None)})
 
 

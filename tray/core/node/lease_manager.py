@@ -63,12 +63,12 @@ from .worker_pool import WorkerPool
 
 logger = logging.getLogger("tray.node")
 
-# The demand report holds at most this many distinct shapes (the most
-# requested first); further shapes are counted in ``shapes_dropped``.
 # A request waits behind deeper ones for at most this long; then it goes
 # first (``_in_grant_order``).
 DEPTH_FIRST_MAX_WAIT_S = 1.0
 
+# The demand report holds at most this many distinct shapes (the most
+# requested first); further shapes are counted in ``shapes_dropped``.
 DEMAND_SHAPES_MAX = 256
 # Distinct (owner, shape) pairs remembered as infeasible; the oldest go first.
 INFEASIBLE_KEYS_MAX = 1024
