@@ -19,7 +19,7 @@ class Level(enum.IntEnum):  # an int subclass: not a plain value
 def test_plain_values_pickle_as_cloudpickle_would(value):
     serialized = serialize(value)
     assert serialized.data == dumps(value, protocol=5)
-    assert serialized.buffers == [] and serialized.contained == []
+    assert not serialized.buffers and not serialized.contained
     assert deserialize(serialized) == value and type(deserialize(serialized)) is type(value)
 
 

@@ -17,7 +17,7 @@ import io
 import pickle
 import types
 from collections import ChainMap
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import cloudpickle
 from cloudpickle import cloudpickle as _cloudpickle_internals
@@ -31,9 +31,11 @@ KIND_ERROR = 1
 @dataclass(slots=True)
 class SerializedObject:
     data: bytes
-    buffers: list = field(default_factory=list)
+    # Out-of-band buffers; () when none (most values): the shared empty
+    # tuple is not tracked by the cyclic GC, as an empty list would be.
+    buffers: list | tuple = ()
     # (object id bytes, owner address) of every ref inside the value.
-    contained: list = field(default_factory=list)
+    contained: list | tuple = ()
     kind: int = KIND_VALUE
 
     def size_bytes(self) -> int:
@@ -45,7 +47,7 @@ class SerializedObject:
         # a copy (and one without copies them in band).
         return (
             SerializedObject,
-            (self.data, [pickle.PickleBuffer(memoryview(b).cast("B")) for b in self.buffers],
+            (self.data, tuple(pickle.PickleBuffer(memoryview(b).cast("B")) for b in self.buffers),
              self.contained, self.kind),
         )
 
@@ -105,8 +107,8 @@ def serialize(value) -> SerializedObject:
         _serialization_context.reset(token)
     return SerializedObject(
         data=data,
-        buffers=[b.raw() if isinstance(b, pickle.PickleBuffer) else b for b in buffers],
-        contained=context.contained,
+        buffers=[b.raw() if isinstance(b, pickle.PickleBuffer) else b for b in buffers] or (),
+        contained=context.contained or (),
     )
 
 

@@ -158,7 +158,8 @@ def _copy_serialized(value: SerializedObject) -> SerializedObject:
         else:
             view = memoryview(buffer).cast("B")
             buffers.append(bytes(view) if view.readonly else bytearray(view))
-    return SerializedObject(value.data, buffers, _copy_list(value.contained), value.kind)
+    return SerializedObject(value.data, buffers or (),
+                            _copy_list(value.contained) if value.contained else (), value.kind)
 
 
 _PICKLE_HOOKS = ("__reduce__", "__reduce_ex__", "__getnewargs__", "__getnewargs_ex__")

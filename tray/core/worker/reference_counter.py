@@ -89,8 +89,13 @@ class RefEntry:
     # The value: inline (value or error) or in node stores.
     ready: bool = False
     inline: SerializedObject | None = None
-    locations: list = field(default_factory=list)  # [(node_id, node manager address)]
-    contained_refs: list = field(default_factory=list)  # [(oid bytes, owner)] inside the value
+    # Tuples, replaced whole, never changed in place: an empty one (most
+    # entries' locations and contained refs) is the shared () that the
+    # cyclic GC does not track. Two empty lists per entry were a quarter of
+    # the tracked objects a live ref leaves, and every full collection walks
+    # them all (put cost grew with the refs held: 11 -> 32 us at 100k).
+    locations: tuple = ()  # ((node_id, node manager address), ...)
+    contained_refs: tuple = ()  # ((oid bytes, owner), ...) inside the value
     event: trio.Event | None = None
     # Owned objects only: finished tasks kept in the owner's lineage that
     # took this object as an argument. A task result's entry is pinned, not
@@ -238,9 +243,9 @@ class ReferenceCounter:
             # (a small inline value stays with it).
             for manager in sorted({manager for _node_id, manager in entry.locations}):
                 self._outbox.send_later(manager, "free_objects", [object_id.binary()])
-            entry.locations = []
+            entry.locations = ()
             self.release_contained(entry.contained_refs)
-            entry.contained_refs = []
+            entry.contained_refs = ()
             return
         del self.refs[object_id]
         if entry.owned and is_actor_handle(object_id):
@@ -291,7 +296,7 @@ class ReferenceCounter:
         returned value; hold them while the returned object lives. A value
         that replaces an earlier one (a result re-created from lineage) lets
         go of what the earlier one held."""
-        previous, entry.contained_refs = entry.contained_refs, list(contained)
+        previous, entry.contained_refs = entry.contained_refs, tuple(contained)
         for oid_bytes, owner in contained:
             oid = ObjectID(oid_bytes)
             existing = self.refs.get(oid)
@@ -326,14 +331,14 @@ class ReferenceCounter:
     def store_value(self, object_id: ObjectID, entry: RefEntry,
                     serialized: SerializedObject) -> None:
         """The value of an owned object: inline when small, else in this node's store."""
-        entry.contained_refs = list(serialized.contained)
+        entry.contained_refs = tuple(serialized.contained)
         self.hold_contained(entry.contained_refs)
         if serialized.size_bytes() <= self._config.inline_object_max_bytes:
             entry.inline = serialized
         else:
             self._store.put(object_id.binary(), serialized.data, serialized.buffers,
                             owner=self.address)
-            entry.locations = [(self._node_id, self._node_manager_address)]
+            entry.locations = ((self._node_id, self._node_manager_address),)
         self.mark_ready(entry)
 
     @staticmethod
@@ -349,7 +354,7 @@ class ReferenceCounter:
             self._outbox.send_later(manager, "free_objects", [object_id])  # freed meanwhile
             return
         if (node_id, manager) not in entry.locations:
-            entry.locations.append((node_id, manager))
+            entry.locations += ((node_id, manager),)
 
     def handle_objects_here(self, conn, node_id: str, manager: str, object_ids: list) -> list:
         """Which of these objects, stored on that node, this owner keeps
@@ -372,7 +377,7 @@ class ReferenceCounter:
         """A node died: the copies it held are gone."""
         for entry in self.refs.values():
             if entry.owned and entry.locations:
-                entry.locations = [loc for loc in entry.locations if loc[0] != node_id]
+                entry.locations = tuple(loc for loc in entry.locations if loc[0] != node_id)
 
     # ------------------------------------------------------------- borrowers
 
