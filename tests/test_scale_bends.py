@@ -18,6 +18,7 @@ from tray.core.messages import ALIVE, DEAD
 from tray.core.node.worker_pool import WorkerPool
 from tray.core.worker.task_events import TaskEventBuffer
 from tray.simtest import cluster as current_cluster
+from tray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 
 @tray.remote(num_cpus=0)
@@ -248,3 +249,44 @@ def test_a_live_small_object_leaves_four_objects_for_the_collector(one_node):
     per_ref = (len(gc.get_objects()) - before) / len(refs)
     # The ref, its id, the owner's entry and the inline value.
     assert per_ref < 4.5, per_ref
+
+
+@tray.remote(max_retries=-1)
+def _stored(i: int) -> bytes:
+    return bytes([i]) * 200_000  # above inline_object_max_bytes: kept in a node's store
+
+
+def test_a_dead_nodes_copies_are_found_through_an_index_by_node():
+    # An owner forgets a dead node's copies through an index by node
+    # (ReferenceCounter._on_node); a scan of every ref held made each node
+    # death cost every live object. The index must follow every change of
+    # an entry's locations, or a death would leave a copy behind.
+    from tray.core.context import get_worker
+
+    tray.init(backend="sim", seed=5, num_nodes=3, num_cpus=2)
+    try:
+        sim = current_cluster()
+        _head, victim, other = sim.node_ids()
+
+        def on(node_id):
+            return NodeAffinitySchedulingStrategy(node_id, soft=True)
+        lost = [_stored.options(scheduling_strategy=on(victim)).remote(i) for i in range(3)]
+        kept = [_stored.options(scheduling_strategy=on(other)).remote(i) for i in range(3, 5)]
+        tray.wait(lost + kept, num_returns=5, fetch_local=False)
+        references = get_worker().references
+        references.validate_state()  # checks the index against every entry's locations
+        assert references._on_node[victim] == {ref.object_id() for ref in lost}
+        assert references._on_node[other] == {ref.object_id() for ref in kept}
+
+        sim.kill_node(victim)
+        sim.advance(60.0)  # the GCS declares it dead; the owner forgets its copies
+        assert victim not in references._on_node
+        assert all(not references.refs[ref.object_id()].locations for ref in lost)
+        assert references._on_node[other] == {ref.object_id() for ref in kept}
+        references.validate_state()
+        # Lineage re-creates the lost ones elsewhere, and the index follows.
+        assert tray.get(lost + kept) == [bytes([i]) * 200_000 for i in range(5)]
+        references.validate_state()
+        assert victim not in references._on_node
+    finally:
+        tray.shutdown()

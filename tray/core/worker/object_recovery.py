@@ -105,7 +105,7 @@ class ObjectRecoveryManager:
             lost = [location for location in lost if location not in entry.locations[:1]]
         for _node_id, manager in sorted(set(lost) & set(entry.locations)):
             self._outbox.send_later(manager, "free_objects", [object_id])  # if it lives after all
-        entry.locations = tuple(loc for loc in entry.locations if loc not in lost)
+        references.set_locations(oid, entry, tuple(loc for loc in entry.locations if loc not in lost))
         if entry.locations:
             return None
         where = sorted({node_id for node_id, _ in lost})
@@ -141,7 +141,8 @@ class ObjectRecoveryManager:
         for return_id in spec.return_ids:
             returned = references.refs.get(ObjectID(return_id))
             if returned is not None:
-                returned.ready, returned.inline, returned.locations = False, None, ()
+                returned.ready, returned.inline = False, None
+                references.set_locations(ObjectID(return_id), returned, ())
         again = PendingTask(spec, task.retries_left, holds)
         self._task_manager.add(again)
         # ``by``: the reader that found no copy, for the simtest's attribution

@@ -140,6 +140,10 @@ class ReferenceCounter:
         # it borrowed them, the same in every run). A borrower's death costs
         # what it borrowed, not a scan of every ref held.
         self._borrowed_by: dict[str, dict[ObjectID, None]] = {}
+        # Node id -> the owned objects with a copy there (``locations``,
+        # changed only through ``set_locations``): a node's death costs the
+        # objects it held, not a scan of every ref held.
+        self._on_node: dict[str, set[ObjectID]] = {}
 
     def statistics(self) -> ReferenceStatistics:
         entries = sorted(self.refs.items(), key=lambda kv: kv[0].hex())
@@ -176,6 +180,14 @@ class ReferenceCounter:
                 self._validate_entry(object_id, entry)
             for borrower in borrowers:
                 assert object_id in self._borrowed_by.get(borrower, ()), (object_id, borrower)
+            for node_id, _manager in entry.locations:
+                assert object_id in self._on_node.get(node_id, ()), (object_id, node_id)
+        for node_id, object_ids in self._on_node.items():
+            assert object_ids, node_id
+            for object_id in object_ids:
+                entry = self.refs[object_id]
+                assert any(location[0] == node_id for location in entry.locations), \
+                    (object_id, node_id)
 
     def _validate_entry(self, object_id: ObjectID, entry: RefEntry) -> None:
         assert entry.local >= 0, (object_id, entry)
@@ -243,7 +255,7 @@ class ReferenceCounter:
             # (a small inline value stays with it).
             for manager in sorted({manager for _node_id, manager in entry.locations}):
                 self._outbox.send_later(manager, "free_objects", [object_id.binary()])
-            entry.locations = ()
+            self.set_locations(object_id, entry, ())
             self.release_contained(entry.contained_refs)
             entry.contained_refs = ()
             return
@@ -260,6 +272,7 @@ class ReferenceCounter:
                 by_node.setdefault(manager, []).append(object_id.binary())
             for manager, ids in sorted(by_node.items()):
                 self._outbox.send_later(manager, "free_objects", ids)
+            self.set_locations(object_id, entry, ())
             self.release_contained(entry.contained_refs)
         else:
             self._outbox.send_later(entry.owner, "remove_borrower", object_id.binary(),
@@ -338,7 +351,7 @@ class ReferenceCounter:
         else:
             self._store.put(object_id.binary(), serialized.data, serialized.buffers,
                             owner=self.address)
-            entry.locations = ((self._node_id, self._node_manager_address),)
+            self.set_locations(object_id, entry, ((self._node_id, self._node_manager_address),))
         self.mark_ready(entry)
 
     @staticmethod
@@ -354,7 +367,7 @@ class ReferenceCounter:
             self._outbox.send_later(manager, "free_objects", [object_id])  # freed meanwhile
             return
         if (node_id, manager) not in entry.locations:
-            entry.locations += ((node_id, manager),)
+            self.set_locations(ObjectID(object_id), entry, entry.locations + ((node_id, manager),))
 
     def handle_objects_here(self, conn, node_id: str, manager: str, object_ids: list) -> list:
         """Which of these objects, stored on that node, this owner keeps
@@ -373,11 +386,29 @@ class ReferenceCounter:
         """Does this process's node store hold a copy of the object?"""
         return self._store.contains(object_id.binary())
 
+    def set_locations(self, object_id: ObjectID, entry: RefEntry, locations: tuple) -> None:
+        """Where copies of an owned object live now: the one way
+        ``entry.locations`` changes, so that ``_on_node`` stays true."""
+        on_node = self._on_node
+        for node_id, _manager in entry.locations:
+            object_ids = on_node.get(node_id)
+            if object_ids is not None:
+                object_ids.discard(object_id)
+                if not object_ids:
+                    del on_node[node_id]
+        entry.locations = locations
+        for node_id, _manager in locations:
+            object_ids = on_node.get(node_id)
+            if object_ids is None:
+                object_ids = on_node[node_id] = set()
+            object_ids.add(object_id)
+
     def forget_node(self, node_id: str) -> None:
-        """A node died: the copies it held are gone."""
-        for entry in self.refs.values():
-            if entry.owned and entry.locations:
-                entry.locations = tuple(loc for loc in entry.locations if loc[0] != node_id)
+        """A node died: the copies it held are gone. (Each entry's copies
+        are filtered on their own: the order does not matter.)"""
+        for object_id in self._on_node.pop(node_id, ()):
+            entry = self.refs[object_id]
+            entry.locations = tuple(loc for loc in entry.locations if loc[0] != node_id)
 
     # ------------------------------------------------------------- borrowers
 

@@ -275,7 +275,7 @@ class TaskManager:
                     references.balance_contained_borrows(result.contained)
                 continue
             if isinstance(result, StoredResult):
-                entry.locations = tuple(result.locations)
+                references.set_locations(oid, entry, tuple(result.locations))
                 references.adopt_contained(entry, result.contained)
             elif isinstance(result, InlineResult):
                 entry.inline = result.value
