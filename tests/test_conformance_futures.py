@@ -23,8 +23,8 @@ import tray.simtest
 def run_asyncio(coroutine):
     """Run ``coroutine`` on a standard asyncio loop, as ``asyncio.run`` does
     in a process that has not imported trio-asyncio (which tray's async
-    actors import; ``asyncio.run`` then runs trio-asyncio's loop: see
-    test_await_under_trio_asyncio_s_default_loop)."""
+    actors import, and this module's tests create some; ``asyncio.run`` then
+    runs trio-asyncio's loop: see test_await_under_trio_asyncio_s_default_loop)."""
     with asyncio.Runner(loop_factory=asyncio.SelectorEventLoop) as runner:
         return runner.run(coroutine)
 
@@ -193,9 +193,22 @@ def test_future_in_a_threaded_actor_method(one_node):
 ])
 def test_await_under_trio_asyncio_s_default_loop(backend_name):
     # What a user writes: asyncio.run, which runs trio-asyncio's
-    # SyncTrioEventLoop here; a blocking call inside works too. In a fresh
-    # process: on the simulator the bug leaves trio's run state behind, and
-    # every later simulated cluster in the process would fail to start.
+    # SyncTrioEventLoop once trio-asyncio is imported (an async actor
+    # imports it); a blocking call inside works too. In a fresh process: on
+    # the simulator the bug leaves trio's run state behind, and every later
+    # simulated cluster in the process would fail to start.
+    _run_asyncio_program(backend_name, "import trio_asyncio")
+
+
+@pytest.mark.parametrize("backend_name", ["local", "sim"])
+def test_asyncio_run_in_a_driver_runs_a_standard_loop(backend_name):
+    # ``import tray`` does not import trio-asyncio (the first async actor
+    # does), so a driver's asyncio.run is asyncio's own loop, and works on
+    # the simulator too.
+    _run_asyncio_program(backend_name, "import sys; assert 'trio_asyncio' not in sys.modules")
+
+
+def _run_asyncio_program(backend_name: str, before_run: str) -> None:
     import subprocess
     import sys
     import textwrap
@@ -214,6 +227,7 @@ def test_await_under_trio_asyncio_s_default_loop(backend_name):
             blocking = tray.get(square.remote(2))
             return blocking, await square.remote(3)
 
+        {before_run}
         print(asyncio.run(main()), tray.get(square.remote(4)))
         tray.shutdown()
     """)

@@ -69,7 +69,6 @@ from dataclasses import dataclass, field
 
 import greenback
 import trio
-import trio_asyncio
 
 from ... import exceptions
 from ..context import TaskContext, current_task
@@ -641,7 +640,11 @@ class ActorHost:
 
 
 async def _run_asyncio_loop(task_status=trio.TASK_STATUS_IGNORED) -> None:
-    """An asyncio event loop on this trio loop, for as long as the process."""
+    """An asyncio event loop on this trio loop, for as long as the process.
+    (trio-asyncio, and asyncio with it, are imported here, by the first async
+    actor: ~30 ms that every node and worker process paid at its start.)"""
+    import trio_asyncio
+
     async with trio_asyncio.open_loop() as loop:
         task_status.started(loop)
         await trio.sleep_forever()
