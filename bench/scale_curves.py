@@ -53,8 +53,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # "sim1": every actor on ONE simulated node (workers_per_node_max raised to
 # fit: the default cap of 256 workers is the memory bound of real processes).
 POINTS = {
-    "tasks": [("local", 10_000), ("local", 100_000), ("sim", 10_000), ("sim", 100_000),
-              ("sim", 1_000_000)],
+    "tasks": [("local", 10_000), ("local", 100_000), ("local", 1_000_000), ("sim", 10_000),
+              ("sim", 100_000), ("sim", 1_000_000)],
     "objects": [("local", 1_000), ("local", 10_000), ("local", 100_000)],
     "actors": [("local", 100), ("sim", 100), ("sim", 1_000), ("sim", 5_000),
                ("sim1", 1_000), ("sim1", 5_000)],
