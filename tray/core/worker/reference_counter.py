@@ -141,8 +141,9 @@ class ReferenceCounter:
         # what it borrowed, not a scan of every ref held.
         self._borrowed_by: dict[str, dict[ObjectID, None]] = {}
         # Node id -> the owned objects with a copy there (``locations``,
-        # changed only through ``set_locations``): a node's death costs the
-        # objects it held, not a scan of every ref held.
+        # changed through ``set_locations``; ``forget_node`` drops a dead
+        # node's whole set): a node's death costs the objects it held, not a
+        # scan of every ref held.
         self._on_node: dict[str, set[ObjectID]] = {}
 
     def statistics(self) -> ReferenceStatistics:
