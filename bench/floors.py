@@ -12,8 +12,9 @@ them):
   process and a worker process that have imported these, so "init to first
   result <= 0.3 s" is bounded below by them.
 * **latency**: a blocking round trip of 40 bytes between two processes over
-  a Unix socket pair, no tray and no trio, timed call by call in rounds of
-  500 (p50, p99, p99/p50 per round); then the same with each call handed
+  a Unix socket pair, no tray and no trio, timed call by call in six rounds
+  of 500 (``harness.percentiles``, the bench's latency loop: p50, p99,
+  p99/p50 per round); then the same with each call handed
   from a caller thread to a second thread that does the I/O, as a tray
   driver's user thread hands calls to its loop thread. "p99 <= 2x p50" is
   bounded below by what this machine's scheduler does to a bare round trip.
@@ -42,6 +43,8 @@ import threading
 import time
 from queue import SimpleQueue
 
+from harness import percentiles
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
@@ -52,7 +55,7 @@ IMPORTS = [
     ("tray's worker stack", "import tray.backends.local.worker"),
     ("tray's node stack", "import tray.backends.local.node"),
 ]
-LATENCY_CALLS, LATENCY_ROUND = 3_000, 500
+LATENCY_ROUNDS, LATENCY_ROUND = 6, 500
 RPC_CALLS = 5_000
 
 
@@ -73,17 +76,6 @@ def floor_init(rounds: int) -> dict:
 
 
 # ---------------------------------------------------------------- latency
-
-
-def _percentiles(samples: list[float]) -> dict:
-    ratios = []
-    for start in range(0, len(samples), LATENCY_ROUND):
-        chunk = sorted(samples[start:start + LATENCY_ROUND])
-        ratios.append(chunk[int(len(chunk) * 0.99) - 1] / chunk[len(chunk) // 2])
-    ordered = sorted(samples)
-    return {"p50_us": ordered[len(ordered) // 2] * 1e6,
-            "p99_us": ordered[int(len(ordered) * 0.99) - 1] * 1e6,
-            "p99_over_p50_by_round": [round(r, 2) for r in ratios]}
 
 
 def floor_latency() -> dict:
@@ -120,14 +112,13 @@ def floor_latency() -> dict:
     try:
         for label, call in (("one thread", round_trip),
                             ("handed to a second thread", through_a_thread)):
-            for _ in range(200):
-                call()
-            samples = []
-            for _ in range(LATENCY_CALLS):
-                started = time.perf_counter()
-                call()
-                samples.append(time.perf_counter() - started)
-            results[label] = _percentiles(samples)
+            # The bench's own latency loop (ms per round), as tray's rows use it.
+            rounds = percentiles(call, LATENCY_ROUND, LATENCY_ROUNDS)
+            results[label] = {
+                "p50_us": statistics.median(rounds["p50"]) * 1e3,
+                "p99_us": statistics.median(rounds["p99"]) * 1e3,
+                "p99_over_p50_by_round": [round(p99 / p50, 2) for p50, p99
+                                          in zip(rounds["p50"], rounds["p99"], strict=True)]}
     finally:
         requests.put(False)
         thread.join()
