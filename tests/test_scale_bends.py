@@ -332,3 +332,61 @@ def test_the_simulator_collects_young_generations_often_and_the_heap_seldom(monk
     assert generations.count(2) >= 1 and generations.count(1) >= 3 * generations.count(2), \
         generations
     assert first == second  # the same collections at the same ticks: the same trace
+
+
+@tray.remote(num_cpus=1)
+def _sleeping(seconds: float) -> int:
+    import time
+
+    time.sleep(seconds)
+    return 1
+
+
+@tray.remote(num_cpus=0)
+class _Submitter:
+    def submit(self, n: int) -> list:
+        return [_sleeping.remote(1000.0) for _ in range(n)]
+
+
+def test_a_workers_and_an_owners_leases_are_found_through_indexes():
+    # A node finds the lease of a worker that died or blocked, and the
+    # leases of an owner that went away, through indexes
+    # (LeaseManager._lease_by_worker, _leases_by_owner). Each was a scan of
+    # every lease on the node: killing n actors on one node cost O(n²).
+    # The indexes must follow every grant and release, or a death would
+    # leave a lease (and its resources) behind.
+    tray.init(backend="sim", seed=4, num_cpus=2)
+    try:
+        sim = current_cluster()
+        leases = sim.processes["n0/raylet"].component.leases
+        actors = [Counter.remote() for _ in range(12)]
+        assert tray.get([actor.add.remote() for actor in actors]) == [1] * 12
+        submitter = _Submitter.remote()
+        running = tray.get(submitter.submit.remote(2))  # owned by the submitter
+        sim.advance(1.0)
+        leases.validate_state()  # checks both indexes against every lease
+        task_leases = [lease for lease in leases.leases.values() if lease.for_actor is None]
+        assert len(task_leases) == 2, leases.leases
+        owner = task_leases[0].owner
+        assert {lease.owner for lease in task_leases} == {owner}
+        assert leases._leases_by_owner[owner] == {lease.lease_id for lease in task_leases}
+        for lease in leases.leases.values():
+            assert leases._lease_by_worker[lease.worker_id] == lease.lease_id
+
+        for actor in actors[:6]:
+            tray.kill(actor)
+        sim.advance(5.0)
+        leases.validate_state()
+        assert sum(lease.for_actor is not None for lease in leases.leases.values()) == 7
+
+        # The owner's death ends its task leases, found through the index.
+        tray.kill(submitter)
+        sim.advance(5.0)
+        leases.validate_state()
+        assert owner not in leases._leases_by_owner
+        assert not [lease for lease in leases.leases.values() if lease.for_actor is None]
+        assert leases.available["CPU"] == 2.0
+        assert tray.get([actor.add.remote() for actor in actors[6:]]) == [2] * 6
+        del running
+    finally:
+        tray.shutdown()
