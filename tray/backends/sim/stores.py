@@ -31,6 +31,9 @@ class MemoryObjectStore:
         self.capacity_bytes = capacity_bytes
         self._objects: dict[bytes, tuple[bytes, list[bytes]]] = {}
         self._owners: dict[bytes, str] = {}
+        # owner -> its objects here: an owner's death frees them without a
+        # scan of the store (every node hears of every worker's death).
+        self._by_owner: dict[str, set[bytes]] = {}
         self._used_bytes = 0
 
     def contains(self, object_id: bytes) -> bool:
@@ -51,13 +54,14 @@ class MemoryObjectStore:
                 f"{self.capacity_bytes - self._used_bytes} of {self.capacity_bytes} free")
         self._objects[object_id] = (bytes(data), copies)
         self._owners[object_id] = owner
+        self._by_owner.setdefault(owner, set()).add(object_id)
         self._used_bytes += size
 
     def object_owners(self) -> dict[bytes, str]:
         return dict(sorted(self._owners.items()))
 
     def objects_owned_by(self, owner: str) -> list[bytes]:
-        return sorted(oid for oid, who in self._owners.items() if who == owner)
+        return sorted(self._by_owner.get(owner, ()))
 
     def get(self, object_id: bytes):
         entry = self._objects.get(object_id)
@@ -68,7 +72,12 @@ class MemoryObjectStore:
 
     def delete(self, object_id: bytes) -> None:
         entry = self._objects.pop(object_id, None)
-        self._owners.pop(object_id, None)
+        owner = self._owners.pop(object_id, None)
+        if owner is not None:
+            owned = self._by_owner[owner]
+            owned.discard(object_id)
+            if not owned:
+                del self._by_owner[owner]
         if entry is not None:
             self._used_bytes -= len(entry[0]) + sum(len(b) for b in entry[1])
 
