@@ -251,6 +251,49 @@ def test_a_live_small_object_leaves_four_objects_for_the_collector(one_node):
     assert per_ref < 4.5, per_ref
 
 
+@tray.remote
+def _after(gate) -> int:
+    return 1
+
+
+@tray.remote
+def _gate() -> int:
+    import time
+
+    time.sleep(2.0)  # long enough to be seen pending on a loaded machine
+    return 0
+
+
+def test_a_pending_task_leaves_no_empty_list_for_the_collector(one_node):
+    # A pending task's objects are walked by every full collection while it
+    # waits: 100k tasks submitted at once paid ~45% of their submission in
+    # the collector (CPU per task 97 -> 172 us from 10k to 100k, 84 with the
+    # collector off). Its arguments, return ids and held refs were lists,
+    # three of the ten tracked objects a task left; they are tuples now, and
+    # a task with no ref argument leaves none tracked.
+    import gc
+
+    from tray.core.context import get_worker
+
+    gate = _gate.remote()
+    refs = [_after.remote(gate) for _ in range(3)]  # pending until the gate is done
+    plain = [_gate.remote() for _ in range(3)]  # pending while they sleep
+    # Through the driver's loop, after the submissions queued before it.
+    assert tray.wait(refs + plain, num_returns=6, timeout=0) == ([], refs + plain)
+    manager = get_worker().task_manager
+    waiting = [manager.tasks[ref.object_id().task_id()] for ref in refs + plain
+               if ref.object_id().task_id() in manager.tasks]
+    assert len(waiting) == 6, "tasks finished before they were looked at"
+    gc.collect()  # (tuples of untracked items are untracked by a collection)
+    for task in waiting:
+        assert type(task.spec.args) is tuple and type(task.spec.return_ids) is tuple
+        assert type(task.arg_refs) is tuple
+        assert not gc.is_tracked(task.spec.return_ids)
+        if not task.spec.args:
+            assert not gc.is_tracked(task.spec.args) and not gc.is_tracked(task.arg_refs)
+    assert tray.get(refs + plain) == [1, 1, 1, 0, 0, 0]
+
+
 @tray.remote(max_retries=-1)
 def _stored(i: int) -> bytes:
     return bytes([i]) * 200_000  # above inline_object_max_bytes: kept in a node's store

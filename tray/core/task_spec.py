@@ -43,10 +43,10 @@ class TaskSpec:
     job_id: int
     name: str
     function_id: str
-    args: list  # [TaskArg]
+    args: tuple  # TaskArg
     kwargs: dict  # name -> TaskArg
     num_returns: int
-    return_ids: list  # [oid bytes]
+    return_ids: tuple  # oid bytes
     caller: str  # the owner's address: where results and borrows go
     resources: dict
     strategy: Strategy

@@ -317,7 +317,7 @@ class ActorHost:
 
     async def _execute_creation(self, spec: TaskSpec, context: TaskContext, load) -> TaskReply:
         saved = spec.return_ids
-        spec.return_ids = [ObjectID.for_return(TaskID(spec.task_id), 1).binary()]
+        spec.return_ids = (ObjectID.for_return(TaskID(spec.task_id), 1).binary(),)
         try:
             return await self._receiver.execute(spec, context, load)
         finally:

@@ -546,11 +546,11 @@ class CoreWorker:
             holds.extend((ObjectID(oid_bytes), owner) for oid_bytes, owner in serialized.contained)
             return ArgByValue(serialized)
 
-        packed_args = [one(value, i) for i, value in enumerate(args)]
+        packed_args = tuple([one(value, i) for i, value in enumerate(args)])
         packed_kwargs = {key: one(value, key) for key, value in kwargs.items()}
         return packed_args, packed_kwargs, holds, stores
 
-    def _hold_args(self, holds: list, stores: list) -> list:
+    def _hold_args(self, holds: list, stores: list) -> tuple:
         """On the loop: hold the task's arguments and store its large ones;
         returns the oids held (released when the task finishes)."""
         references = self.references
@@ -564,7 +564,7 @@ class CoreWorker:
         except BaseException:
             references.release_submitted(held)
             raise
-        return held
+        return tuple(held)  # untracked by the collector when empty, as most are
 
     def submit_task(self, *, name: str, function_id: str, args: tuple, kwargs: dict,
                     num_returns: int, resources: dict, strategy: Strategy, max_retries: int,
@@ -600,7 +600,8 @@ class CoreWorker:
                         namespace=context.namespace,
                         name=name, function_id=function_id, args=packed_args,
                         kwargs=packed_kwargs, num_returns=num_returns,
-                        return_ids=[oid.binary() for oid in return_ids], caller=self.address,
+                        return_ids=tuple([oid.binary() for oid in return_ids]),
+                        caller=self.address,
                         resources=resources, strategy=strategy, max_retries=max_retries,
                         retry_exceptions=retry_exceptions, parent_task_id=context.task_id.binary(),
                         depth=context.depth + 1, runtime_env=runtime_env)
@@ -716,7 +717,7 @@ class CoreWorker:
         creation = TaskSpec(task_id=task_id.binary(),
                             job_id=self.current_job(), namespace=context.namespace,
                             name=f"{class_name}.__init__", function_id=function_id,
-                            args=packed_args, kwargs=packed_kwargs, num_returns=0, return_ids=[],
+                            args=packed_args, kwargs=packed_kwargs, num_returns=0, return_ids=(),
                             caller=self.address, resources=resources, strategy=strategy,
                             parent_task_id=context.task_id.binary(), depth=context.depth + 1,
                             runtime_env=runtime_env)

@@ -38,9 +38,12 @@ class DependencyResolver:
             return arg, None
 
         failure = None
-        for i, arg in enumerate(spec.args):
-            spec.args[i], error = await resolve(arg)
+        resolved = []
+        for arg in spec.args:
+            arg, error = await resolve(arg)
+            resolved.append(arg)
             failure = failure or error
+        spec.args = tuple(resolved)
         for key, arg in spec.kwargs.items():
             spec.kwargs[key], error = await resolve(arg)
             failure = failure or error

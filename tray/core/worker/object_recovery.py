@@ -143,7 +143,7 @@ class ObjectRecoveryManager:
             if returned is not None:
                 returned.ready, returned.inline = False, None
                 references.set_locations(ObjectID(return_id), returned, ())
-        again = PendingTask(spec, task.retries_left, holds)
+        again = PendingTask(spec, task.retries_left, tuple(holds))
         self._task_manager.add(again)
         # ``by``: the reader that found no copy, for the simtest's attribution
         # of re-runs (a re-run's own argument, released once only lineage

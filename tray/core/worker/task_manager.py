@@ -57,7 +57,7 @@ _UNFINISHED_STATES = frozenset({PENDING_ARGS_AVAIL, PENDING_NODE_ASSIGNMENT, SUB
 class PendingTask:
     spec: TaskSpec
     retries_left: int  # -1: unlimited
-    arg_refs: list  # oids whose submitted count this task holds
+    arg_refs: tuple  # oids whose submitted count this task holds
     state: str = PENDING_ARGS_AVAIL
     cancelled: bool = False  # cancel() was called: never retried
     pushed_to: str | None = None  # the worker running it (normal tasks, while submitted)
