@@ -183,8 +183,8 @@ def test_a_cancel_that_arrives_before_its_task_means_the_task_never_starts():
 
     def spec(n: int) -> TaskSpec:
         task_id = bytes([n]) * 16
-        return TaskSpec(task_id=task_id, job_id=0, name=f"task{n}", function_id="f", args=[],
-                        kwargs={}, num_returns=1, return_ids=[task_id + b"\0\0\0\1"],
+        return TaskSpec(task_id=task_id, job_id=0, name=f"task{n}", function_id="f", args=(),
+                        kwargs={}, num_returns=1, return_ids=(task_id + b"\0\0\0\1",),
                         caller="n0/driver", resources={}, strategy=Strategy())
 
     async def main():
