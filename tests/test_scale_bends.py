@@ -260,7 +260,7 @@ def _after(gate) -> int:
 def _gate() -> int:
     import time
 
-    time.sleep(2.0)  # long enough to be seen pending on a loaded machine
+    time.sleep(5.0)  # long enough to be seen pending on a loaded machine
     return 0
 
 
