@@ -613,7 +613,7 @@ class CoreWorker:
         # The caller's refs: their local references are counted by
         # _start_task, on the loop, before any count-down they may queue.
         refs = [ObjectRef.counted_by_caller(oid, self.address, self) for oid in return_ids]
-        start = (spec, retries, holds, stores, export, max_pending_calls)
+        start = (spec, return_ids, retries, holds, stores, export, max_pending_calls)
         if not queued:
             self._start_task(*start)
         elif stores or (actor_id is not None and max_pending_calls >= 0):
@@ -622,11 +622,13 @@ class CoreWorker:
             self.inbox.put(self._start_queued_task, start)
         return refs
 
-    def _start_task(self, spec: TaskSpec, retries: int, holds: list, stores: list,
-                    export: tuple | None, max_pending_calls: int,
+    def _start_task(self, spec: TaskSpec, return_ids: list, retries: int, holds: list,
+                    stores: list, export: tuple | None, max_pending_calls: int,
                     queued: bool = False) -> None:
         """On the loop: register the task, hold its arguments, count the
-        caller's refs, and start its submitter."""
+        caller's refs (``return_ids``: the ObjectIDs its refs hold, shared
+        with the owner's entries rather than made again), and start its
+        submitter."""
         actor = None
         if spec.actor_id is not None:
             actor = self.actor_submitter.actor_state(spec.actor_id)
@@ -638,8 +640,8 @@ class CoreWorker:
             spec.seq = self.actor_submitter.next_call(actor)
         task = PendingTask(spec, retries, held)
         self.task_manager.add(task)
-        for oid in spec.return_ids:
-            self.references.add_local_ref(ObjectID(oid), self.address)
+        for oid in return_ids:
+            self.references.add_local_ref(oid, self.address)
         self.tracer.record(self.name, "task_submitted", task=TaskID(spec.task_id),
                            name=spec.name)
         if actor is not None and not self._sending_calls and \
