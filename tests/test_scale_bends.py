@@ -394,7 +394,7 @@ class _Submitter:
 def test_a_workers_and_an_owners_leases_are_found_through_indexes():
     # A node finds the lease of a worker that died or blocked, and the
     # leases of an owner that went away, through indexes
-    # (LeaseManager._lease_by_worker, _leases_by_owner). Each was a scan of
+    # (WorkerInfo.lease_id, LeaseManager._leases_by_owner). Each was a scan of
     # every lease on the node: killing n actors on one node cost O(n²).
     # The indexes must follow every grant and release, or a death would
     # leave a lease (and its resources) behind.
@@ -414,7 +414,7 @@ def test_a_workers_and_an_owners_leases_are_found_through_indexes():
         assert {lease.owner for lease in task_leases} == {owner}
         assert leases._leases_by_owner[owner] == {lease.lease_id for lease in task_leases}
         for lease in leases.leases.values():
-            assert leases._lease_by_worker[lease.worker_id] == lease.lease_id
+            assert leases._lease_of_worker(lease.worker_id) is lease
 
         for actor in actors[:6]:
             tray.kill(actor)

@@ -182,11 +182,10 @@ class LeaseManager:
         self.available = dict(self.total)
         self.gpus = scheduling.GpuAllocator(int(self.total.get("GPU", 0)))
         self.leases: dict[int, Lease] = {}
-        # Worker id -> id of the lease it works under (one at a time), and
-        # owner -> ids of its leases: a worker's death, its blocking and an
+        # Owner -> ids of its leases. With the pool's ``WorkerInfo.lease_id``
+        # (``_lease_of_worker``), a worker's death, its blocking and an
         # owner's death find their leases without a scan of all leases, which
         # made killing n actors on one node O(n²).
-        self._lease_by_worker: dict[str, int] = {}
         self._leases_by_owner: dict[str, set[int]] = {}
         self._next_lease_id = 1
         self._grants = 0
@@ -236,7 +235,6 @@ class LeaseManager:
                 assert worker.state == ("actor" if lease.for_actor else "leased"), \
                     (lease_id, worker.state)
                 assert worker.lease_id == lease_id, (lease_id, worker.lease_id)
-                assert self._lease_by_worker.get(lease.worker_id) == lease_id, lease_id
             assert lease_id in self._leases_by_owner.get(lease.owner, ()), lease_id
         for key, bundle in self.bundles.items():
             assert (bundle.pg_id, bundle.index) == key, key
@@ -265,8 +263,6 @@ class LeaseManager:
             assert abs(share + allocated[device] - self.gpus.capacity[device]) <= 1e-6, \
                 (device, share, allocated[device])
         leased_workers = {lease.worker_id for lease in self.leases.values() if lease.worker_id}
-        assert len(self._lease_by_worker) == len(leased_workers), \
-            (len(self._lease_by_worker), len(leased_workers))
         assert sum(map(len, self._leases_by_owner.values())) == len(self.leases), \
             "an owner's lease index holds a lease that is gone"
         assert all(self._leases_by_owner.values()), "an owner with no leases is indexed"
@@ -415,7 +411,6 @@ class LeaseManager:
             self.release_lease(lease.lease_id, worker_ok=True)
             return LeaseWithdrawn()
         lease.worker_id = worker.worker_id
-        self._lease_by_worker[worker.worker_id] = lease.lease_id
         lease.conn = conn
         self._grants += 1
         lease.granted = self._grants
@@ -549,9 +544,16 @@ class LeaseManager:
 
     # ------------------------------------------------------ blocked workers
 
+    def _lease_of_worker(self, worker_id: str) -> Lease | None:
+        """The lease a worker works under, if any (its ``lease_id`` outlives
+        the lease: lease ids are never reused, so a stale one finds none)."""
+        worker = self._pool.workers.get(worker_id)
+        lease = self.leases.get(worker.lease_id) if worker is not None else None
+        return lease if lease is not None and lease.worker_id == worker_id else None
+
     def _task_lease_of(self, worker_id: str) -> Lease | None:
         """The lease a worker runs tasks under, if any (not an actor's)."""
-        lease = self.leases.get(self._lease_by_worker.get(worker_id, 0))
+        lease = self._lease_of_worker(worker_id)
         return lease if lease is not None and lease.for_actor is None else None
 
     def handle_worker_blocked(self, conn, worker_id: str) -> None:
@@ -588,8 +590,6 @@ class LeaseManager:
             available[name] = available.get(name, 0.0) + amount
             assert available[name] <= total.get(name, 0.0) + scheduling.EPSILON
         gpus.release(lease.gpu_allocation)
-        if lease.worker_id:
-            del self._lease_by_worker[lease.worker_id]
         owned = self._leases_by_owner[lease.owner]
         owned.discard(lease_id)
         if not owned:
@@ -602,9 +602,9 @@ class LeaseManager:
 
     def release_leases_of(self, worker_id: str) -> None:
         """The worker died: its lease ends (and it is not coming back)."""
-        lease_id = self._lease_by_worker.get(worker_id)
-        if lease_id is not None:
-            self.release_lease(lease_id, worker_ok=False)
+        lease = self._lease_of_worker(worker_id)
+        if lease is not None:
+            self.release_lease(lease.lease_id, worker_ok=False)
 
     def owner_gone(self, owner: str) -> None:
         """A process that held leases for tasks went away: they come back,
