@@ -50,7 +50,7 @@ def _in_loop(worker, fn, *args):
     backend's driver loop has a thread of its own, and a threaded actor's
     methods run in threads)."""
     if worker.bridge.in_worker_thread():
-        return trio.from_thread.run_sync(fn, *args)
+        return trio.from_thread.run_sync(fn, *args, trio_token=worker.bridge.trio_token)
     if worker.in_user_thread():
         with _outside_users_trio_run(worker):
             return _global_state["runtime"].run_sync(fn, *args)
@@ -59,7 +59,7 @@ def _in_loop(worker, fn, *args):
 
 def _block(worker, async_fn, *args):
     if worker.bridge.in_worker_thread():
-        return trio.from_thread.run(async_fn, *args)
+        return trio.from_thread.run(async_fn, *args, trio_token=worker.bridge.trio_token)
     if worker.in_user_thread():
         with _outside_users_trio_run(worker):
             return _global_state["runtime"].run(async_fn, *args)

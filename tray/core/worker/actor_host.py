@@ -619,6 +619,7 @@ class ActorHost:
         async def in_thread(*args, **kwargs):
             return await run_in_thread(lambda: method(*args, **kwargs), group)
         in_thread._tray_runs = method
+        in_thread._tray_in_thread = True  # (the task receiver sets up no portal for it)
         return in_thread
 
     @staticmethod

@@ -33,8 +33,11 @@ class LoopBridge:
         # call_soon_from_outside(fn) runs fn on the loop soon; the driver's
         # runtime supplies it for calls made from the user's thread, and the
         # loop's token serves a worker's threads.
+        # (A worker's method threads call into the loop with this token:
+        # they are not trio's own threads, which know it by themselves.)
+        self.trio_token = trio.lowlevel.current_trio_token()
         if call_soon_from_outside is None:
-            call_soon_from_outside = trio.lowlevel.current_trio_token().run_sync_soon
+            call_soon_from_outside = self.trio_token.run_sync_soon
         self._call_soon_from_outside = call_soon_from_outside
         # The local backend's driver runs its loop in a thread of its own;
         # the simulator's runs in the user's thread.

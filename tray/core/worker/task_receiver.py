@@ -314,7 +314,11 @@ class TaskReceiver:
                     # whole trio task, as before, taxed each of its later steps
                     # too (~9% of the simulator's CPU per task); an actor's
                     # executor task has its own, which these reuse.
-                    if inspect.iscoroutinefunction(function):
+                    if getattr(function, "_tray_in_thread", False):
+                        # (A method that runs in a thread of its own blocks that
+                        # thread, never this loop: no portal.)
+                        value = await function(*args, **kwargs)
+                    elif inspect.iscoroutinefunction(function):
                         value = await greenback.with_portal_run(function, *args, **kwargs)
                     else:
                         value = await greenback.with_portal_run_sync(function, *args, **kwargs)
