@@ -314,9 +314,10 @@ class TaskReceiver:
                     # whole trio task, as before, taxed each of its later steps
                     # too (~9% of the simulator's CPU per task); an actor's
                     # executor task has its own, which these reuse.
-                    if getattr(function, "_tray_in_thread", False):
-                        # (A method that runs in a thread of its own blocks that
-                        # thread, never this loop: no portal.)
+                    if getattr(function, "_tray_no_portal", False):
+                        # (A method that runs in a thread of its own, or as an
+                        # asyncio task with a portal of its own, never blocks
+                        # this task: no portal here.)
                         value = await function(*args, **kwargs)
                     elif inspect.iscoroutinefunction(function):
                         value = await greenback.with_portal_run(function, *args, **kwargs)
