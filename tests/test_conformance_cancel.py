@@ -1,10 +1,13 @@
 """Cancelling a ref this process borrowed (created by another process)
 cancels the task through its owner, as Ray's (Ray's test_cancel.py); a
 cancel that reaches a worker before the task has started there is sent
-again until the task ends."""
+again until the task ends. Actor calls follow Ray's rules for actor tasks:
+one still waiting is never run, an async method's asyncio task is
+cancelled, and a running synchronous method runs on."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import pytest
@@ -118,3 +121,81 @@ def test_cancel_between_dequeue_and_push_never_runs_the_task(monkeypatch):
         assert tray.get(sleeper.remote(0.1, "next"), timeout=10) == "next"
     finally:
         tray.shutdown()
+
+
+@tray.remote
+class _AsyncSleeper:
+    def __init__(self):
+        self.seen = []
+
+    async def sleep_long(self):
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            self.seen.append("CancelledError")
+            raise
+        return "slept"
+
+    async def seen_so_far(self):
+        return self.seen
+
+
+def _eventually(fn, expected):
+    for _ in range(200):
+        value = fn()
+        if value == expected:
+            return value
+        time.sleep(0.05)
+    return value
+
+
+def test_cancelling_a_running_async_method_cancels_its_asyncio_task(one_node):
+    actor = _AsyncSleeper.remote()
+    assert tray.get(actor.seen_so_far.remote(), timeout=60) == []
+    ref = actor.sleep_long.remote()
+    ready, _ = tray.wait([ref], timeout=0.5)
+    assert ready == []  # running (asleep)
+    tray.cancel(ref)
+    with pytest.raises(tex.TaskCancelledError):
+        tray.get(ref, timeout=60)
+    # The caller's get fails as soon as the owner knows; the actor hears of
+    # it just after, and the method sees asyncio's CancelledError.
+    seen = _eventually(lambda: tray.get(actor.seen_so_far.remote(), timeout=60),
+                       ["CancelledError"])
+    assert seen == ["CancelledError"]
+
+
+@tray.remote
+class _Ledger:
+    def __init__(self):
+        self.entries = []
+
+    def slow(self, seconds):
+        time.sleep(seconds)
+        self.entries.append("slow finished")
+        return "slow"
+
+    def record(self, entry):
+        self.entries.append(entry)
+        return entry
+
+    def read(self):
+        return self.entries
+
+
+def test_a_running_sync_method_runs_on_and_a_cancelled_call_behind_it_never_runs(one_node):
+    actor = _Ledger.remote()
+    assert tray.get(actor.read.remote(), timeout=60) == []
+    running = actor.slow.remote(1.0)
+    ready, _ = tray.wait([running], timeout=0.3)
+    assert ready == []  # running
+    queued = actor.record.remote("queued")  # waits for its turn behind slow
+    tray.cancel(running)
+    tray.cancel(queued)
+    for ref in (running, queued):
+        with pytest.raises(tex.TaskCancelledError):
+            tray.get(ref, timeout=60)
+    # slow was not interrupted (the actor's state stays whole); the call
+    # waiting behind it never ran; later calls run as usual.
+    assert tray.get(actor.record.remote("after"), timeout=60) == "after"
+    assert tray.get(actor.read.remote(), timeout=60) == ["slow finished", "after"]

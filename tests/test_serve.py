@@ -6,6 +6,7 @@ test_serve_http.py."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -171,6 +172,42 @@ def test_handle_calls_composition_streaming_and_errors(one_node):
     assert serve.status().applications == {}
     with pytest.raises(ValueError):
         tray.get_actor("SERVE_CONTROLLER_ACTOR", namespace="serve")
+
+
+@serve.deployment(ray_actor_options={"num_cpus": 0})
+class Interruptible:
+    def __init__(self) -> None:
+        self.cancelled = 0
+
+    async def wait_long(self) -> str:
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
+        return "waited"
+
+    def cancelled_so_far(self) -> int:
+        return self.cancelled
+
+
+def test_cancelling_a_response_cancels_the_request_in_its_replica(one_node):
+    # As Ray Serve's: the request's asyncio task in the replica is cancelled.
+    serve.start(proxy_location="Disabled")
+    handle = serve.run(Interruptible.bind(), name="interruptible", route_prefix=None)
+    assert handle.cancelled_so_far.remote().result() == 0
+    response = handle.wait_long.remote()
+    with pytest.raises(TimeoutError):
+        response.result(timeout_s=0.5)  # running in its replica
+    response.cancel()
+    with pytest.raises(tray.exceptions.TaskCancelledError):
+        response.result(timeout_s=60)
+    for _ in range(200):
+        if handle.cancelled_so_far.remote().result() == 1:
+            break
+        time.sleep(0.05)
+    assert handle.cancelled_so_far.remote().result() == 1
+    serve.shutdown()
 
 
 @tray.remote(num_cpus=0)

@@ -239,7 +239,10 @@ class ServeReplica:
                     self._asgi_app = bind_ingress_app(target._serve_asgi_app, target,
                                                       self._callable)
                 else:
-                    self._asgi_app = plain_asgi_app(self._user_method("__call__"))
+                    # (__call__ looked up per HTTP request, as Ray's: a
+                    # deployment called only through handles needs none)
+                    self._asgi_app = plain_asgi_app(
+                        lambda request: self._user_method("__call__")(request))
             if has_user_config and not self._user_config_applied:
                 await self._reconfigure(user_config)
         await self.watch_controller()

@@ -625,6 +625,7 @@ class ActorHost:
                 return await run_aio_future(task)
             on_asyncio._tray_runs = method  # (for the traceback of its errors)
             on_asyncio._tray_no_portal = True  # (the asyncio task has its own)
+            on_asyncio._tray_cancellable = True  # (tray.cancel cancels its asyncio task)
             return on_asyncio
         if self._run_sync_in_thread is None:
             return method

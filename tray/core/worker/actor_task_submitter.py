@@ -330,6 +330,17 @@ class ActorTaskSubmitter:
             answered_by = None
         self._call_ended(task, state, answered_by)
 
+    def address_of_call(self, task: PendingTask) -> str | None:
+        """The address of the actor incarnation a call was sent to and has
+        not answered from; None when it was not sent (or went to an
+        incarnation since replaced)."""
+        state = self.actors.get(task.spec.actor_id)
+        info = state.info if state is not None else None
+        if task.unanswered_incarnation is None or info is None or \
+                info.incarnation != task.unanswered_incarnation:
+            return None
+        return info.address
+
     async def submit(self, task: PendingTask, state: ActorState,
                      cut_off_from: ActorInfo | None = None) -> None:
         """Send one call (re-sending it within its retries) and record its

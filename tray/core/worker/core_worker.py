@@ -808,6 +808,18 @@ class CoreWorker:
         self.tracer.record(self.name, "task_cancel", task=task.spec.task_id, force=force)
         error = exceptions.TaskCancelledError(
             f"task {task.spec.name} ({task.spec.task_id.hex()}) was cancelled")
+        if task.spec.actor_id is not None:
+            # An actor call fails here at once, and the actor is told where
+            # the call was sent (after it, on the same connection): a call
+            # waiting there for its turn is skipped, an async method's
+            # asyncio task is cancelled, and a synchronous method runs on
+            # (Ray's rules for actor tasks).
+            address = self.actor_submitter.address_of_call(task)
+            self.task_manager.fail(task, error)
+            if address is not None:
+                await self.endpoint.notify(address, "cancel_task", task.spec.task_id, False,
+                                           recursive)
+            return
         if task.pushed_to is None:
             self.normal_submitter.remove_queued(task)
             self.task_manager.fail(task, error)

@@ -163,6 +163,11 @@ class TaskReceiver:
         # task id -> scope of the task running it: at most one per trio task
         # running user code (one, or max_concurrency for an actor).
         self.running: dict[bytes, trio.CancelScope] = {}
+        # The running actor calls that a cancel must not interrupt (Ray's
+        # rule: a regular or threaded actor's method runs on, as the actor's
+        # state would be left half-changed; an async actor's method is an
+        # asyncio task, cancelled as asyncio cancels). A subset of running.
+        self._uninterruptible: set[bytes] = set()
         # Tasks cancelled (force=False) before they began here. A push and
         # the cancel that follows it may arrive together, and the cancel be
         # handled while the push is still on its way into ``running``
@@ -240,7 +245,8 @@ class TaskReceiver:
             return
         scope = self.running.get(task_id)
         if scope is not None:
-            scope.cancel()
+            if task_id not in self._uninterruptible:
+                scope.cancel()
             return
         self._cancelled_early[task_id] = None
         while len(self._cancelled_early) > CANCELLED_EARLY_MAX:
@@ -296,6 +302,9 @@ class TaskReceiver:
                 if self._before_task is not None:
                     await self._before_task(context.gpu_ids, spec)
                 function = await load()
+                if spec.actor_id is not None and \
+                        not getattr(function, "_tray_cancellable", False):
+                    self._uninterruptible.add(spec.task_id)
                 waits = not self._args_here(spec)
                 if waits:  # (for a pull, or for a lost argument to be made again)
                     self._getter.lend_cpu(True)
@@ -346,6 +355,7 @@ class TaskReceiver:
                 # the entry then (simtest chaos seed 160).
                 if self.running.get(spec.task_id) is scope:
                     del self.running[spec.task_id]
+                    self._uninterruptible.discard(spec.task_id)
         if scope.cancelled_caught:
             error = exceptions.TaskCancelledError(f"task {spec.name} ({spec.task_id.hex()}) "
                                                   "was cancelled")
