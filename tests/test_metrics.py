@@ -134,6 +134,25 @@ def test_bad_definitions_and_tags_fail_with_rays_errors():
     with pytest.raises(ValueError, match="already a counter"):
         Gauge("requests_seen", tag_keys=("route",))
     counter.inc(tags={"route": "/"})  # fine
+    with pytest.raises(ValueError, match=r"unknown tag key\(s\) \['colour'\]"):
+        counter.inc(tags={"colour": "red"})  # as many keys as tag_keys, the wrong one
+    with pytest.raises(TypeError, match="tags must be a dict"):
+        counter.inc(tags=[])
+
+
+def test_inc_without_tags_follows_the_latest_default_tags():
+    # inc() reuses the tags it worked out last time, until the defaults change.
+    from tray.util.metrics import _current
+
+    counter = Counter("pages_seen", tag_keys=("route",)).set_default_tags({"route": "/a"})
+    counter.inc()
+    counter.inc(2.0)
+    counter.set_default_tags({"route": "/b"})
+    counter.inc()
+    counter.inc(tags={"route": "/c"})
+    _, registry = _current()
+    assert registry.metrics["pages_seen"]["series"] == {("/a",): 3.0, ("/b",): 1.0,
+                                                        ("/c",): 1.0}
 
 
 def test_readme_metrics_walkthrough_runs(tmp_path):

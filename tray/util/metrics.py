@@ -55,6 +55,9 @@ class _Registry:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.metrics: dict[str, dict] = {}  # name -> definition and series
+        # name -> the definition object last checked against metrics (the
+        # same object is not compared again at every record)
+        self._checked: dict[str, dict] = {}
         self.dirty = False
         self.flushing = False
 
@@ -79,7 +82,12 @@ class _Registry:
 
     def record(self, definition: dict, tags: tuple, update) -> None:
         with self.lock:
-            series = self.define(definition)["series"]
+            name = definition["name"]
+            if self._checked.get(name) is definition:
+                series = self.metrics[name]["series"]
+            else:
+                series = self.define(definition)["series"]
+                self._checked[name] = definition
             key = tags  # a tuple; JSON (a list) only when the record is written
             if key not in series and len(series) >= SERIES_MAX:
                 raise ValueError(f"metric {definition['name']!r} has {SERIES_MAX} tag "
@@ -113,10 +121,14 @@ _unconnected = _Registry()
 _registries_lock = threading.Lock()
 
 
-def _current() -> tuple[object | None, _Registry]:
-    from ..core.context import get_worker
+_get_worker = None  # tray.core.context.get_worker, imported on first use
 
-    worker = get_worker(required=False)
+
+def _current() -> tuple[object | None, _Registry]:
+    global _get_worker
+    if _get_worker is None:
+        from ..core.context import get_worker as _get_worker
+    worker = _get_worker(required=False)
     if worker is None:
         return None, _unconnected
     registry = _registries.get(worker)
@@ -198,6 +210,7 @@ class Metric:
         self._description = description
         self._tag_keys = tag_keys
         self._default_tags: dict = {}
+        self._default_tuple: tuple | None = None  # the tags of inc() without tags
         self._definition = {"name": name, "kind": self._kind, "description": description,
                             "tag_keys": tag_keys, "boundaries": _boundaries}
         _, registry = _current()
@@ -216,9 +229,26 @@ class Metric:
             raise ValueError(f"unknown tag key(s) {unknown} for metric {self._name!r} "
                              f"(its tag_keys: {self._tag_keys})")
         self._default_tags = default_tags
+        self._default_tuple = None
         return self
 
     def _tags(self, tags) -> tuple:
+        """The series' tag values, in ``tag_keys`` order (a fast path for the
+        usual calls: ``inc()`` reuses one tuple; a complete ``tags=`` is
+        checked without building sets)."""
+        if tags is None:
+            if self._default_tuple is None:
+                self._default_tuple = self._merged_tags(None)
+            return self._default_tuple
+        merged = {**self._default_tags, **_check_tags(tags, "tags")}
+        if len(merged) == len(self._tag_keys):
+            try:
+                return tuple([merged[key] for key in self._tag_keys])
+            except KeyError:
+                pass
+        return self._merged_tags(tags)  # (raises the error that says what is wrong)
+
+    def _merged_tags(self, tags) -> tuple:
         merged = {**self._default_tags, **_check_tags(tags, "tags")}
         unknown = sorted(set(merged) - set(self._tag_keys))
         if unknown:
