@@ -388,6 +388,8 @@ class ActorTaskSubmitter:
                         continue
                     cut_off_from = info  # no news in time: as a call cut off
                     continue
+                if task.done:  # cancelled while it connected: it is not sent
+                    return None
                 spec.floor = state.floor()
                 state.told(info.incarnation, spec.floor)
                 self._task_manager.set_state(task, SUBMITTED_TO_WORKER)
