@@ -897,7 +897,7 @@ def wait(object_refs, *, num_returns: int = 1, timeout: float | None = None,
                             f"{type(ref).__name__}: {ref!r}")
     if not object_refs:
         return [], []
-    if len(set(object_refs)) != len(object_refs):
+    if len({ref._id for ref in object_refs}) != len(object_refs):  # (ids hash in one call)
         raise ValueError("wait() requires a list of unique ObjectRefs")
     if isinstance(num_returns, bool) or not isinstance(num_returns, int) or num_returns <= 0:
         raise ValueError(f"num_returns must be a positive integer, got {num_returns!r}")

@@ -183,12 +183,12 @@ class ObjectGetter:
         ready: dict = {}
         for ref in refs:
             if self.ready_here(ref, fetch_local):
-                ready[ref.object_id()] = ref
+                ready[ref._id] = ref
                 if len(ready) >= num_returns:
                     break
         if len(ready) < num_returns:
             return None
-        return list(ready.values()), [ref for ref in refs if ref.object_id() not in ready]
+        return list(ready.values()), [ref for ref in refs if ref._id not in ready]
 
     async def wait(self, refs: list, num_returns: int, timeout: float | None,
                    fetch_local: bool) -> tuple[list, list]:
