@@ -182,6 +182,17 @@ class _Ledger:
     def read(self):
         return self.entries
 
+    def until_cancelled(self):
+        # Runs on (not interrupted) until it sees the cancel, as Ray allows.
+        assert tray.get_runtime_context().is_canceled() is False
+        for _ in range(2000):
+            if tray.get_runtime_context().is_canceled():
+                self.entries.append("saw the cancel")
+                return "stopped"
+            time.sleep(0.01)
+        self.entries.append("never saw the cancel")
+        return "timed out"
+
 
 def test_a_running_sync_method_runs_on_and_a_cancelled_call_behind_it_never_runs(one_node):
     actor = _Ledger.remote()
@@ -199,3 +210,38 @@ def test_a_running_sync_method_runs_on_and_a_cancelled_call_behind_it_never_runs
     # waiting behind it never ran; later calls run as usual.
     assert tray.get(actor.record.remote("after"), timeout=60) == "after"
     assert tray.get(actor.read.remote(), timeout=60) == ["slow finished", "after"]
+
+
+def test_a_running_sync_method_can_see_that_it_was_cancelled(one_node):
+    actor = _Ledger.remote()
+    assert tray.get(actor.read.remote(), timeout=60) == []
+    ref = actor.until_cancelled.remote()
+    ready, _ = tray.wait([ref], timeout=0.3)
+    assert ready == []  # running
+    tray.cancel(ref)
+    with pytest.raises(tex.TaskCancelledError):
+        tray.get(ref, timeout=60)
+    entries = _eventually(lambda: tray.get(actor.read.remote(), timeout=60),
+                          ["saw the cancel"])
+    assert entries == ["saw the cancel"]
+    with pytest.raises(RuntimeError, match="inside a task"):
+        tray.get_runtime_context().is_canceled()  # the driver runs no task
+
+
+@pytest.mark.skipif("local" not in __import__("os").environ.get("TRAY_TEST_BACKENDS", "local"),
+                    reason="the local backend is not under test")
+def test_a_threaded_actors_method_sees_its_cancel_from_its_own_thread():
+    tray.init(num_cpus=2)
+    try:
+        actor = _Ledger.options(max_concurrency=2).remote()
+        ref = actor.until_cancelled.remote()
+        ready, _ = tray.wait([ref], timeout=0.3)
+        assert ready == []
+        tray.cancel(ref)
+        with pytest.raises(tex.TaskCancelledError):
+            tray.get(ref, timeout=60)
+        entries = _eventually(lambda: tray.get(actor.read.remote(), timeout=60),
+                              ["saw the cancel"])
+        assert entries == ["saw the cancel"]
+    finally:
+        tray.shutdown()

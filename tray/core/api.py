@@ -1058,6 +1058,15 @@ class RuntimeContext:
     def get_worker_id(self) -> str:
         return self._worker.worker_id or self._worker.address
 
+    def is_canceled(self) -> bool:
+        """Whether ``tray.cancel`` reached the task or actor call running
+        this code (Ray's): a running synchronous actor method is not
+        interrupted by a cancel, and may poll this to stop early."""
+        if self._task is None:
+            raise RuntimeError("is_canceled() can only be called inside a task or an actor's "
+                               "method")
+        return self._worker.receiver.is_cancel_requested(self._task.task_id.binary())
+
     @property
     def namespace(self) -> str:
         return _namespace()

@@ -168,6 +168,10 @@ class TaskReceiver:
         # state would be left half-changed; an async actor's method is an
         # asyncio task, cancelled as asyncio cancels). A subset of running.
         self._uninterruptible: set[bytes] = set()
+        # The running ones a cancel reached: the code may ask
+        # (``get_runtime_context().is_canceled()``, Ray's flag). A subset of
+        # running.
+        self._cancel_requested: set[bytes] = set()
         # Tasks cancelled (force=False) before they began here. A push and
         # the cancel that follows it may arrive together, and the cancel be
         # handled while the push is still on its way into ``running``
@@ -245,12 +249,18 @@ class TaskReceiver:
             return
         scope = self.running.get(task_id)
         if scope is not None:
+            self._cancel_requested.add(task_id)
             if task_id not in self._uninterruptible:
                 scope.cancel()
             return
         self._cancelled_early[task_id] = None
         while len(self._cancelled_early) > CANCELLED_EARLY_MAX:
             self._cancelled_early.popitem(last=False)
+
+    def is_cancel_requested(self, task_id: bytes) -> bool:
+        """Has a cancel reached the running task or actor call ``task_id``?
+        (Read from any thread: a threaded actor's method asks from its own.)"""
+        return task_id in self._cancel_requested
 
     def _args_here(self, spec: TaskSpec) -> bool:
         """Are the task's stored arguments in this node's store already?"""
@@ -356,6 +366,7 @@ class TaskReceiver:
                 if self.running.get(spec.task_id) is scope:
                     del self.running[spec.task_id]
                     self._uninterruptible.discard(spec.task_id)
+                    self._cancel_requested.discard(spec.task_id)
         if scope.cancelled_caught:
             error = exceptions.TaskCancelledError(f"task {spec.name} ({spec.task_id.hex()}) "
                                                   "was cancelled")
