@@ -140,6 +140,14 @@ class _AsyncSleeper:
         return self.seen
 
 
+def _cancel_while_running(ref, running_for_s: float = 0.3) -> None:
+    ready, _ = tray.wait([ref], timeout=running_for_s)
+    assert ready == []  # still running
+    tray.cancel(ref)
+    with pytest.raises(tex.TaskCancelledError):
+        tray.get(ref, timeout=60)
+
+
 def _eventually(fn, expected):
     for _ in range(200):
         value = fn()
@@ -152,12 +160,7 @@ def _eventually(fn, expected):
 def test_cancelling_a_running_async_method_cancels_its_asyncio_task(one_node):
     actor = _AsyncSleeper.remote()
     assert tray.get(actor.seen_so_far.remote(), timeout=60) == []
-    ref = actor.sleep_long.remote()
-    ready, _ = tray.wait([ref], timeout=0.5)
-    assert ready == []  # running (asleep)
-    tray.cancel(ref)
-    with pytest.raises(tex.TaskCancelledError):
-        tray.get(ref, timeout=60)
+    _cancel_while_running(actor.sleep_long.remote(), 0.5)
     # The caller's get fails as soon as the owner knows; the actor hears of
     # it just after, and the method sees asyncio's CancelledError.
     seen = _eventually(lambda: tray.get(actor.seen_so_far.remote(), timeout=60),
@@ -212,18 +215,16 @@ def test_a_running_sync_method_runs_on_and_a_cancelled_call_behind_it_never_runs
     assert tray.get(actor.read.remote(), timeout=60) == ["slow finished", "after"]
 
 
-def test_a_running_sync_method_can_see_that_it_was_cancelled(one_node):
-    actor = _Ledger.remote()
+def _sees_its_cancel(actor) -> None:
     assert tray.get(actor.read.remote(), timeout=60) == []
-    ref = actor.until_cancelled.remote()
-    ready, _ = tray.wait([ref], timeout=0.3)
-    assert ready == []  # running
-    tray.cancel(ref)
-    with pytest.raises(tex.TaskCancelledError):
-        tray.get(ref, timeout=60)
+    _cancel_while_running(actor.until_cancelled.remote())
     entries = _eventually(lambda: tray.get(actor.read.remote(), timeout=60),
                           ["saw the cancel"])
     assert entries == ["saw the cancel"]
+
+
+def test_a_running_sync_method_can_see_that_it_was_cancelled(one_node):
+    _sees_its_cancel(_Ledger.remote())
     with pytest.raises(RuntimeError, match="inside a task"):
         tray.get_runtime_context().is_canceled()  # the driver runs no task
 
@@ -233,15 +234,6 @@ def test_a_running_sync_method_can_see_that_it_was_cancelled(one_node):
 def test_a_threaded_actors_method_sees_its_cancel_from_its_own_thread():
     tray.init(num_cpus=2)
     try:
-        actor = _Ledger.options(max_concurrency=2).remote()
-        ref = actor.until_cancelled.remote()
-        ready, _ = tray.wait([ref], timeout=0.3)
-        assert ready == []
-        tray.cancel(ref)
-        with pytest.raises(tex.TaskCancelledError):
-            tray.get(ref, timeout=60)
-        entries = _eventually(lambda: tray.get(actor.read.remote(), timeout=60),
-                              ["saw the cancel"])
-        assert entries == ["saw the cancel"]
+        _sees_its_cancel(_Ledger.options(max_concurrency=2).remote())
     finally:
         tray.shutdown()
