@@ -25,8 +25,10 @@ it would wait on forever: the actor is told the caller's new floor
 
 A call that fails here while a copy of it is at a live actor that has not
 answered (the connection broke and the actor still answers, so the call
-may or may not have run; or it was cancelled on its way) may still run
-there after the caller gave up, and borrow the refs inside its arguments:
+may or may not have run; or it was cancelled on its way: the actor is told,
+and skips it if it has not started, but the cancel may be lost with a
+connection) may still run there after the caller gave up, and borrow the
+refs inside its arguments:
 the actor registers its borrows with their owner when it unpacks them,
 which may be long after the failure (simtest default seed 168: a reset
 cut off ``hold([ref])``, the caller freed ``ref``, and the actor's
