@@ -11,6 +11,9 @@ Fixtures:
                      (ids ``sim-1node`` / ``sim-3nodes``).
 * ``one_node``    -- a started single-node cluster, parametrized over backend only.
 * ``three_nodes`` -- a started three-node cluster, parametrized over backend only.
+* ``local_node``  -- a started single-node cluster of real processes, for what
+                     only they have (threads, processes); skipped when the
+                     local backend is not under test.
 
 A test tunes ``tray.init`` through ``@pytest.mark.cluster(**kwargs)``; the
 defaults are ``num_cpus=4`` and (sim only) ``seed=0``.
@@ -100,6 +103,13 @@ def one_node(request):
 @pytest.fixture(params=BACKENDS, ids=[f"{b}-3nodes" for b in BACKENDS])
 def three_nodes(request):
     yield from _start(request, request.param, 3)
+
+
+@pytest.fixture
+def local_node(request):
+    if "local" not in BACKENDS:
+        pytest.skip("the local backend is not under test")
+    yield from _start(request, "local", 1)
 
 
 @pytest.fixture(autouse=True)

@@ -113,21 +113,15 @@ class Threaded:
         return self.peak
 
 
-@pytest.mark.skipif("local" not in __import__("os").environ.get("TRAY_TEST_BACKENDS", "local"),
-                    reason="the local backend is not under test")
-def test_threaded_actor_runs_methods_in_threads():
+def test_threaded_actor_runs_methods_in_threads(local_node):
     # Each call in a thread of its own: a call blocked on a threading.Event
     # does not stop the call that sets it (it deadlocked before).
-    tray.init(num_cpus=2)
-    try:
-        actor = Threaded.remote()
-        waiting = actor.wait_for_event.remote()
-        assert tray.get(actor.set_event.remote(), timeout=30) == "set"
-        assert tray.get(waiting, timeout=30) == "woke"
-        peaks = tray.get([actor.busy.remote(0.5) for _ in range(4)])
-        assert max(peaks) == 2  # max_concurrency threads, no more
-    finally:
-        tray.shutdown()
+    actor = Threaded.remote()
+    waiting = actor.wait_for_event.remote()
+    assert tray.get(actor.set_event.remote(), timeout=30) == "set"
+    assert tray.get(waiting, timeout=30) == "woke"
+    peaks = tray.get([actor.busy.remote(0.5) for _ in range(4)])
+    assert max(peaks) == 2  # max_concurrency threads, no more
 
 
 @tray.remote(max_concurrency=4)
@@ -145,30 +139,25 @@ class Burst:
         return sorted(t.name for t in threading.enumerate() if t.name.startswith("tray method"))
 
 
-@pytest.mark.skipif("local" not in __import__("os").environ.get("TRAY_TEST_BACKENDS", "local"),
-                    reason="the local backend is not under test")
-def test_a_burst_of_threaded_calls_each_gets_its_own_result_from_at_most_max_concurrency_threads():
+def test_a_burst_of_threaded_calls_each_gets_its_own_result_from_at_most_max_concurrency_threads(
+        local_node):
     # The worker's method threads deliver results to the loop in batches:
     # each call must still get its own result (or its own error), run with
     # its own task context, and the threads stay within max_concurrency.
-    tray.init(num_cpus=2)
-    try:
-        actor = Burst.remote()
-        refs = [actor.whoami.remote(i) for i in range(300)]
-        task_ids = set()
-        for i, ref in enumerate(refs):
-            if i % 50 == 7:
-                with pytest.raises(ValueError, match=f"call {i} fails"):
-                    tray.get(ref, timeout=60)
-                continue
-            index, task_id, thread = tray.get(ref, timeout=60)
-            assert index == i and thread.startswith("tray method thread")
-            task_ids.add(task_id)
-        assert len(task_ids) == 300 - 6  # a context of its own per call
-        threads = tray.get(actor.method_threads.remote(), timeout=60)
-        assert 1 <= len(threads) <= 4, threads
-    finally:
-        tray.shutdown()
+    actor = Burst.remote()
+    refs = [actor.whoami.remote(i) for i in range(300)]
+    task_ids = set()
+    for i, ref in enumerate(refs):
+        if i % 50 == 7:
+            with pytest.raises(ValueError, match=f"call {i} fails"):
+                tray.get(ref, timeout=60)
+            continue
+        index, task_id, thread = tray.get(ref, timeout=60)
+        assert index == i and thread.startswith("tray method thread")
+        task_ids.add(task_id)
+    assert len(task_ids) == 300 - 6  # a context of its own per call
+    threads = tray.get(actor.method_threads.remote(), timeout=60)
+    assert 1 <= len(threads) <= 4, threads
 
 
 def test_threaded_actor_in_the_simulator_interleaves_where_methods_block():

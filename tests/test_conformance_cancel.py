@@ -229,11 +229,5 @@ def test_a_running_sync_method_can_see_that_it_was_cancelled(one_node):
         tray.get_runtime_context().is_canceled()  # the driver runs no task
 
 
-@pytest.mark.skipif("local" not in __import__("os").environ.get("TRAY_TEST_BACKENDS", "local"),
-                    reason="the local backend is not under test")
-def test_a_threaded_actors_method_sees_its_cancel_from_its_own_thread():
-    tray.init(num_cpus=2)
-    try:
-        _sees_its_cancel(_Ledger.options(max_concurrency=2).remote())
-    finally:
-        tray.shutdown()
+def test_a_threaded_actors_method_sees_its_cancel_from_its_own_thread(local_node):
+    _sees_its_cancel(_Ledger.options(max_concurrency=2).remote())

@@ -233,33 +233,30 @@ class Metric:
         return self
 
     def _tags(self, tags) -> tuple:
-        """The series' tag values, in ``tag_keys`` order (a fast path for the
-        usual calls: ``inc()`` reuses one tuple; a complete ``tags=`` is
-        checked without building sets)."""
-        if tags is None:
-            if self._default_tuple is None:
-                self._default_tuple = self._merged_tags(None)
+        """The series' tag values, in ``tag_keys`` order. ``inc()`` without
+        tags reuses one tuple until the defaults change; a complete set of
+        tags is checked by one lookup per key, and only a wrong one builds
+        the sets that say what is wrong."""
+        if tags is None and self._default_tuple is not None:
             return self._default_tuple
         merged = {**self._default_tags, **_check_tags(tags, "tags")}
+        values = None
         if len(merged) == len(self._tag_keys):
             try:
-                return tuple([merged[key] for key in self._tag_keys])
+                values = tuple([merged[key] for key in self._tag_keys])
             except KeyError:
                 pass
-        return self._merged_tags(tags)  # (raises the error that says what is wrong)
-
-    def _merged_tags(self, tags) -> tuple:
-        merged = {**self._default_tags, **_check_tags(tags, "tags")}
-        unknown = sorted(set(merged) - set(self._tag_keys))
-        if unknown:
-            raise ValueError(f"unknown tag key(s) {unknown} for metric {self._name!r} "
-                             f"(its tag_keys: {self._tag_keys})")
-        missing = [key for key in self._tag_keys if key not in merged]
-        if missing:
+        if values is None:
+            unknown = sorted(set(merged) - set(self._tag_keys))
+            if unknown:
+                raise ValueError(f"unknown tag key(s) {unknown} for metric {self._name!r} "
+                                 f"(its tag_keys: {self._tag_keys})")
+            missing = [key for key in self._tag_keys if key not in merged]
             raise ValueError(f"missing value for tag key(s) {missing} of metric "
                              f"{self._name!r}: pass tags= or set_default_tags()")
-        return tuple(merged[key] for key in self._tag_keys)
-
+        if tags is None:
+            self._default_tuple = values
+        return values
 
 class Counter(Metric):
     """A total that only grows (Ray's ``Counter``): ``inc(value=1.0, tags=None)``."""
