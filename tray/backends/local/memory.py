@@ -17,8 +17,6 @@ from __future__ import annotations
 import dataclasses
 import os
 
-import psutil
-
 from ...core.interfaces import MemorySnapshot
 
 CGROUP_DIRECTORY = "/sys/fs/cgroup"
@@ -49,6 +47,8 @@ def _cgroup_memory(total_bytes: int) -> MemorySnapshot | None:
 
 def read_memory() -> MemorySnapshot:
     """This machine's (or container's) memory now."""
+    import psutil  # (here: a driver starting a cluster needs the rest of this module sooner)
+
     memory = psutil.virtual_memory()
     return _cgroup_memory(memory.total) or MemorySnapshot(
         used_bytes=memory.total - memory.available, total_bytes=memory.total)
