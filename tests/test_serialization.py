@@ -38,3 +38,42 @@ def test_other_values_take_the_full_path(monkeypatch):
     serialize(3)
     assert len(calls) == 4
     assert deserialize(serialize(Level.HIGH)) is Level.HIGH
+
+
+def test_message_types_pickle_as_their_fields_and_the_simulator_still_shares_them(monkeypatch):
+    import dataclasses
+    import pickle
+
+    from tray.core.messages import Infeasible, InlineResult, LeaseRequest, StoredResult, TaskReply
+    from tray.core.scheduling import Strategy
+    from tray.core.task_spec import ArgByRef
+    from tray.transports.sim import copy_message
+
+    reply = TaskReply([InlineResult(serialize(b"ok")), StoredResult([("n", "n1/raylet")])],
+                      application_error=True)
+    messages = [reply, Infeasible("no GPU"), ArgByRef(b"\x01" * 20, "n0/driver"),
+                LeaseRequest({"CPU": 1.0}, Strategy(), "n0/driver", hops=2, depth=3)]
+    wire = [pickle.dumps(message, protocol=5) for message in messages]
+    # Unpickled without dataclasses' per-instance fields() calls.
+    monkeypatch.setattr(dataclasses, "fields", None)
+    for message, data in zip(messages, wire):
+        assert type(message).__reduce__.pickled_by_fields
+        assert pickle.loads(data) == message
+    monkeypatch.undo()
+    # The simulated transport still copies them field by field: a frozen
+    # message made only of immutable values is shared, not pickled anew.
+    assert copy_message(messages[2]) is messages[2]
+    copied = copy_message(reply)
+    assert copied == reply and copied is not reply and copied.results is not reply.results
+
+
+def test_pickled_by_fields_needs_every_field_in_init():
+    import dataclasses
+
+    @dataclasses.dataclass(frozen=True, slots=True)
+    class Derived:
+        base: int
+        double: int = dataclasses.field(init=False, default=0)
+
+    with pytest.raises(TypeError, match="every field must be an __init__ argument"):
+        serialization.pickled_by_fields(Derived)

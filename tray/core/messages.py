@@ -28,12 +28,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .scheduling import NodeView, Strategy
-from .serialization import KIND_ERROR, SerializedObject
+from .serialization import KIND_ERROR, SerializedObject, pickled_by_fields
 from .task_spec import TaskSpec
 
 # ==================================================== results and objects
 
 
+@pickled_by_fields
 @dataclass(frozen=True, slots=True)
 class InlineResult:
     """A value small enough to travel inside messages."""
@@ -44,6 +45,7 @@ class InlineResult:
         return self.value
 
 
+@pickled_by_fields
 @dataclass(frozen=True, slots=True)
 class StoredResult:
     """A value in node stores: ``locations`` are (node id, node manager
@@ -52,6 +54,7 @@ class StoredResult:
     contained: list = field(default_factory=list)
 
 
+@pickled_by_fields
 @dataclass(frozen=True, slots=True)
 class FailedResult:
     """The error that ``get`` raises for this object."""
@@ -72,6 +75,7 @@ def inline_or_failed(value: SerializedObject) -> InlineResult | FailedResult:
     return FailedResult(value) if value.kind == KIND_ERROR else InlineResult(value)
 
 
+@pickled_by_fields
 @dataclass(frozen=True, slots=True)
 class TaskReply:
     """A worker's answer to a pushed task or an actor call: one result per
@@ -87,6 +91,7 @@ class TaskReply:
 # ================================================================= leases
 
 
+@pickled_by_fields
 @dataclass(frozen=True, slots=True)
 class LeaseRequest:
     resources: dict
@@ -104,6 +109,7 @@ class LeaseRequest:
     depth: int = 1
 
 
+@pickled_by_fields
 @dataclass(frozen=True, slots=True)
 class LeaseGranted:
     lease_id: int
@@ -113,6 +119,7 @@ class LeaseGranted:
     worker_address: str
 
 
+@pickled_by_fields
 @dataclass(frozen=True, slots=True)
 class Spillback:
     """Ask the node manager at ``address`` instead."""
@@ -120,12 +127,14 @@ class Spillback:
     node_id: str
 
 
+@pickled_by_fields
 @dataclass(frozen=True, slots=True)
 class Infeasible:
     """No node (or not the required one) could ever run the request."""
     reason: str
 
 
+@pickled_by_fields
 @dataclass(frozen=True, slots=True)
 class LeaseWithdrawn:
     """The requester went away while the request waited; nobody reads this."""
@@ -158,6 +167,7 @@ class NodeRecord:
                         self.alive)
 
 
+@pickled_by_fields
 @dataclass(frozen=True, slots=True)
 class ViewUpdate:
     """The cluster view, whole or as what changed in it (see
@@ -170,6 +180,7 @@ class ViewUpdate:
     nodes: dict  # node id -> NodeView
 
 
+@pickled_by_fields
 @dataclass(frozen=True, slots=True)
 class HeartbeatReply:
     view: ViewUpdate | None  # None when `dead`
@@ -203,6 +214,7 @@ class ActorSpec:
     concurrency_groups: dict = field(default_factory=dict)  # name -> max concurrency
 
 
+@pickled_by_fields
 @dataclass(frozen=True, slots=True)
 class ActorDeathCause:
     reason: str
@@ -267,6 +279,7 @@ class ActorInfo:
     max_pending_calls: int = -1
 
 
+@pickled_by_fields
 @dataclass(frozen=True, slots=True)
 class ActorCreation:
     """The GCS's reply to ``create_actor``: ``existing`` is the live actor of

@@ -13,7 +13,9 @@ unpickles them becomes a borrower (see ``worker/reference_counter``)."""
 from __future__ import annotations
 
 import contextvars
+import dataclasses
 import io
+import operator
 import pickle
 import types
 from collections import ChainMap
@@ -21,6 +23,37 @@ from dataclasses import dataclass
 
 import cloudpickle
 from cloudpickle import cloudpickle as _cloudpickle_internals
+
+
+def pickled_by_fields(cls: type) -> type:
+    """Class decorator (above ``@dataclass(frozen=True, slots=True)``) for a
+    message type: it pickles as ``cls(*fields)``. A slotted dataclass's own
+    pickle support is Python code that calls ``fields()`` on every instance
+    each way; this is one attrgetter out and the class's ``__init__`` in.
+    A TaskReply's round trip went from ~21 to ~14 us. The simulated
+    transport copies such a class field by field, as any plain dataclass
+    (``transports/sim.copy_message``)."""
+    fields = dataclasses.fields(cls)
+    if not all(field.init for field in fields):
+        raise TypeError(f"{cls.__name__}: every field must be an __init__ argument")
+    names = tuple(field.name for field in fields)
+    if not names:
+        def __reduce__(self):
+            return cls, ()
+    elif len(names) == 1:
+        read = operator.attrgetter(names[0])
+
+        def __reduce__(self):
+            return cls, (read(self),)
+    else:
+        read = operator.attrgetter(*names)
+
+        def __reduce__(self):
+            return cls, read(self)
+    __reduce__.pickled_by_fields = True
+    cls.__reduce__ = __reduce__
+    return cls
+
 
 _serialization_context: contextvars.ContextVar = contextvars.ContextVar("tray_serialization")
 

@@ -18,15 +18,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .scheduling import Strategy
-from .serialization import SerializedObject
+from .serialization import SerializedObject, pickled_by_fields
 
 
+@pickled_by_fields
 @dataclass(frozen=True, slots=True)
 class ArgByValue:
     """An argument carried inside the spec."""
     value: SerializedObject
 
 
+@pickled_by_fields
 @dataclass(frozen=True, slots=True)
 class ArgByRef:
     """An argument held in an object store: fetched by the executing worker."""

@@ -184,9 +184,12 @@ def _copier_for(kind: type):
 
 
 def _plain_dataclass(kind: type) -> bool:
-    """Does pickle copy ``kind`` field by field (no hook of its own)?"""
+    """Does pickle copy ``kind`` field by field (no hook of its own, or
+    ``serialization.pickled_by_fields``'s)?"""
     for hook in _PICKLE_HOOKS:
-        if getattr(kind, hook, None) is not getattr(object, hook, None):
+        own = getattr(kind, hook, None)
+        if own is not getattr(object, hook, None) and \
+                not getattr(own, "pickled_by_fields", False):
             return False
     getstate = getattr(kind, "__getstate__", None)
     if getstate is not object.__getstate__ and \
