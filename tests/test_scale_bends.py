@@ -178,6 +178,42 @@ def test_task_event_flusher_sleeps_while_the_buffer_is_empty(monkeypatch):
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
 
 
+def test_a_flush_sends_its_records_in_bounded_messages_and_leaves_later_ones(monkeypatch):
+    # One batch of a second's records held a driver's loop ~4 ms (the tail
+    # of task latency): a flush sends at most FLUSH_BATCH_MAX per message,
+    # oldest first, and what is buffered while it sends waits for the next.
+    from tray.core.worker import task_events
+
+    monkeypatch.setattr(task_events, "FLUSH_BATCH_MAX", 64)
+    endpoint = _Endpoint()
+    buffer = TaskEventBuffer(address="driver", node_id="n", worker_id="w", endpoint=endpoint,
+                             gcs_address="gcs", config=Config())
+    sending = endpoint.notify
+
+    async def notify(address, method, batch):
+        await sending(address, method, batch)
+        if len(endpoint.sent) == 1:
+            buffer.task_state(_Spec(250), "PENDING_ARGS_AVAIL")  # arrives mid-flush
+        await trio.sleep(0)
+
+    endpoint.notify = notify
+
+    async def main():
+        for index in range(200):
+            buffer.task_state(_Spec(index), "PENDING_ARGS_AVAIL")
+        buffer._has_events = trio.Event()  # (as the flusher's loop does before a flush)
+        await buffer.flush()
+        sent = [ids for _, _, ids in endpoint.sent]
+        assert [len(ids) for ids in sent] == [64, 64, 64, 8]
+        assert sum(sent, []) == [(bytes([i]) * 16).hex() for i in range(200)]
+        # The late record waits, and the flusher is told the buffer is not empty.
+        assert list(buffer._events) == [(bytes([250]) * 16, 0)] and buffer._has_events.is_set()
+        await buffer.flush()
+        assert endpoint.sent[-1][2] == [(bytes([250]) * 16).hex()] and not buffer._events
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
 def test_node_addresses_are_indexed_and_a_restarted_node_replaces_its_predecessor():
     # The GCS's node table answers "is this address a node's?" (for each
     # closed connection) and "who was at this address before?" (for each

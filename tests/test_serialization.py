@@ -56,7 +56,7 @@ def test_message_types_pickle_as_their_fields_and_the_simulator_still_shares_the
     wire = [pickle.dumps(message, protocol=5) for message in messages]
     # Unpickled without dataclasses' per-instance fields() calls.
     monkeypatch.setattr(dataclasses, "fields", None)
-    for message, data in zip(messages, wire):
+    for message, data in zip(messages, wire, strict=True):
         assert type(message).__reduce__.pickled_by_fields
         assert pickle.loads(data) == message
     monkeypatch.undo()

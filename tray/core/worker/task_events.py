@@ -18,7 +18,8 @@ issue's rule: never one message per event, never a poll of every process
 per query. Each process keeps one record per task attempt in a buffer and
 merges later transitions into it, so a task that goes through five states
 between two flushes costs one record. A timer (``task_events_flush_period_s``)
-sends the buffer to the GCS as one one-way message; the GCS merges the
+sends the buffer to the GCS in one-way messages of at most
+``FLUSH_BATCH_MAX`` records, the loop free between them; the GCS merges the
 owner's and the executor's records of an attempt (``gcs/task_event_table``).
 Events are best effort: a batch sent while the GCS is away is lost (the
 state API then shows a task in an earlier state), never retried without end.
@@ -39,6 +40,7 @@ recorded or sent, and the state API says so instead of listing no tasks."""
 
 from __future__ import annotations
 
+import itertools
 import os
 from dataclasses import dataclass, field
 
@@ -138,6 +140,14 @@ class TaskEventBufferStatistics:
 def events_enabled(config) -> bool:
     return bool(getattr(config, "task_events_enabled", True)) and \
         os.environ.get("TRAY_TASK_EVENTS", "1") != "0"
+
+
+# At most this many task attempts per message to the GCS. A driver's sync
+# loop buffers ~750 a second; flushed as one batch, turning them into
+# tuples and pickling them held its loop ~4 ms, and the calls in flight
+# waited that long (the tail of task latency). A chunk takes ~0.6 ms, and
+# the GCS merges each on its own too.
+FLUSH_BATCH_MAX = 128
 
 
 class TaskEventBuffer:
@@ -243,27 +253,43 @@ class TaskEventBuffer:
 
     # ---------------------------------------------------------------- flush
 
-    def take_batch(self) -> TaskEventBatch | None:
+    def take_batch(self, limit: int | None = None) -> TaskEventBatch | None:
+        """The oldest ``limit`` records (None: all) as a batch, out of the
+        buffer; None when there is nothing to send."""
         if not self._events and not self._dropped_unsent:
             return None
+        if limit is None or len(self._events) <= limit:
+            records = self._events.values()
+            self._events = {}
+        else:
+            records = [self._events.pop(key) for key in list(itertools.islice(self._events,
+                                                                              limit))]
         events = []
-        for record in self._events.values():
+        for record in records:
             events.append(record.as_tuple())
             # What was sent stays as it is (the batch is pickled later): a
             # record that gets more (its end) starts over with new containers.
             record.states, record.spans, record.info, record.buffered = {}, [], None, False
-        self._events = {}
         batch = TaskEventBatch(events, self._dropped_unsent, trio.current_time(), self._address)
         self._dropped_unsent = 0
         return batch
 
     async def flush(self) -> None:
-        """Send what is buffered to the GCS now (one one-way message)."""
-        batch = self.take_batch()
-        if batch is None:
-            return
-        self.sent_batches += 1
-        await self._endpoint.notify(self._gcs_address, "add_task_events", batch)
+        """Send what is buffered to the GCS now, as one-way messages of at
+        most ``FLUSH_BATCH_MAX`` records each, the loop free between them.
+        Records buffered meanwhile wait for the next flush."""
+        left = len(self._events)
+        while True:
+            batch = self.take_batch(min(left, FLUSH_BATCH_MAX))
+            if batch is None:
+                break
+            left -= len(batch.events)
+            self.sent_batches += 1
+            await self._endpoint.notify(self._gcs_address, "add_task_events", batch)
+            if left <= 0:
+                break
+        if self._events:
+            self._has_events.set()  # (records added meanwhile did not: the buffer was not empty)
 
     async def run(self) -> None:
         """For the process's life: once the buffer holds a record, wait
