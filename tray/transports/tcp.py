@@ -436,7 +436,9 @@ class TcpStream:
     ``send`` returns once its message is written, as it always did (a
     process may end right after it), and when nobody is writing it writes
     itself, header and payload in one write. Messages leave in the order
-    they were sent. The queue holds at most ``outgoing_bytes_max`` bytes:
+    they were sent. On a plain socket, a write the kernel takes at once
+    costs no pass of the event loop (``_send_small``). The queue holds at
+    most ``outgoing_bytes_max`` bytes:
     past that, ``send`` waits and ``send_nowait`` declines. Large
     out-of-band buffers (NumPy and Arrow data) are written from the
     sender's memory, never copied into the queue.
@@ -450,6 +452,9 @@ class TcpStream:
     def __init__(self, stream: trio.abc.Stream, peer: str, reader: _Reader) -> None:
         self._stream = stream
         self._chunk_bytes = _TLS_SEND_CHUNK_BYTES if isinstance(stream, trio.SSLStream) else 0
+        # The socket under a plain stream, which small messages are written
+        # to directly (``_send_small``); None under TLS.
+        self._socket = reader._socket
         # The handshake's reader: it may already hold the first message's bytes.
         self._reader = reader
         self.peer = peer
@@ -512,7 +517,7 @@ class TcpStream:
                         await self._write_large(chunk, counted=False)
                     else:
                         self.writes += 1
-                        await self._stream.send_all(chunk)
+                        await self._send_small(chunk)
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as error:
                 await self._fail(str(error) or type(error).__name__)
                 self._check_open()
@@ -591,9 +596,35 @@ class TcpStream:
             return
         data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
         self.writes += 1
-        await self._stream.send_all(data)
+        await self._send_small(data)
         self._outgoing_bytes -= len(data)
         self._space.unpark_all()
+
+    async def _send_small(self, data: bytes) -> None:
+        """Write ``data`` whole. On a plain socket it goes to the kernel
+        directly: trio's ``send_all`` yields to the scheduler after every
+        write that did not block (a checkpoint), one more pass of the event
+        loop per message, and the task's next step; here only a full
+        socket waits (until it is writable). So a write that the kernel
+        takes at once is no checkpoint: the writer task waits for its next
+        batch right after, and a caller of ``send`` goes on at once, as after
+        ``send_nowait``."""
+        sock = self._socket
+        if sock is None:
+            await self._stream.send_all(data)
+            return
+        while True:
+            fd = sock.fileno()
+            if fd < 0:  # (never write to a number that may be another file's by now)
+                raise trio.ClosedResourceError("the socket was closed")
+            try:
+                sent = os.write(fd, data)
+            except BlockingIOError:
+                sent = 0
+            if sent == len(data):
+                return
+            data = memoryview(data)[sent:]
+            await trio.lowlevel.wait_writable(sock)
 
     async def _write_large(self, frame: memoryview, counted: bool = True) -> None:
         self.writes += 1
