@@ -190,21 +190,30 @@ def test_a_flush_sends_its_records_in_bounded_messages_and_leaves_later_ones(mon
                              gcs_address="gcs", config=Config())
     sending = endpoint.notify
 
-    async def notify(address, method, batch):
+    async def notify(address, method, batch):  # (a send that does not yield)
         await sending(address, method, batch)
         if len(endpoint.sent) == 1:
             buffer.task_state(_Spec(250), "PENDING_ARGS_AVAIL")  # arrives mid-flush
-        await trio.sleep(0)
 
     endpoint.notify = notify
+    seen_between: set = set()  # how many batches had gone when another task ran
+
+    async def other_task():
+        while len(endpoint.sent) < 4:
+            seen_between.add(len(endpoint.sent))
+            await trio.sleep(0)
 
     async def main():
         for index in range(200):
             buffer.task_state(_Spec(index), "PENDING_ARGS_AVAIL")
         buffer._has_events = trio.Event()  # (as the flusher's loop does before a flush)
-        await buffer.flush()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(other_task)
+            await trio.sleep(0)
+            await buffer.flush()
         sent = [ids for _, _, ids in endpoint.sent]
         assert [len(ids) for ids in sent] == [64, 64, 64, 8]
+        assert {1, 2, 3} <= seen_between  # the loop was free between the batches
         assert sum(sent, []) == [(bytes([i]) * 16).hex() for i in range(200)]
         # The late record waits, and the flusher is told the buffer is not empty.
         assert list(buffer._events) == [(bytes([250]) * 16, 0)] and buffer._has_events.is_set()

@@ -288,6 +288,7 @@ class TaskEventBuffer:
             await self._endpoint.notify(self._gcs_address, "add_task_events", batch)
             if left <= 0:
                 break
+            await trio.lowlevel.checkpoint()  # (a send that did not block did not yield)
         if self._events:
             self._has_events.set()  # (records added meanwhile did not: the buffer was not empty)
 
