@@ -80,6 +80,42 @@ def test_driver_sync_loop_reuses_one_lease():
         tray.shutdown()
 
 
+def test_a_sync_loop_keeps_one_reaper_that_never_wakes_while_the_lease_is_used(monkeypatch):
+    # A reaper task per idle spell was spawned (and woken) about once per
+    # task of a sync loop; now one sleeps until the kept lease is due, and
+    # its deadline moves with the lease.
+    from tray.core.worker import normal_task_submitter
+
+    runs = {"started": 0, "returned": 0}
+    reap = normal_task_submitter.NormalTaskSubmitter._reap_idle
+    return_lease = normal_task_submitter.NormalTaskSubmitter._return_lease
+
+    async def counted_reap(self, key, queue):
+        runs["started"] += 1
+        await reap(self, key, queue)
+
+    def counted_return(self, queue, lease, worker_ok):
+        runs["returned"] += 1
+        return_lease(self, queue, lease, worker_ok)
+
+    monkeypatch.setattr(normal_task_submitter.NormalTaskSubmitter, "_reap_idle", counted_reap)
+    monkeypatch.setattr(normal_task_submitter.NormalTaskSubmitter, "_return_lease",
+                        counted_return)
+    tray.init(backend="sim", seed=11, num_cpus=2)
+    try:
+        for i in range(50):
+            assert tray.get(echo.remote(i)) == i
+        assert runs == {"started": 1, "returned": 0}
+        (queue,) = _global_state["driver"].normal_submitter.queues.values()
+        (lease,) = queue.leases
+        assert queue.reaper.deadline == lease.idle_since + LEASE_IDLE_KEEP_S
+        time.sleep(LEASE_IDLE_KEEP_S * 50)  # virtual time: the kept lease goes back, the reaper ends
+        assert runs == {"started": 1, "returned": 1} and queue.reaper is None
+        assert not _global_state["driver"].normal_submitter.queues
+    finally:
+        tray.shutdown()
+
+
 def test_workers_return_their_idle_leases_at_once():
     """A task's children are a fan-out that ends with it: their leases go
     back as soon as the class runs dry, never kept idle in a worker."""

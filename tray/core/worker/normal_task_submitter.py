@@ -8,7 +8,8 @@ node; each granted lease is a worker that runs one task at a time, pushed
 to it directly. A lease is kept while its class has queued tasks and given
 back when the queue runs dry (SPREAD tasks take a fresh lease each, so the
 policy spreads them) — by a driver only after ``LEASE_IDLE_KEEP_S`` idle,
-so that a script's loop of ``get(f.remote())`` runs on one lease. A class
+so that a script's loop of ``get(f.remote())`` runs on one lease (one
+reaper task per class returns them, asleep until the first is due). A class
 that runs dry while lease requests still wait at nodes cancels them there
 (``cancel_lease_requests``), as Ray's owner does, rather than take each
 later grant only to return it. A push over a connection already open goes
@@ -33,6 +34,7 @@ lease request, the tasks queued in its class — and never the process."""
 from __future__ import annotations
 
 import logging
+import math
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -96,7 +98,10 @@ class ClassQueue:
     pending_requests: int = 0
     warned: bool = False
     bundle_cursor: int = 0  # placement groups: which bundle the next request tries
-    reaping: bool = False  # a task returns its idle leases when their time is up
+    # The scope the class's reaper (``_reap_idle``) sleeps in; its deadline
+    # is when the first idle lease is due to go back (infinite while none
+    # is idle). None: no reaper.
+    reaper: trio.CancelScope | None = None
     # Node manager -> lease requests of this class waiting there now; when
     # the class runs dry they are cancelled there, once (``cancel_sent``).
     asking: dict = field(default_factory=dict)
@@ -167,7 +172,9 @@ class NormalTaskSubmitter:
                 assert lease.busy or lease.idle_since is not None, key
                 assert not (lease.busy and lease.idle_since is not None), key
                 assert lease.busy or not queue.tasks, key
-                assert lease.busy or queue.reaping, key
+                # An idle lease's reaper wakes by the time it is due.
+                assert lease.busy or (queue.reaper is not None and queue.reaper.deadline <=
+                                      lease.idle_since + self._lease_idle_keep_s), key
             for task in queue.tasks:
                 assert not task.done, task.spec.name
                 assert task.state == PENDING_NODE_ASSIGNMENT, (task.spec.name, task.state)
@@ -244,11 +251,10 @@ class NormalTaskSubmitter:
                         lease.idle_since = trio.current_time()
                 else:
                     self._return_lease(queue, lease, worker_ok=True)
-            if keep and not queue.reaping and any(not lease.busy for lease in queue.leases):
-                queue.reaping = True
-                self._nursery.start_soon(self._reap_idle, key, queue)
-            if not queue.leases and not queue.pending_requests:
-                self.queues.pop(key, None)
+        if self._lease_idle_keep_s > 0:
+            self._schedule_reap(key, queue)
+        if not queue.tasks and not queue.leases and not queue.pending_requests:
+            self.queues.pop(key, None)
 
     def _cancel_requests(self, key: tuple, queue: ClassQueue) -> None:
         """The class ran out of tasks while lease requests wait at nodes:
@@ -263,25 +269,44 @@ class NormalTaskSubmitter:
         for manager, count in sorted(queue.asking.items()):
             self._outbox.send_later(manager, "cancel_lease_requests", request, count)
 
+    def _next_reap_s(self, queue: ClassQueue) -> float:
+        """When the class's first idle lease is due to go back (infinite:
+        none is idle; minus infinity: it holds no lease, and its reaper ends)."""
+        idle = [lease.idle_since for lease in queue.leases
+                if not lease.busy and lease.idle_since is not None]
+        if idle:
+            return min(idle) + self._lease_idle_keep_s
+        return math.inf if queue.leases else -math.inf
+
+    def _schedule_reap(self, key: tuple, queue: ClassQueue) -> None:
+        """After every change to the class's leases: its reaper is due when
+        its first idle lease is. In a script's loop of ``get(f.remote())``
+        the lease is busy again before that, so the reaper never wakes; a
+        reaper started per idle spell (as before) was a task spawned and
+        woken about once per task."""
+        due = self._next_reap_s(queue)
+        if queue.reaper is not None:
+            queue.reaper.deadline = due
+        elif due != -math.inf and due != math.inf:
+            queue.reaper = trio.CancelScope(deadline=due)
+            self._nursery.start_soon(self._reap_idle, key, queue)
+
     async def _reap_idle(self, key: tuple, queue: ClassQueue) -> None:
-        """Return the class's idle leases once each was idle for
-        ``lease_idle_keep_s``; ends when none is idle."""
+        """Return the class's leases as each has been idle for
+        ``lease_idle_keep_s``; ends when the class holds none."""
         keep_s = self._lease_idle_keep_s
         try:
-            while True:
-                idle = [lease for lease in queue.leases if not lease.busy]
-                if not idle:
-                    return
+            while queue.leases:
+                with queue.reaper:
+                    await trio.sleep_forever()
                 now = trio.current_time()
-                due = min(lease.idle_since for lease in idle) + keep_s
-                if due > now:
-                    await trio.sleep_until(due)
-                    continue
-                for lease in idle:
-                    if lease.idle_since + keep_s <= now:
+                for lease in list(queue.leases):
+                    if not lease.busy and lease.idle_since is not None and \
+                            lease.idle_since + keep_s <= now:
                         self._return_lease(queue, lease, worker_ok=True)
+                queue.reaper = trio.CancelScope(deadline=self._next_reap_s(queue))
         finally:
-            queue.reaping = False
+            queue.reaper = None
             if not queue.tasks and not queue.leases and not queue.pending_requests and \
                     self.queues.get(key) is queue:
                 self.queues.pop(key, None)
