@@ -284,7 +284,9 @@ class NormalTaskSubmitter:
         the lease is busy again before that, so the reaper never wakes; a
         reaper started per idle spell (as before) was a task spawned and
         woken about once per task."""
-        due = self._next_reap_s(queue)
+        # (With tasks queued, every lease is busy: an idle one would have
+        # taken a task. Not scanning the leases then keeps a pump O(1) here.)
+        due = math.inf if queue.tasks else self._next_reap_s(queue)
         if queue.reaper is not None:
             queue.reaper.deadline = due
         elif due != -math.inf and due != math.inf:
