@@ -41,6 +41,7 @@ from ..backends.local import (
     resolve_cluster,
 )
 from ..backends.local.gpus import detect_gpu_count
+from ..backends.local.memory import machine_memory_bytes
 from ..backends.local.session import (
     CURRENT_CLUSTER_FILE,
     ROOT,
@@ -235,7 +236,7 @@ def _start(args) -> int:
         return 1
     cpus = (os.cpu_count() or 1) if args.num_cpus is None else args.num_cpus
     gpus = detect_gpu_count() if args.num_gpus is None else args.num_gpus
-    total_memory = psutil.virtual_memory().total
+    total_memory = machine_memory_bytes()
     command = [sys.executable, "-P", "-m", "tray.backends.local.node",
                "--session", session.directory, "--gcs", gcs,
                "--node-address", f"tcp:{args.node_ip}:{free_port(args.node_ip)}",

@@ -258,6 +258,7 @@ class Metric:
             self._default_tuple = values
         return values
 
+
 class Counter(Metric):
     """A total that only grows (Ray's ``Counter``): ``inc(value=1.0, tags=None)``."""
 

@@ -35,7 +35,7 @@ from ...core.context import current_worker
 from ...core.interfaces import NullTracer, ProcessEnv
 from ...exceptions import TrayError
 from .gpus import detect_gpu_count
-from .memory import config_from_environ
+from .memory import config_from_environ, machine_memory_bytes
 from .session import Session, free_port, read_current_cluster
 
 if TYPE_CHECKING:
@@ -233,7 +233,7 @@ def start(*, address=None, num_cpus=None, num_gpus=None, resources=None,
     config_from_environ(DEFAULT_CONFIG)  # a bad RAY_memory_* setting fails here, not in a node
     cpus = (os.cpu_count() or 1) if num_cpus is None else num_cpus
     gpus = detect_gpu_count() if num_gpus is None else num_gpus
-    total_memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")  # (psutil's total)
+    total_memory = machine_memory_bytes()
     store_bytes = object_store_memory or int(total_memory * OBJECT_STORE_FRACTION / num_nodes)
     node_options = {"cpus": cpus, "gpus": gpus, "resources": resources or {},
                     "memory_bytes": int(total_memory * MEMORY_FRACTION / num_nodes),

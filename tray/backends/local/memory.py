@@ -45,6 +45,13 @@ def _cgroup_memory(total_bytes: int) -> MemorySnapshot | None:
     return MemorySnapshot(used_bytes=max(int(current) - inactive, 0), total_bytes=int(limit))
 
 
+def machine_memory_bytes() -> int:
+    """This machine's physical memory, what a new node's shares are cut
+    from (psutil's ``virtual_memory().total``, without importing psutil:
+    a driver starting a cluster reads it before it spawns the head node)."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
 def read_memory() -> MemorySnapshot:
     """This machine's (or container's) memory now."""
     import psutil  # (here: a driver starting a cluster needs the rest of this module sooner)

@@ -289,7 +289,7 @@ class NormalTaskSubmitter:
         due = math.inf if queue.tasks else self._next_reap_s(queue)
         if queue.reaper is not None:
             queue.reaper.deadline = due
-        elif due != -math.inf and due != math.inf:
+        elif math.isfinite(due):  # (an idle lease to wait for)
             queue.reaper = trio.CancelScope(deadline=due)
             self._nursery.start_soon(self._reap_idle, key, queue)
 
