@@ -98,6 +98,57 @@ async def test_messages_queued_in_one_tick_leave_in_one_write_in_order():
     await right.aclose()
 
 
+async def test_what_the_tasks_of_one_pass_queue_leaves_in_one_write_without_the_writer():
+    # The replies of handlers that ran in one pass of the event loop go out
+    # together when the pass ends: one write, and no step of the writer task
+    # (which used to be woken for every batch, and wrote in the next pass).
+    left, right, _, _ = _pair()
+    steps: dict[str, int] = {}
+
+    class Steps(trio.abc.Instrument):
+        def before_task_step(self, task) -> None:
+            steps[task.name] = steps.get(task.name, 0) + 1
+
+    trio.lowlevel.add_instrument(Steps())
+
+    async def reply(n: int) -> None:
+        assert left.send_nowait(("REPLY", n))
+
+    for burst in range(2):
+        async with trio.open_nursery() as nursery:
+            for n in range(20):
+                nursery.start_soon(reply, burst * 20 + n)
+        # (the nursery ended after the pass its tasks ran in)
+        assert left.writes == burst + 1
+    received = [await right.receive() for _ in range(40)]
+    # (trio runs a pass's tasks in no fixed order: each burst's own 20)
+    assert [sorted(received[:20]), sorted(received[20:])] == \
+        [[("REPLY", n) for n in range(20)], [("REPLY", n) for n in range(20, 40)]]
+    writer_steps = [count for name, count in steps.items() if name.startswith("tray writer")]
+    assert writer_steps == [1]  # its start, to wait; never woken for a burst
+    await left.aclose()
+    await right.aclose()
+
+
+@pytest.mark.timeout(60)
+def test_a_task_woken_by_the_end_of_pass_write_runs_though_the_loop_meant_to_sleep():
+    # aclose right after queueing waits for the queue to drain; the write at
+    # the pass's end wakes it after trio chose to wait for I/O (here: a day,
+    # on a clock that stands still). The flush ends that wait.
+    async def main() -> None:
+        left, right, _, _ = _pair()
+        assert left.send_nowait(("first", 0))
+        await trio.testing.wait_all_tasks_blocked()  # (the writer started, and waits)
+        for n in range(5):
+            assert left.send_nowait(("last words", n))
+        await left.aclose()
+        assert [await right.receive() for _ in range(6)] == \
+            [("first", 0)] + [("last words", n) for n in range(5)]
+        await right.aclose()
+
+    trio.run(main, clock=trio.testing.MockClock())
+
+
 async def test_send_and_send_nowait_from_many_tasks_keep_each_senders_order():
     left, right, _, _ = _pair()
     rng = random.Random(7)

@@ -425,20 +425,74 @@ def _encode(message) -> tuple[list, bool]:
     return chunks, len(chunks) > 1
 
 
+class _TickFlush(trio.abc.Instrument):
+    """Writes the streams' queued messages at the end of each pass of a trio
+    run's event loop, right before it waits for I/O (``before_io_wait``, an
+    instrument's hook: trio calls it once a pass, and no other hook of this
+    instrument is called). Every message that the pass's tasks queued on a
+    connection leaves in one write, and the writer task is woken only for
+    what the kernel did not take. Before it, each message queued woke the
+    connection's writer, which wrote in the next pass: a reply apiece from
+    an actor answering a pipelined batch (one write, and one wake-up of the
+    caller, per call)."""
+
+    _of_run = trio.lowlevel.RunVar("tray_tick_flush")
+
+    def __init__(self) -> None:
+        self.streams: list[TcpStream] = []  # those with messages queued in this pass
+
+    @classmethod
+    def of_this_run(cls) -> _TickFlush:
+        try:
+            return cls._of_run.get()
+        except LookupError:
+            flush = cls()
+            cls._of_run.set(flush)
+            trio.lowlevel.add_instrument(flush)
+            return flush
+
+    def before_io_wait(self, timeout: float) -> None:
+        streams = self.streams
+        if not streams:
+            return
+        self.streams = []
+        woke = False
+        for stream in streams:
+            stream._flush_listed = False
+            try:
+                woke = stream._flush() or woke
+            except Exception:  # noqa: BLE001 - an instrument that raises is removed
+                logger.exception("flushing the messages to %s failed", stream.peer)
+                stream._wake_writer()
+                woke = True
+        if woke and timeout > 0:
+            # trio chose how long to wait for I/O before this hook, when the
+            # tasks woken here were not runnable yet: end that wait at once.
+            trio.lowlevel.current_trio_token().run_sync_soon(_nothing)
+
+
+def _nothing() -> None:
+    pass
+
+
 class TcpStream:
     """A message stream over one socket (or TLS channel).
 
-    Writes go through one writer task per connection and its outgoing
-    queue: a message queued while a write is in progress leaves with every
-    other message queued by then, in one ``send`` (the replies to a burst
-    of requests that arrived in one read go out in one write).
-    ``send_nowait`` (the RPC layer's replies) queues a message and returns;
-    ``send`` returns once its message is written, as it always did (a
-    process may end right after it), and when nobody is writing it writes
-    itself, header and payload in one write. Messages leave in the order
-    they were sent. On a plain socket, a write the kernel takes at once
-    costs no pass of the event loop (``_send_small``). The queue holds at
-    most ``outgoing_bytes_max`` bytes:
+    Messages are queued on the connection's outgoing queue and leave in
+    the order they were sent. ``send_nowait`` (the RPC layer's replies and
+    started calls) queues a message and returns. On a plain socket the
+    queue is written at the end of the event loop's pass, right before trio
+    waits for I/O (``_TickFlush``): every message that the pass's tasks
+    queued leaves in one write (the replies to a burst of requests that
+    arrived in one read, the calls a driver started from one batch), and a
+    write the kernel takes at once costs no task step at all. What the
+    kernel does not take at once (a full socket), a large out-of-band
+    buffer, and everything on a TLS stream, the connection's writer task
+    writes. ``send`` returns once its message is written, as it always did
+    (a process may end right after it), and when nothing is queued or being
+    written it writes itself, header and payload in one write, with no
+    pass of the event loop when the kernel takes it at once
+    (``_send_small``). The queue holds at most ``outgoing_bytes_max`` bytes:
     past that, ``send`` waits and ``send_nowait`` declines. Large
     out-of-band buffers (NumPy and Arrow data) are written from the
     sender's memory, never copied into the queue.
@@ -455,6 +509,10 @@ class TcpStream:
         # The socket under a plain stream, which small messages are written
         # to directly (``_send_small``); None under TLS.
         self._socket = reader._socket
+        # This trio run's end-of-pass flush (plain sockets only), and whether
+        # this stream is on its list for the current pass.
+        self._tick_flush = _TickFlush.of_this_run() if self._socket is not None else None
+        self._flush_listed = False
         # The handshake's reader: it may already hold the first message's bytes.
         self._reader = reader
         self.peer = peer
@@ -491,8 +549,56 @@ class TcpStream:
         if not self._writer_started:
             self._writer_started = True
             trio.lowlevel.spawn_system_task(self._write_loop, name=f"tray writer {self.peer}")
+        if self._tick_flush is not None and not self._busy:
+            if not self._flush_listed:
+                self._flush_listed = True
+                self._tick_flush.streams.append(self)
         else:
             self._wake_writer()
+
+    def _flush(self) -> bool:
+        """Write the queue's leading small messages in one write (a plain
+        socket): at the end of the event loop's pass (``_TickFlush``), or
+        first thing in ``send``. What the kernel does not take at once, and
+        what follows a large buffer, is left queued for the writer task,
+        which waits for room (or meets the error and fails the stream, as
+        it does for its own writes). True when it woke a task."""
+        outgoing = self._outgoing
+        if self._busy or self.closed or not outgoing:
+            return False  # (the writer, or a sender writing, takes what is queued)
+        joined: list = []
+        written: list = []
+        while outgoing and not isinstance(outgoing[0], memoryview):
+            chunk = outgoing.popleft()
+            (written if isinstance(chunk, trio.Event) else joined).append(chunk)
+        data = joined[0] if len(joined) == 1 else b"".join(joined)
+        sent = 0
+        fd = self._socket.fileno()
+        if data and fd >= 0:
+            self.writes += 1
+            try:
+                sent = os.write(fd, data)
+            except OSError:  # full (the writer waits for room), or broken (it fails)
+                pass
+        woke = False
+        if sent:
+            self._outgoing_bytes -= sent
+            if self._space:
+                woke = True
+                self._space.unpark_all()
+        if sent < len(data) or outgoing:
+            outgoing.extendleft(reversed(written))
+            if sent < len(data):
+                outgoing.appendleft(data[sent:])
+            woke = woke or self._writer_idle is not None
+            self._wake_writer()
+            return woke
+        for event in written:
+            event.set()
+        if self._drained:
+            self._drained.unpark_all()
+            woke = True
+        return woke or bool(written)
 
     def _wake_writer(self) -> None:
         if self._writer_idle is not None and self._outgoing:
@@ -508,6 +614,15 @@ class TcpStream:
         nobody writing: the caller writes its message itself, in one write."""
         self._check_open()
         chunks, _ = _encode(message)
+        if self._outgoing and not self._busy and self._tick_flush is not None:
+            # Messages queued in this pass: it leaves with them, now, in one write.
+            written = trio.Event()
+            self._queue(chunks, written)
+            self._flush()
+            if not written.is_set():
+                await written.wait()
+            self._check_open()
+            return
         if not self._busy and not self._outgoing:
             self._busy = True
             self.messages_sent += 1
