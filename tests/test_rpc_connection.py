@@ -13,7 +13,7 @@ import trio.testing
 
 from tray.core.config import Config
 from tray.core.interfaces import NullTracer, ProcessEnv
-from tray.core.rpc import HANDSHAKE_ATTEMPTS, Endpoint, PeerDisconnected
+from tray.core.rpc import HANDSHAKE_ATTEMPTS, Deferred, Endpoint, PeerDisconnected
 from tray.transports.sim import SimNetwork
 
 
@@ -123,4 +123,61 @@ async def test_a_cancelled_call_leaves_nothing_pending():
         with trio.move_on_after(1):
             await connection.call("never")
         assert not connection._pending
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_plain_handler_s_deferred_reply_comes_when_resolved():
+    # A plain handler returns a Deferred: its reply leaves when the work
+    # resolves it (the actor host's executor, later), at once when resolved
+    # before the handler returned, and run_soon's task raises as an async
+    # handler would.
+    network = SimNetwork(random.Random(0), NullTracer())
+    later: dict[int, Deferred] = {}
+
+    def slow(conn, x):
+        later[x] = Deferred(conn)
+        return later[x]
+
+    def ready(conn, x):
+        reply = Deferred(conn)
+        reply.resolve(True, x * 10)
+        return reply
+
+    def fails(conn, x):
+        async def refuse():
+            await trio.sleep(0)
+            raise ValueError(f"not {x}")
+        reply = Deferred(conn)
+        reply.run_soon(refuse)
+        return reply
+
+    results: dict[int, object] = {}
+    async with trio.open_nursery() as nursery:
+        server = Endpoint(_env(network, "n1/server"),
+                          {"slow": slow, "ready": ready, "fails": fails}, nursery)
+        await server.serve()
+        client = Endpoint(_env(network, "n0/client"), {}, nursery)
+        await client.serve()
+
+        async def call(method: str, x: int) -> None:
+            try:
+                results[x] = await client.call("n1/server", method, x)
+            except ValueError as error:
+                results[x] = str(error)
+
+        async def until(condition) -> None:  # (the simulated network takes its time)
+            with trio.fail_after(30):
+                while not condition():
+                    await trio.sleep(0.001)
+
+        for method, x in (("slow", 1), ("ready", 2), ("slow", 3), ("fails", 4)):
+            nursery.start_soon(call, method, x)
+        await until(lambda: len(results) == 2 and len(later) == 2)
+        assert results == {2: 20, 4: "not 4"} and sorted(later) == [1, 3]
+        later[3].resolve(True, "three")
+        await until(lambda: 3 in results)
+        assert results[3] == "three" and 1 not in results
+        later[1].resolve(False, ValueError("one failed"))
+        await until(lambda: 1 in results)
+        assert results[1] == "one failed"
         nursery.cancel_scope.cancel()

@@ -5,7 +5,10 @@ inline in the connection's receive loop, so the messages of one connection
 are handled strictly in the order they were sent — reference-count updates
 and actor submissions rely on that. An ``async def`` handler runs in its own
 task and may wait (for a lease, an object, an actor to come alive); its
-reply is sent when it returns.
+reply is sent when it returns. A plain handler whose reply comes later
+returns a ``Deferred``: it runs in order like any plain handler, and the
+reply leaves when whoever finishes the work resolves it (an actor's
+executor, with no task of the handler's waiting in between).
 
 Wire messages are tuples:
 ``(REQUEST, call_id, method, args)``, ``(REPLY, call_id, ok, value)``,
@@ -103,6 +106,48 @@ class _Pending:
                 self.on_reply(ok, value)
             except Exception:  # noqa: BLE001 - the connection's loop must go on
                 logger.exception("a reply callback failed")
+
+
+class Deferred:
+    """The reply of a plain handler that is not ready when the handler
+    returns: it returns this, and ``resolve(ok, value)`` (from the
+    connection's trio run, once) sends the reply then, queued like a plain
+    handler's (with whatever else that pass of the loop sends). Resolved
+    before the handler returned, it replies at once. ``run_soon(async_fn,
+    *args)`` resolves it with what ``async_fn`` returns or raises, in a
+    task of the connection's, as an ``async def`` handler's reply: for the
+    cases a handler cannot finish in order."""
+
+    __slots__ = ("_connection", "_call_id", "_kind", "_result")
+
+    def __init__(self, connection: Connection) -> None:
+        self._connection = connection
+        self._call_id = 0
+        self._kind = -1  # until the receive loop has it (and the call's id)
+        self._result: tuple | None = None
+
+    def resolve(self, ok: bool, value) -> None:
+        if self._kind >= 0:
+            self._connection._deliver(self._kind, self._call_id, ok, value)
+        else:
+            self._result = (ok, value)
+
+    def run_soon(self, async_fn, *args) -> None:
+        self._connection._nursery.start_soon(self._run, async_fn, args)
+
+    async def _run(self, async_fn, args) -> None:
+        try:
+            value, ok = await async_fn(*args), True
+        except Exception as error:
+            value, ok = error, False
+        self.resolve(ok, value)
+
+    def _bind(self, kind: int, call_id: int) -> None:
+        self._kind, self._call_id = kind, call_id
+        if self._result is not None:
+            ok, value = self._result
+            self._result = None
+            self._connection._deliver(kind, call_id, ok, value)
 
 
 class Connection:
@@ -285,6 +330,14 @@ class Connection:
             value, ok = handler(self, *args), True
         except Exception as error:  # the handler's error goes back to the caller
             value, ok = error, False
+        if ok and type(value) is Deferred:
+            value._bind(kind, call_id)
+        else:
+            self._deliver(kind, call_id, ok, value, method)
+
+    def _deliver(self, kind: int, call_id: int, ok: bool, value,
+                 method: str = "(a deferred reply)") -> None:
+        """A plain handler's outcome: its reply, or the error of a one-way message logged."""
         if kind == REQUEST:
             self._send_reply_nowait(call_id, ok, value)
         elif not ok:  # nobody to tell: a one-way message failed here
