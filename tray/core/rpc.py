@@ -114,9 +114,9 @@ class Deferred:
     connection's trio run, once) sends the reply then, queued like a plain
     handler's (with whatever else that pass of the loop sends). Resolved
     before the handler returned, it replies at once. ``run_soon(async_fn,
-    *args)`` resolves it with what ``async_fn`` returns or raises, in a
-    task of the connection's, as an ``async def`` handler's reply: for the
-    cases a handler cannot finish in order."""
+    *args)`` replies with what ``async_fn`` returns or raises, from a task
+    of the connection's, as an ``async def`` handler does: for the cases a
+    handler cannot finish in order."""
 
     __slots__ = ("_connection", "_call_id", "_kind", "_result")
 
@@ -140,7 +140,10 @@ class Deferred:
             value, ok = await async_fn(*args), True
         except Exception as error:
             value, ok = error, False
-        self.resolve(ok, value)
+        if self._kind == REQUEST:  # written from this task, as an async handler's reply
+            await self._connection._reply(self._call_id, ok, value)
+        else:
+            self.resolve(ok, value)
 
     def _bind(self, kind: int, call_id: int) -> None:
         self._kind, self._call_id = kind, call_id
