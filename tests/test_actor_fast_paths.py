@@ -1,6 +1,8 @@
 """The actor call fast paths: calls sent without a task per call
-(``ActorTaskSubmitter.send_now`` and ``Connection.start_call``), the caller's
-floor kept in O(1), and the actor's per-caller queue found through lazy heaps.
+(``ActorTaskSubmitter.send_now`` and ``Connection.start_call``), calls in
+their turn admitted by the actor's receive loop with no task per call
+(``handle_actor_call``'s ``Deferred``), the caller's floor kept in O(1),
+and the actor's per-caller queue found through lazy heaps.
 
 What must hold whatever path a call takes: calls from one caller run in call
 order, each exactly once; a broken connection falls back to the retrying path;
@@ -40,6 +42,9 @@ class Recorder:
     def pid(self):
         import os
         return os.getpid()
+
+    def fail(self, message):
+        raise ValueError(message)
 
 
 def _submitter_statistics():
@@ -129,6 +134,37 @@ def test_a_call_to_a_dead_actor_fails_on_the_fast_path_too(one_node):
 
 
 # ------------------------------------------------------------ the bookkeeping
+
+def test_calls_in_their_turn_take_no_task_of_their_own(monkeypatch):
+    # A call whose turn it is goes from the actor's receive loop straight to
+    # its executor, which replies; a task per call waited to reply before.
+    # A concurrent actor's calls still take one; results and errors are
+    # what they were.
+    from tray.core import rpc
+
+    tasks = []
+    run_soon = rpc.Deferred.run_soon
+
+    def counted(self, async_fn, *args):
+        tasks.append(async_fn.__name__)
+        run_soon(self, async_fn, *args)
+
+    monkeypatch.setattr(rpc.Deferred, "run_soon", counted)
+    tray.init(backend="sim", seed=5, num_cpus=2)
+    try:
+        recorder = Recorder.remote()
+        assert tray.get(recorder.record.remote(0)) == 0
+        assert tray.get([recorder.record.remote(i) for i in range(1, 40)]) == list(range(1, 40))
+        assert tray.get(recorder.log.remote()) == list(range(40))
+        with pytest.raises(ValueError, match="refused"):
+            tray.get(recorder.fail.remote("refused"))
+        assert tasks == []
+        concurrent = Recorder.options(max_concurrency=4).remote()
+        assert sorted(tray.get([concurrent.record.remote(i) for i in range(4)])) == [0, 1, 2, 3]
+        assert tasks == ["_call_in_task"] * 4
+    finally:
+        tray.shutdown()
+
 
 def test_the_callers_floor_is_its_lowest_unfinished_call():
     state = ActorState("a" * 32)

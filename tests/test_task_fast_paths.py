@@ -116,49 +116,6 @@ def test_a_sync_loop_keeps_one_reaper_that_never_wakes_while_the_lease_is_used(m
         tray.shutdown()
 
 
-def test_a_plain_actor_s_calls_in_turn_take_no_task_of_their_own(monkeypatch):
-    # A call whose turn it is goes from the actor's receive loop straight to
-    # its executor, which replies; a task per call waited to reply before.
-    # Calls of a concurrent actor still take one, and results, order and
-    # errors are what they were.
-    from tray.core import rpc
-
-    tasks = []
-    run_soon = rpc.Deferred.run_soon
-
-    def counted(self, async_fn, *args):
-        tasks.append(async_fn.__name__)
-        run_soon(self, async_fn, *args)
-
-    monkeypatch.setattr(rpc.Deferred, "run_soon", counted)
-
-    @tray.remote
-    class Log:
-        def __init__(self):
-            self.items = []
-
-        def add(self, x):
-            self.items.append(x)
-            return len(self.items)
-
-        def fail(self):
-            raise ValueError("refused")
-
-    tray.init(backend="sim", seed=5, num_cpus=2)
-    try:
-        log = Log.remote()
-        assert tray.get(log.add.remote(0)) == 1
-        assert tray.get([log.add.remote(i) for i in range(1, 40)]) == list(range(2, 41))
-        with pytest.raises(ValueError, match="refused"):
-            tray.get(log.fail.remote())
-        assert tasks == []
-        concurrent = Log.options(max_concurrency=4).remote()
-        assert sorted(tray.get([concurrent.add.remote(i) for i in range(4)])) == [1, 2, 3, 4]
-        assert tasks == ["_call_in_task"] * 4
-    finally:
-        tray.shutdown()
-
-
 def test_workers_return_their_idle_leases_at_once():
     """A task's children are a fan-out that ends with it: their leases go
     back as soon as the class runs dry, never kept idle in a worker."""
