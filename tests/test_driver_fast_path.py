@@ -249,6 +249,119 @@ def test_get_of_a_ready_object_does_not_wait_for_a_busy_loop(local):
     assert tray.get(late) == "queued while the loop was busy"
 
 
+@tray.remote
+def nap(seconds, x):
+    time.sleep(seconds)
+    return x
+
+
+def _known_to_the_loop(refs) -> None:
+    """Wait until the loop has registered these refs (submissions from the
+    user's thread are queued): until then ``wait`` takes the loop's path."""
+    table = _driver().references.refs
+    wait_for(lambda: all(ref._id in table for ref in refs), "the submissions to be registered")
+
+
+def _no_wait_on_the_loop(monkeypatch) -> None:
+    def refused(*args):
+        raise AssertionError("wait() went through the loop")
+    monkeypatch.setattr(_driver(), "wait_async", refused)
+
+
+def test_wait_for_a_ready_ref_does_not_wait_for_a_busy_loop(local):
+    ready = tray.put("ready")
+    pending = nap.remote(30, "late")
+    assert tray.get(ready) == "ready"
+    _known_to_the_loop([pending])
+    release = threading.Event()
+    _global_state["runtime"].call_soon(lambda: release.wait(THREAD_JOIN_S))
+    try:
+        got: list = []
+        reader = threading.Thread(target=lambda: got.append(tray.wait([pending, ready])))
+        reader.start()
+        reader.join(THREAD_JOIN_S)
+        assert got == [([ready], [pending])]
+    finally:
+        release.set()
+    tray.cancel(pending, force=True)
+
+
+def test_a_wait_that_finds_too_few_ready_sleeps_in_its_thread_until_the_loop_wakes_it(
+        local, monkeypatch):
+    """Refs this driver owns: the user's thread waits on a condition of its
+    own, and the loop wakes it when enough are ready (no ``from_thread``
+    call into the loop, no callback parked on each ref's entry)."""
+    slow = nap.remote(30, "slow")
+    fast = [nap.remote(0.3, i) for i in range(2)]
+    refs = [slow, *fast]
+    _known_to_the_loop(refs)
+    _no_wait_on_the_loop(monkeypatch)
+    ready, rest = tray.wait(refs, num_returns=2, timeout=THREAD_JOIN_S)
+    assert ready == fast and rest == [slow]  # in list order
+    assert tray.get(fast) == [0, 1]
+    assert all(entry.event is None or not entry.event._callbacks
+               for entry in list(_driver().references.refs.values()))
+    wait_for(lambda: not _driver().references.ready_listeners, "the listener to go")
+    # A timeout answers with what is ready then, and takes the listener back.
+    assert tray.wait([slow, *fast], num_returns=3, timeout=0.2) == (fast, [slow])
+    assert tray.wait([slow], timeout=0.2) == ([], [slow])
+    wait_for(lambda: not _driver().references.ready_listeners, "the listener to go")
+    tray.cancel(slow, force=True)
+
+
+def test_a_wait_loop_over_many_refs_in_the_driver_s_thread_returns_each_once(local):
+    refs = [nap.remote(0.001 * (i % 5), i) for i in range(300)]
+    not_ready, seen = refs, []
+    while not_ready:
+        ready, not_ready = tray.wait(not_ready, timeout=THREAD_JOIN_S)
+        assert len(ready) == 1
+        seen.extend(ready)
+    assert sorted(tray.get(seen)) == list(range(300))
+    wait_for(lambda: not _driver().references.ready_listeners, "the listeners to go")
+
+
+def test_a_wait_on_refs_owned_elsewhere_goes_through_the_loop(local, monkeypatch):
+    @tray.remote
+    def make():
+        return [tray.put(i) for i in range(3)]
+
+    inner = tray.get(make.remote())  # owned by the worker that made them
+    waited_on_the_loop: list = []
+    worker = _driver()
+    on_loop = worker.wait_async
+
+    async def spy(*args):
+        waited_on_the_loop.append(len(args[0]))
+        return await on_loop(*args)
+
+    monkeypatch.setattr(worker, "wait_async", spy)
+    ready, rest = tray.wait(inner, num_returns=3, timeout=THREAD_JOIN_S)
+    assert ready == inner and rest == []
+    assert waited_on_the_loop == [3]
+
+
+def test_the_loop_counts_a_wait_again_when_an_object_became_ready_after_the_thread_looked(
+        local):
+    """The thread reads ``ready_generation`` before it looks at the entries;
+    the loop recounts only when an object was made ready since, and
+    otherwise trusts the thread's count."""
+    from tray.core.worker.core_worker import _ThreadWait
+
+    worker = _driver()
+    refs = [tray.put(i) for i in range(3)]
+    _known_to_the_loop(refs)
+    assert tray.get(refs) == [0, 1, 2]
+    generation = worker.references.ready_generation
+    stale = _ThreadWait(_thread_condition(), refs, 2, 0, True, generation - 1)
+    _in_loop(worker, worker._watch_wait_for_thread, stale)
+    assert stale.woken and not stale.gave_up  # recounted: two were ready
+    current = _ThreadWait(_thread_condition(), refs, 2, 0, True, generation)
+    _in_loop(worker, worker._watch_wait_for_thread, current)
+    assert not current.woken  # the thread's count (none ready) is taken as is
+    assert current in worker.references.ready_listeners
+    _in_loop(worker, worker.references.ready_listeners.pop, current)
+
+
 # ------------------------------------------------------------- the inbox
 
 class _ManualLoop:

@@ -897,7 +897,7 @@ def wait(object_refs, *, num_returns: int = 1, timeout: float | None = None,
                             f"{type(ref).__name__}: {ref!r}")
     if not object_refs:
         return [], []
-    if len({ref._id for ref in object_refs}) != len(object_refs):  # (ids hash in one call)
+    if len({ref._id._binary for ref in object_refs}) != len(object_refs):  # (bytes hash in C)
         raise ValueError("wait() requires a list of unique ObjectRefs")
     if isinstance(num_returns, bool) or not isinstance(num_returns, int) or num_returns <= 0:
         raise ValueError(f"num_returns must be a positive integer, got {num_returns!r}")
@@ -905,6 +905,12 @@ def wait(object_refs, *, num_returns: int = 1, timeout: float | None = None,
         raise ValueError(f"num_returns ({num_returns}) cannot exceed the number of refs "
                          f"({len(object_refs)})")
     _check_timeout(timeout)
+    if worker.queues_from_thread():
+        # Objects this driver owns: answered in this thread, waiting (when
+        # needed) on a condition the loop notifies (CoreWorker.wait_from_thread).
+        answer = worker.wait_from_thread(object_refs, num_returns, timeout, bool(fetch_local))
+        if answer is not None:
+            return answer
     return _block(worker, worker.wait_async, list(object_refs), num_returns, timeout,
                   bool(fetch_local))
 

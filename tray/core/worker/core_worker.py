@@ -59,7 +59,7 @@ from .function_table import FunctionTable
 from .gcs_client import GcsClient
 from .loop_bridge import LoopBridge
 from .normal_task_submitter import LEASE_IDLE_KEEP_S, NormalTaskSubmitter, SubmitterStatistics
-from .object_getter import ObjectGetter, ReadyEvent
+from .object_getter import ObjectGetter, ReadyEvent, split_at
 from .object_recovery import ObjectRecoveryManager
 from .outbox import Outbox
 from .reference_counter import ReferenceCounter, ReferenceStatistics, actor_handle_id
@@ -105,8 +105,7 @@ class CoreWorkerStatistics:
 class _ThreadGet:
     """A user's thread waiting in ``get`` for objects this process owns
     (``CoreWorker.get_from_thread``). The loop sets ``woken`` under the
-    condition; ``watched`` (the entries' callbacks) and ``pending`` are the
-    loop's alone."""
+    condition; ``watched`` and ``pending`` are the loop's alone."""
 
     __slots__ = ("condition", "refs", "woken", "gave_up", "pending", "watched")
 
@@ -128,6 +127,23 @@ class _ThreadGet:
             self.gave_up = gave_up
             self.woken = True
             self.condition.notify_all()
+
+
+class _ThreadWait(_ThreadGet):
+    """A user's thread waiting in ``wait`` (``CoreWorker.wait_from_thread``):
+    woken when ``need`` more of its refs are ready here. ``need`` is the
+    loop's alone once the thread has queued it."""
+
+    __slots__ = ("num_returns", "need", "fetch_local", "generation", "by_id")
+
+    def __init__(self, condition, refs: list, num_returns: int, ready: int,
+                 fetch_local: bool, generation: int) -> None:
+        super().__init__(condition, refs)
+        self.num_returns = num_returns
+        self.need = num_returns - ready  # as the thread counted them
+        self.fetch_local = fetch_local
+        self.generation = generation  # ReferenceCounter.ready_generation when it counted
+        self.by_id = {ref._id._binary: ref for ref in refs}
 
 
 def _captured(context: TaskContext, strategy: Strategy) -> Strategy:
@@ -479,8 +495,8 @@ class CoreWorker:
         return [deserialize(serialized) for serialized in found]
 
     def _watch_for_thread(self, waiter: _ThreadGet) -> None:
-        """On the loop: wake ``waiter`` when its refs are ready, or one failed,
-        or at once when it must take the loop's path."""
+        """On the loop: wake ``waiter`` (a ``get``) when its refs are ready,
+        or one failed, or at once when it must take the loop's path."""
         table = self.references.refs
         for ref in waiter.refs:
             entry = table.get(ref._id)
@@ -506,6 +522,121 @@ class CoreWorker:
         waiter.pending -= 1
         if waiter.pending == 0 or (entry.inline is not None and
                                    entry.inline.kind == KIND_ERROR):
+            waiter.wake()
+
+    def wait_from_thread(self, refs: list, num_returns: int, timeout: float | None,
+                         fetch_local: bool):
+        """``wait`` from a user's thread (``queues_from_thread``) over objects
+        this process owns: (ready, not_ready), or None when ``wait`` must go
+        through the loop (``wait_async``): a ref owned elsewhere, or, before
+        any waiting, a ready object to fetch from another node.
+
+        Ray's loop of one ``wait`` per result over a shrinking list finds its
+        first ref ready most of the time: that answer is read here, with no
+        thread crossing. Otherwise the thread waits on a condition of its
+        own, as ``get_from_thread`` does, which the loop notifies once
+        ``num_returns`` are ready here (``_watch_wait_for_thread``). On
+        timeout it answers with what is ready here then, as the loop's
+        ``wait`` does."""
+        if self.env.thread_condition is None:
+            return None
+        generation = self.references.ready_generation  # read before the entries
+        positions, remote = self._ready_for_thread(refs, num_returns, fetch_local)
+        if positions is None:
+            return None
+        if len(positions) < num_returns and timeout != 0:
+            if remote:
+                return None  # the loop's wait fetches it
+            waiter = _ThreadWait(self.env.thread_condition(), refs, num_returns,
+                                 len(positions), fetch_local, generation)
+            self.inbox.put(self._watch_wait_for_thread, waiter)
+            try:
+                with waiter.condition:
+                    woken = waiter.condition.wait_for(waiter.is_woken, timeout)
+            finally:
+                if not waiter.is_woken():
+                    self.inbox.put_quietly(self.references.ready_listeners.pop, waiter, None)
+            if waiter.gave_up:
+                return None
+            positions, _remote = self._ready_for_thread(refs, num_returns, fetch_local)
+            if positions is None or (woken and len(positions) < num_returns):
+                return None  # (not expected: what was counted is ready here)
+        return split_at(refs, positions)
+
+    def _ready_for_thread(self, refs: list, num_returns: int,
+                          fetch_local: bool) -> tuple[list | None, bool]:
+        """(the positions of the first ``num_returns`` refs ready here, is a
+        ready one not here), in any thread: None positions when a ref is not
+        owned here. It reads entries and this node's store only
+        (``ObjectGetter.ready_here``, inlined: this runs once per ref of a
+        ``wait`` that finds too few ready)."""
+        table = self.references.refs
+        contains = self.env.object_store.contains
+        positions: list = []
+        remote = False
+        for i, ref in enumerate(refs):
+            entry = table.get(ref._id)
+            if entry is None or not entry.owned:
+                return None, False
+            if entry.ready:
+                if entry.inline is None and fetch_local and not contains(ref._id._binary):
+                    remote = True
+                    continue
+                positions.append(i)
+                if len(positions) >= num_returns:
+                    break
+        return positions, remote
+
+    def _watch_wait_for_thread(self, waiter: _ThreadWait) -> None:
+        """On the loop: hear of each object made ready (``ready_listeners``)
+        until ``waiter.need`` of its refs are ready here, then wake it. The
+        refs are counted again here only when an object became ready since
+        the thread counted them (``ready_generation``): no callback per ref
+        per call, which cost O(refs) of the loop's time at each of the ~470
+        of the bench's 1,000 waits a round that find no ref ready."""
+        references = self.references
+        if references.ready_generation != waiter.generation:
+            positions, remote = self._ready_for_thread(waiter.refs, waiter.num_returns,
+                                                       waiter.fetch_local)
+            if positions is None or remote:
+                waiter.wake(gave_up=True)  # as wait_from_thread would have
+                return
+            waiter.need = waiter.num_returns - len(positions)
+            if waiter.need <= 0:
+                waiter.wake()
+                return
+        references.ready_listeners[waiter] = functools.partial(self._thread_wait_ref_ready,
+                                                               waiter)
+
+    def _thread_wait_ref_ready(self, waiter: _ThreadWait, object_id: ObjectID, entry) -> None:
+        ref = waiter.by_id.get(object_id._binary)
+        if ref is None:
+            return
+        if entry.inline is None and waiter.fetch_local and \
+                not self.env.object_store.contains(object_id._binary):
+            self.endpoint.nursery.start_soon(self._fetch_for_thread, waiter, ref)
+            return
+        self._count_for_thread(waiter)
+
+    async def _fetch_for_thread(self, waiter: _ThreadWait, ref: ObjectRef) -> None:
+        """A ref of a thread's ``wait`` made ready with its copies on other
+        nodes: pulled here, then counted (``fetch_local``, as the loop's
+        ``wait`` does). A failed fetch sends the thread to the loop's path,
+        which says what went wrong."""
+        if waiter.woken:
+            return
+        try:
+            await self.getter.fetch(ref._id, ref._owner)
+        except Exception:
+            self.references.ready_listeners.pop(waiter, None)
+            waiter.wake(gave_up=True)
+            return
+        self._count_for_thread(waiter)
+
+    def _count_for_thread(self, waiter: _ThreadWait) -> None:
+        waiter.need -= 1
+        if waiter.need <= 0:
+            self.references.ready_listeners.pop(waiter, None)
             waiter.wake()
 
     @staticmethod

@@ -122,7 +122,7 @@ class ObjectGetter:
     def ready_here(self, ref: ObjectRef, local: bool = True) -> bool:
         """Is ``ref`` an object this process owns, ready (and, if ``local``,
         in this node's store or in memory)? No waiting needed then."""
-        entry = self._references.refs.get(ref.object_id())
+        entry = self._references.refs.get(ref._id)
         return entry is not None and entry.owned and entry.ready and (
             entry.inline is not None or not local or self._store.contains(ref.binary()))
 
@@ -177,18 +177,18 @@ class ObjectGetter:
         order, as ``wait`` returns them. None when waiting is needed.
 
         It only reads entries (an owned entry, once ready, stays ready while
-        a ref to it exists), so any thread may call it: Ray's loop of one
-        ``wait`` per result finds its first ref ready most of the time, and
-        then needs neither the loop nor the CPU lending messages."""
-        ready: dict = {}
-        for ref in refs:
-            if self.ready_here(ref, fetch_local):
-                ready[ref._id] = ref
-                if len(ready) >= num_returns:
-                    break
-        if len(ready) < num_returns:
-            return None
-        return list(ready.values()), [ref for ref in refs if ref._id not in ready]
+        a ref to it exists): Ray's loop of one ``wait`` per result finds its
+        first ref ready most of the time, and then needs no CPU lending
+        messages. (A driver's thread reads the same in
+        ``CoreWorker.wait_from_thread``, without entering the loop.)"""
+        positions = []
+        ready_here = self.ready_here
+        for i, ref in enumerate(refs):
+            if ready_here(ref, fetch_local):
+                positions.append(i)
+                if len(positions) >= num_returns:
+                    return split_at(refs, positions)
+        return None
 
     async def wait(self, refs: list, num_returns: int, timeout: float | None,
                    fetch_local: bool) -> tuple[list, list]:
@@ -265,9 +265,19 @@ class ObjectGetter:
                     for event, key in watched:
                         event.remove_callback(key)
                 nursery.cancel_scope.cancel()
-        done = [ref for ref in refs if ref.object_id() in ready][:num_returns]
-        chosen = {ref.object_id() for ref in done}
-        return done, [ref for ref in refs if ref.object_id() not in chosen]
+        return split_at(refs, [i for i, ref in enumerate(refs) if ref._id in ready][:num_returns])
+
+
+def split_at(refs: list, positions: list[int]) -> tuple[list, list]:
+    """(the refs at ``positions``, the others), each in list order:
+    ``positions`` ascending. The others are slices, not a test per ref."""
+    rest: list = []
+    start = 0
+    for i in positions:
+        rest += refs[start:i]
+        start = i + 1
+    rest += refs[start:]
+    return [refs[i] for i in positions], rest
 
 
 class ReadyEvent:

@@ -145,6 +145,14 @@ class ReferenceCounter:
         # node's whole set): a node's death costs the objects it held, not a
         # scan of every ref held.
         self._on_node: dict[str, set[ObjectID]] = {}
+        # Counts every owned object made ready; any thread may read it (a
+        # driver thread's ``wait`` reads it before looking at entries, and
+        # the loop tells from it whether one became ready since).
+        self.ready_generation = 0
+        # key -> callback(object_id, entry), called for every owned object
+        # made ready: one per user thread blocked in ``wait``
+        # (``CoreWorker.wait_from_thread``), so bounded by the user's threads.
+        self.ready_listeners: dict = {}
 
     def statistics(self) -> ReferenceStatistics:
         entries = sorted(self.refs.items(), key=lambda kv: kv[0].hex())
@@ -353,14 +361,18 @@ class ReferenceCounter:
             self._store.put(object_id.binary(), serialized.data, serialized.buffers,
                             owner=self.address)
             self.set_locations(object_id, entry, ((self._node_id, self._node_manager_address),))
-        self.mark_ready(entry)
+        self.mark_ready(object_id, entry)
 
-    @staticmethod
-    def mark_ready(entry: RefEntry) -> None:
+    def mark_ready(self, object_id: ObjectID, entry: RefEntry) -> None:
+        """An owned object's value (or error) is in: its waiters run."""
         entry.ready = True
+        self.ready_generation += 1
         if entry.event is not None:
             entry.event.set()
             entry.event = None
+        if self.ready_listeners:
+            for listener in tuple(self.ready_listeners.values()):
+                listener(object_id, entry)
 
     def handle_add_location(self, conn, object_id: bytes, node_id: str, manager: str) -> None:
         entry = self.refs.get(ObjectID(object_id))

@@ -282,7 +282,7 @@ class TaskManager:
                 references.adopt_contained(entry, result.value.contained)
             else:
                 entry.inline = result.error
-            references.mark_ready(entry)
+            references.mark_ready(oid, entry)
             references.maybe_release(oid, entry)
         released = task.arg_refs
         if spec.actor_id is not None and task.state == FAILED and \
