@@ -8,6 +8,7 @@ free), user errors still raise at the call, and order holds across threads."""
 from __future__ import annotations
 
 import gc
+import sys
 import threading
 import time
 
@@ -430,6 +431,46 @@ def test_inbox_one_failing_operation_does_not_stop_the_rest():
     inbox.put(done.append, 2)
     loop.run()
     assert done == [1, 2]
+
+
+def test_inbox_threads_appending_while_the_loop_drains_lose_nothing():
+    """Appends take no lock (``ThreadInbox.put``): operations queued while
+    a drain is stopping are run by it or by the drain they schedule, each
+    once, in each thread's order."""
+    import queue
+
+    callbacks: queue.Queue = queue.Queue()
+
+    def loop() -> None:  # the loop's thread: runs what call_soon handed it
+        while (fn := callbacks.get()) is not None:
+            fn()
+
+    inbox = ThreadInbox(None, callbacks.put, max_queued=500, condition=_thread_condition())
+    runner = threading.Thread(target=loop)
+    runner.start()
+    seen: dict = {k: [] for k in range(4)}
+    per_thread = 20_000
+
+    def produce(k: int) -> None:
+        for i in range(per_thread):
+            inbox.put(seen[k].append, i)
+
+    producers = [threading.Thread(target=produce, args=(k,)) for k in range(4)]
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # threads switch often: the races get their chance
+    try:
+        for thread in producers:
+            thread.start()
+        for thread in producers:
+            thread.join(THREAD_JOIN_S)
+    finally:
+        sys.setswitchinterval(interval)
+    wait_for(lambda: sum(map(len, seen.values())) == 4 * per_thread,
+             "every queued operation to run")
+    callbacks.put(None)
+    runner.join(THREAD_JOIN_S)
+    assert all(seen[k] == list(range(per_thread)) for k in range(4))
+    assert len(inbox) == 0 and inbox.statistics().ops == 4 * per_thread
 
 
 def test_inbox_put_after_the_loop_ended_raises():

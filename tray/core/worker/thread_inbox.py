@@ -86,15 +86,21 @@ class ThreadInbox:
     def put(self, fn: Callable, *args) -> None:
         """Run ``fn(*args)`` on the loop, after everything queued before it;
         returns at once. Raises if the loop has ended, or (after waiting
-        ``stall_timeout_s``) if the queue stays full."""
+        ``stall_timeout_s``) if the queue stays full.
+
+        The operation is appended without the lock (a deque's append and
+        ``popleft`` are atomic): the lock is taken only to wake the loop,
+        when no drain is scheduled, and to wait for room. A list of 10,000
+        refs dropped at once is 10,000 count-downs; taking the lock for
+        each was a third of the dropping thread's time."""
+        ops = self._ops
+        if len(ops) >= self._max_queued:
+            self._wait_for_room()
+        op = (fn, args)
+        ops.append(op)
+        if self._scheduled:
+            return  # the drain runs it: it re-checks the queue after it stops (_drain)
         with self._lock:
-            if len(self._ops) >= self._max_queued:
-                if not self._taken.wait_for(lambda: len(self._ops) < self._max_queued,
-                                            self._stall_timeout_s):
-                    raise TrayError(
-                        f"the driver's event loop took none of the {len(self._ops)} queued "
-                        f"submissions in {self._stall_timeout_s} s; it is stuck or gone")
-            self._ops.append((fn, args))
             if self._scheduled:
                 return
             self._scheduled = True
@@ -102,8 +108,19 @@ class ThreadInbox:
                 self._call_soon(self._drain)
             except BaseException:
                 self._scheduled = False
-                self._ops.pop()
+                try:
+                    ops.remove(op)  # nothing will run it (an equal one is as good)
+                except ValueError:
+                    pass
                 raise
+
+    def _wait_for_room(self) -> None:
+        with self._lock:
+            if not self._taken.wait_for(lambda: len(self._ops) < self._max_queued,
+                                        self._stall_timeout_s):
+                raise TrayError(
+                    f"the driver's event loop took none of the {len(self._ops)} queued "
+                    f"submissions in {self._stall_timeout_s} s; it is stuck or gone")
 
     def put_quietly(self, fn: Callable, *args) -> None:
         """``put``, for work that has nothing to do once the loop has ended
@@ -114,23 +131,30 @@ class ThreadInbox:
             pass
 
     def _drain(self) -> None:
-        """On the loop: run every queued operation, in order, then stop."""
+        """On the loop: run every queued operation, in order, then stop.
+
+        It says it stopped (``_scheduled``) before it looks at the queue a
+        last time, under the lock: a thread that appended after that look
+        sees it stopped and wakes the loop again; one that appended before
+        it is run here."""
         self._batches += 1
         token = current_worker.set(self._worker)
+        ops = self._ops
         try:
             while True:
-                with self._lock:
-                    if not self._ops:
-                        self._scheduled = False
-                        return
-                    batch, self._ops = self._ops, collections.deque()
-                    self._taken.notify_all()
-                for fn, args in batch:
+                while ops:
+                    fn, args = ops.popleft()
                     self._ops_run += 1
                     try:
                         fn(*args)
                     except Exception:  # noqa: BLE001 - one operation's bug must not end the loop
                         logger.exception("tray: an operation queued from a user thread failed")
+                with self._lock:
+                    self._taken.notify_all()  # room for threads waiting in put
+                    self._scheduled = False
+                    if not ops:
+                        return
+                    self._scheduled = True
         finally:
             current_worker.reset(token)
 
