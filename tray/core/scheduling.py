@@ -24,6 +24,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
+from .serialization import pickled_by_fields
+
 EPSILON = 1e-9
 
 
@@ -57,6 +59,7 @@ class NodeView:
     alive: bool = True
 
 
+@pickled_by_fields
 @dataclass(frozen=True)
 class Strategy:
     kind: str = "DEFAULT"  # DEFAULT | SPREAD | NODE_AFFINITY | PLACEMENT_GROUP

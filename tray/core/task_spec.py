@@ -39,6 +39,7 @@ class ArgByRef:
 TaskArg = ArgByValue | ArgByRef
 
 
+@pickled_by_fields
 @dataclass
 class TaskSpec:
     task_id: bytes
