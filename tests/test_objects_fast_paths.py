@@ -4,6 +4,8 @@ that writes chunks straight into the destination's store entry."""
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 import trio
@@ -237,3 +239,77 @@ def test_wait_right_after_put_sees_the_put(cluster):
         ref = tray.put(i)
         assert tray.wait([ref], num_returns=1, timeout=0) == ([ref], [])
         assert tray.get(ref, timeout=0) == i
+
+
+# ------------------------------------------------------------ get of many refs
+
+@tray.remote
+def fails(message):
+    raise ValueError(message)
+
+
+@tray.remote
+def gets_all(refs_box):
+    """Get a list in a task: the worker's loop path (ObjectGetter._get)."""
+    try:
+        return tray.get(refs_box[0])
+    except ValueError as error:
+        return f"raised {str(error).splitlines()[-1]}"  # (the task's traceback above it)
+
+
+def test_get_of_owned_inline_results_takes_no_fetch_per_ref(monkeypatch):
+    """Results this process owns, small enough to be inline, are read from
+    their entries (at once, or by a callback when made ready): only the
+    stored value and the borrowed ref go through ``fetch``."""
+    from tray.core.worker.object_getter import ObjectGetter
+
+    tray.init(backend="sim", seed=3, num_nodes=1, num_cpus=2)
+    try:
+        fetched: list = []
+        original = ObjectGetter.fetch
+
+        async def counting(self, object_id, owner):
+            fetched.append(object_id)
+            return await original(self, object_id, owner)
+
+        @tray.remote
+        def big():
+            return np.arange(100_000, dtype=np.int64)  # stored, not inline
+
+        @tray.remote
+        def inner():
+            return [tray.put("borrowed")]
+
+        [borrowed] = tray.get(inner.remote())
+        done = tray.put("done")
+        refs = [sleepy.remote(0.01 * (i % 3), i) for i in range(40)]
+        stored = big.remote()
+        monkeypatch.setattr(ObjectGetter, "fetch", counting)
+        values = tray.get([done, *refs, stored, borrowed])
+        assert values[0] == "done" and values[1:41] == list(range(40))
+        assert int(values[41].sum()) == 100_000 * 99_999 // 2 and values[42] == "borrowed"
+        assert sorted(fetched) == sorted([stored.object_id(), borrowed.object_id()])
+        assert _pending_callbacks() == 0
+    finally:
+        tray.shutdown()
+
+
+def test_get_of_many_raises_the_first_failed_in_list_order(one_node):
+    """In the driver and in a task: once several have failed, the first in
+    list order is what ``get`` raises, whatever order they failed in."""
+    late = fails.options(max_retries=0).remote("late but first")
+    early = fails.options(max_retries=0).remote("early")
+    for ref in (early, late):
+        with pytest.raises(ValueError):
+            tray.get(ref)
+    refs = [tray.put(0), late, sleepy.remote(0.05, 1), early]
+    with pytest.raises(ValueError, match="late but first"):
+        tray.get(refs)
+    assert tray.get(gets_all.remote([refs])) == "raised ValueError: late but first"
+    # One failing while the others are pending fails the get at once.
+    slow = sleepy.remote(30, "slow")
+    started = time.monotonic()
+    assert tray.get(gets_all.remote([[slow, fails.options(max_retries=0).remote("now")]])) \
+        == "raised ValueError: now"
+    assert time.monotonic() - started < 25  # a bound on a hang, not a speed goal
+    tray.cancel(slow, force=True)

@@ -140,22 +140,13 @@ class ObjectGetter:
         once (as Ray: ``get([a, b])`` raises a's error without waiting for
         b); when several have failed by then, the first in list order wins."""
         values: list = [None] * len(refs)
-        failed = False
         with trio.move_on_after(timeout if timeout is not None else float("inf")) as scope:
-
-            async def fetch(i: int, ref: ObjectRef, nursery: trio.Nursery) -> None:
-                nonlocal failed
-                values[i] = await self.fetch(ref.object_id(), ref._owner)
-                if values[i].kind == KIND_ERROR:
-                    failed = True
-                    nursery.cancel_scope.cancel()  # fail fast: stop waiting for the rest
-
             if len(refs) == 1:
                 values[0] = await self.fetch(refs[0].object_id(), refs[0]._owner)
             else:
-                async with trio.open_nursery() as nursery:
-                    for i, ref in enumerate(refs):
-                        nursery.start_soon(fetch, i, ref, nursery)
+                await self._fetch_many(refs, values)
+        failed = any(serialized is not None and serialized.kind == KIND_ERROR
+                     for serialized in values)
         if scope.cancelled_caught and not failed:
             raise exceptions.GetTimeoutError(
                 f"get() timed out after {timeout} s waiting for {len(refs)} object(s)")
@@ -168,6 +159,65 @@ class ObjectGetter:
                 raise value
             results.append(value)
         return results[0] if single else results
+
+    async def _fetch_many(self, refs: list, values: list) -> None:
+        """Fill ``values`` with the serialized values of ``refs``, or stop at
+        the first error (the others may be left None then).
+
+        An object this process owns needs no task when its value is inline:
+        read at once when ready, else taken by a callback on its entry's
+        ``ReadyEvent`` when it is made ready. A task per ref (``fetch``) is
+        left for the others: values in a store, refs owned elsewhere. A task
+        per ref was ~10% of the CPU of an actor that gets 1,000 results of
+        its calls to another."""
+        table = self._references.refs
+        left = len(refs)  # (nothing below runs before the loop has seen every ref)
+        failed = False
+        done = trio.Event()
+        watched: list = []  # (ReadyEvent, callback key) to take back at the end
+        async with trio.open_nursery() as nursery:
+
+            def settle(i: int, serialized: SerializedObject) -> None:
+                nonlocal left, failed
+                values[i] = serialized
+                left -= 1
+                if serialized.kind == KIND_ERROR:
+                    failed = True
+                    nursery.cancel_scope.cancel()  # fail fast: stop waiting for the rest
+                elif left == 0:
+                    done.set()
+
+            async def fetch(i: int, ref: ObjectRef) -> None:
+                settle(i, await self.fetch(ref._id, ref._owner))
+
+            def made_ready(i: int, ref: ObjectRef, entry) -> None:
+                # Called by ReadyEvent.set(), in the task that made it ready;
+                # the nursery is still open (callbacks go before it closes).
+                if entry.inline is not None:
+                    settle(i, entry.inline)
+                else:
+                    nursery.start_soon(fetch, i, ref)  # stored: read or pulled
+
+            try:
+                for i, ref in enumerate(refs):
+                    entry = table.get(ref._id)
+                    if entry is None or not entry.owned or (entry.ready and entry.inline is None):
+                        nursery.start_soon(fetch, i, ref)
+                    elif entry.ready:
+                        settle(i, entry.inline)
+                        if failed:
+                            break
+                    else:
+                        event = entry.event
+                        if event is None:
+                            event = entry.event = ReadyEvent()
+                        watched.append((event, event.add_callback(
+                            functools.partial(made_ready, i, ref, entry))))
+                if not failed:
+                    await done.wait()
+            finally:
+                for event, key in watched:
+                    event.remove_callback(key)
 
     def wait_ready_now(self, refs: list, num_returns: int,
                        fetch_local: bool) -> tuple[list, list] | None:
