@@ -20,9 +20,11 @@ counted up, and a crossing that waits (``trio.from_thread.run``, a
 every submission made before it.
 
 The queue is bounded: a thread that finds ``max_queued`` operations
-waiting blocks until the loop takes the batch (backpressure, not an error:
-the loop is alive and busy); only if the loop takes nothing for
-``stall_timeout_s`` does the call fail, with a message saying so."""
+waiting blocks until the loop has run them (backpressure, not an error: the
+loop is alive and busy); only if the loop runs none for ``stall_timeout_s``
+does the call fail, with a message saying so. (Threads that find room at
+the same moment may each add one past the bound: it is a bound per thread
+count, not an exact one, as appending takes no lock.)"""
 
 from __future__ import annotations
 
