@@ -231,22 +231,30 @@ def test_ref_dropped_in_another_thread_after_submission(local):
     wait_for(lambda: (_settle(), _driver_objects() == 0)[1], "the handed-over refs to be freed")
 
 
+def _while_the_loop_is_held(read, then=lambda: None):
+    """[what ``read()`` returned in another thread] while the driver's loop
+    is held (only a call that does not enter it returns), and ``then()``'s
+    result, called before the loop is let go."""
+    release = threading.Event()
+    _global_state["runtime"].call_soon(lambda: release.wait(THREAD_JOIN_S))
+    try:
+        got: list = []
+        reader = threading.Thread(target=lambda: got.append(read()))
+        reader.start()
+        reader.join(THREAD_JOIN_S)
+        return got, then()
+    finally:
+        release.set()
+
+
 def test_get_of_a_ready_object_does_not_wait_for_a_busy_loop(local):
     ref = tray.put("ready")
     result_ref = echo.remote("done")
     assert tray.get([ref, result_ref]) == ["ready", "done"]
-    release = threading.Event()
-    # Hold the driver's loop: only a read that does not enter it returns.
-    _global_state["runtime"].call_soon(lambda: release.wait(THREAD_JOIN_S))
-    try:
-        got: list = []
-        reader = threading.Thread(target=lambda: got.append(tray.get([ref, result_ref])))
-        reader.start()
-        reader.join(THREAD_JOIN_S)
-        assert got == [["ready", "done"]]
-        late = echo.remote("queued while the loop was busy")  # queued, not waited for
-    finally:
-        release.set()
+    got, late = _while_the_loop_is_held(
+        lambda: tray.get([ref, result_ref]),
+        then=lambda: echo.remote("queued while the loop was busy"))  # queued, not waited for
+    assert got == [["ready", "done"]]
     assert tray.get(late) == "queued while the loop was busy"
 
 
@@ -274,16 +282,8 @@ def test_wait_for_a_ready_ref_does_not_wait_for_a_busy_loop(local):
     pending = nap.remote(30, "late")
     assert tray.get(ready) == "ready"
     _known_to_the_loop([pending])
-    release = threading.Event()
-    _global_state["runtime"].call_soon(lambda: release.wait(THREAD_JOIN_S))
-    try:
-        got: list = []
-        reader = threading.Thread(target=lambda: got.append(tray.wait([pending, ready])))
-        reader.start()
-        reader.join(THREAD_JOIN_S)
-        assert got == [([ready], [pending])]
-    finally:
-        release.set()
+    got, _ = _while_the_loop_is_held(lambda: tray.wait([pending, ready]))
+    assert got == [([ready], [pending])]
     tray.cancel(pending, force=True)
 
 
