@@ -40,6 +40,9 @@ logger = logging.getLogger("tray.worker")
 
 MAX_QUEUED_OPS = 20_000
 STALL_TIMEOUT_S = 60.0
+# A draining loop tells threads waiting for room that there is some at
+# least this often (and whenever the queue is empty).
+ROOM_NOTICE_OPS = 1_000
 
 
 @dataclass(frozen=True)
@@ -151,6 +154,9 @@ class ThreadInbox:
                         fn(*args)
                     except Exception:  # noqa: BLE001 - one operation's bug must not end the loop
                         logger.exception("tray: an operation queued from a user thread failed")
+                    if not self._ops_run % ROOM_NOTICE_OPS:
+                        with self._lock:  # (threads may keep it from emptying: room now)
+                            self._taken.notify_all()
                 with self._lock:
                     self._taken.notify_all()  # room for threads waiting in put
                     self._scheduled = False
