@@ -363,6 +363,36 @@ def test_the_loop_counts_a_wait_again_when_an_object_became_ready_after_the_thre
     _in_loop(worker, worker.references.ready_listeners.pop, current)
 
 
+def test_threads_waiting_in_get_or_wait_raise_when_tray_shuts_down():
+    """A user's thread asleep in get or wait (on its own condition) is woken
+    by tray.shutdown() from another thread, and raises: it does not wait
+    for a loop that is gone (it hung before)."""
+    tray.init(backend="local", num_cpus=2, include_dashboard=False)
+    try:
+        pending = nap.remote(30, "never")
+        _known_to_the_loop([pending])
+        outcomes: list = []
+
+        def blocked(call) -> None:
+            try:
+                call()
+                outcomes.append("returned")
+            except tex.TrayError as error:
+                outcomes.append(str(error))
+
+        threads = [threading.Thread(target=blocked, args=(lambda: tray.get(pending),)),
+                   threading.Thread(target=blocked, args=(lambda: tray.wait([pending]),))]
+        for thread in threads:
+            thread.start()
+        wait_for(lambda: len(_driver()._thread_waiters) == 2, "both threads to be asleep")
+    finally:
+        tray.shutdown()
+    for thread in threads:
+        thread.join(THREAD_JOIN_S)
+    assert outcomes == ["tray.shutdown() was called while this thread was waiting for "
+                        "objects"] * 2
+
+
 # ------------------------------------------------------------- the inbox
 
 class _ManualLoop:

@@ -107,13 +107,14 @@ class _ThreadGet:
     (``CoreWorker.get_from_thread``). The loop sets ``woken`` under the
     condition; ``watched`` and ``pending`` are the loop's alone."""
 
-    __slots__ = ("condition", "refs", "woken", "gave_up", "pending", "watched")
+    __slots__ = ("condition", "refs", "woken", "gave_up", "ended", "pending", "watched")
 
     def __init__(self, condition, refs: list) -> None:
         self.condition = condition
         self.refs = refs
         self.woken = False
         self.gave_up = False  # get must take the loop's path
+        self.ended = False  # tray.shutdown() ended the loop meanwhile
         self.pending = 0  # refs not ready yet
         self.watched: list = []  # (ReadyEvent, callback key)
 
@@ -125,6 +126,13 @@ class _ThreadGet:
             if self.woken:
                 return
             self.gave_up = gave_up
+            self.woken = True
+            self.condition.notify_all()
+
+    def end(self) -> None:
+        """The loop is ending (``CoreWorker.begin_shutdown``, from any thread)."""
+        with self.condition:
+            self.ended = True
             self.woken = True
             self.condition.notify_all()
 
@@ -190,6 +198,10 @@ class CoreWorker:
         self._queued_calls: collections.deque = collections.deque()  # (task, actor) to start
         self._sending_calls = False  # _send_queued_calls runs
         self._ids_lock = make_condition()  # (used as a lock)
+        # The user's threads asleep in get or wait (_sleep_in_thread), woken
+        # at shutdown; one entry per thread, so bounded by the user's threads.
+        self._thread_waiters: set = set()
+        self._ending = False
         self.gcs = gcs = GcsClient(endpoint, env.gcs_address, config)
         self.functions = functions = FunctionTable(gcs)
         self.references = references = ReferenceCounter(
@@ -279,8 +291,13 @@ class CoreWorker:
                     return
 
     def begin_shutdown(self) -> None:
-        """The process is ending: queue no more background sends."""
+        """The process is ending: queue no more background sends, and wake
+        the user's threads waiting in ``get`` or ``wait`` (``_sleep_in_thread``),
+        which then raise instead of waiting for a loop that is gone."""
         self.outbox.shutting_down = True
+        self._ending = True
+        for waiter in list(self._thread_waiters):
+            waiter.end()
 
     async def gcs_call(self, method: str, *args):
         return await self.gcs.call(method, *args)
@@ -454,21 +471,42 @@ class CoreWorker:
             if ref._owner != address:
                 return None
         waiter = _ThreadGet(self.env.thread_condition(), refs)
-        self.inbox.put(self._watch_for_thread, waiter)
-        try:
-            with waiter.condition:
-                if not waiter.condition.wait_for(waiter.is_woken, timeout):
-                    raise exceptions.GetTimeoutError(
-                        f"get() timed out after {timeout} s waiting for {len(refs)} object(s)")
-        finally:
-            if not waiter.is_woken() or waiter.pending:
-                # Timed out, interrupted, or woken by a failure while others
-                # were pending: their callbacks go (on the loop, which owns
-                # the entries).
-                self.inbox.put_quietly(self._unwatch_for_thread, waiter)
+        if not self._sleep_in_thread(waiter, self._watch_for_thread, timeout,
+                                     self._unwatch_for_thread):
+            raise exceptions.GetTimeoutError(
+                f"get() timed out after {timeout} s waiting for {len(refs)} object(s)")
         if waiter.gave_up:
             return None
         return self._read_ready(refs)
+
+    def _sleep_in_thread(self, waiter: _ThreadGet, watch, timeout: float | None,
+                         unwatch) -> bool:
+        """In a user's thread: queue ``watch(waiter)`` for the loop and sleep
+        until the loop wakes ``waiter`` (True) or ``timeout`` passes (False).
+        ``unwatch(waiter)`` goes to the loop when the watch may still hold
+        callbacks there: timed out, interrupted, or woken by a failure while
+        others were pending. Raises TrayError when ``tray.shutdown()`` ends
+        the loop meanwhile (``begin_shutdown``)."""
+        self._thread_waiters.add(waiter)
+        try:
+            if self._ending:
+                waiter.end()
+            else:
+                try:
+                    self.inbox.put(watch, waiter)
+                except Exception:
+                    if not waiter.ended:  # (the loop ended after begin_shutdown: ended)
+                        raise
+            with waiter.condition:
+                woken = waiter.condition.wait_for(waiter.is_woken, timeout)
+        finally:
+            self._thread_waiters.discard(waiter)
+            if not waiter.is_woken() or waiter.pending:
+                self.inbox.put_quietly(unwatch, waiter)
+        if waiter.ended:
+            raise exceptions.TrayError(
+                "tray.shutdown() was called while this thread was waiting for objects")
+        return woken
 
     def _read_ready(self, refs: list):
         """Values of owned, ready-or-failed refs (in memory, no refs inside):
@@ -549,13 +587,8 @@ class CoreWorker:
                 return None  # the loop's wait fetches it
             waiter = _ThreadWait(self.env.thread_condition(), refs, num_returns,
                                  len(positions), fetch_local, generation)
-            self.inbox.put(self._watch_wait_for_thread, waiter)
-            try:
-                with waiter.condition:
-                    woken = waiter.condition.wait_for(waiter.is_woken, timeout)
-            finally:
-                if not waiter.is_woken():
-                    self.inbox.put_quietly(self.references.ready_listeners.pop, waiter, None)
+            woken = self._sleep_in_thread(waiter, self._watch_wait_for_thread, timeout,
+                                          self._unlisten_for_thread)
             if waiter.gave_up:
                 return None
             positions, _remote = self._ready_for_thread(refs, num_returns, fetch_local)
@@ -632,6 +665,9 @@ class CoreWorker:
             waiter.wake(gave_up=True)
             return
         self._count_for_thread(waiter)
+
+    def _unlisten_for_thread(self, waiter: _ThreadWait) -> None:
+        self.references.ready_listeners.pop(waiter, None)
 
     def _count_for_thread(self, waiter: _ThreadWait) -> None:
         waiter.need -= 1
