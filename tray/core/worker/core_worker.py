@@ -645,11 +645,10 @@ class CoreWorker:
         ref = waiter.by_id.get(object_id._binary)
         if ref is None:
             return
-        if entry.inline is None and waiter.fetch_local and \
-                not self.env.object_store.contains(object_id._binary):
+        if self.getter.ready_here(ref, waiter.fetch_local):
+            self._count_for_thread(waiter)
+        else:  # (fetch_local, and every copy is on another node)
             self.endpoint.nursery.start_soon(self._fetch_for_thread, waiter, ref)
-            return
-        self._count_for_thread(waiter)
 
     async def _fetch_for_thread(self, waiter: _ThreadWait, ref: ObjectRef) -> None:
         """A ref of a thread's ``wait`` made ready with its copies on other
@@ -661,7 +660,7 @@ class CoreWorker:
         try:
             await self.getter.fetch(ref._id, ref._owner)
         except Exception:
-            self.references.ready_listeners.pop(waiter, None)
+            self._unlisten_for_thread(waiter)
             waiter.wake(gave_up=True)
             return
         self._count_for_thread(waiter)
@@ -672,7 +671,7 @@ class CoreWorker:
     def _count_for_thread(self, waiter: _ThreadWait) -> None:
         waiter.need -= 1
         if waiter.need <= 0:
-            self.references.ready_listeners.pop(waiter, None)
+            self._unlisten_for_thread(waiter)
             waiter.wake()
 
     @staticmethod
