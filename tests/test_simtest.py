@@ -98,6 +98,25 @@ def test_failure_report_names_the_seed_schedule_and_replay_command(monkeypatch):
     assert result.failure_dict()["replay"] == result.replay_command()
 
 
+def test_a_seed_keeps_the_cluster_s_warnings_for_its_report_instead_of_printing_them(capfd):
+    """Regression: a sweep printed every expected "node ... is dead" line of
+    its node restarts to stderr, between the progress lines and failures."""
+    import logging
+
+    result = runner.run_seed(5, "mixed", "default")  # a node restarts at its address
+    assert result.ok
+    assert any("WARNING tray.gcs: node" in line and "is dead" in line for line in result.log)
+    assert "is dead" not in capfd.readouterr().err
+    assert 0 < len(result.log) <= runner.LOG_LINES
+    # Shown with a failure; tray's logger is as it was once the seed ends.
+    result.ok, result.invariant, result.message = False, "planted", "for the report"
+    assert "the cluster's last" in result.report() and result.log[0] in result.report()
+    assert result.failure_dict()["log"] == result.log
+    tray_logger = logging.getLogger("tray")
+    assert tray_logger.propagate and not any(
+        isinstance(handler, runner._SeedLog) for handler in tray_logger.handlers)
+
+
 def test_a_program_that_polls_forever_fails_no_hang_and_the_sweep_goes_on(monkeypatch):
     # Each call is short, so no single blocking call hangs; before the
     # bound on the whole program a sweep sat on such a seed for ever (tune

@@ -22,8 +22,10 @@ Phases of a run:
 
 from __future__ import annotations
 
+import collections
 import gc
 import json
+import logging
 import random
 import re
 import time
@@ -49,6 +51,10 @@ HANG_S = 300.0  # any single blocking driver call (a hang beyond the liveness bo
 # is a hang too (tune chaos seed 89 swept on for ever; its polling costs
 # about a wall-clock second per virtual one, so the bound is not an hour).
 PROGRAM_S = 600.0
+# The last this many warnings the cluster logged in a seed are kept with its
+# result and shown with a failure (not printed as they come: a fault run logs
+# the node deaths it causes on purpose).
+LOG_LINES = 20
 # Every component's validate_state() runs after every this many simulated
 # steps (0: never); a broken invariant fails the seed at the step that broke it.
 VALIDATE_EVERY_STEPS = 1
@@ -88,6 +94,7 @@ class SeedResult:
     tasks: int = 0
     wall_s: float = 0.0
     num_nodes: int = 0
+    log: list = field(default_factory=list)  # the cluster's last warnings (LOG_LINES)
 
     def replay_command(self) -> str:
         return (f"tray simtest replay --seed {self.seed} --workload {self.workload} "
@@ -100,13 +107,15 @@ class SeedResult:
     def failure_dict(self) -> dict:
         return {"seed": self.seed, "workload": self.workload, "faults": self.faults,
                 "invariant": self.invariant, "message": self.message, "digest": self.digest,
-                "schedule": self.schedule, "replay": self.replay_command()}
+                "schedule": self.schedule, "log": self.log, "replay": self.replay_command()}
 
     def report(self) -> str:
         lines = [f"FAILED seed {self.seed} (workload {self.workload}, faults {self.faults}): "
                  f"invariant {self.invariant!r} broke",
                  *("    " + line for line in self.message.splitlines()[:60]),
                  f"  fault schedule: {'; '.join(self.schedule) or '(no faults)'}",
+                 *([f"  the cluster's last {len(self.log)} warnings:"] if self.log else []),
+                 *("    " + line for line in self.log),
                  f"  digest: {self.digest}",
                  f"  replay: {self.replay_command()}",
                  f"     or: {self.nox_command()}"]
@@ -619,11 +628,37 @@ def run_seed(seed: int, workload: str = "mixed", faults: str = "chaos", *,
 
     saved_hang_timeout_s = sim_cluster.HANG_TIMEOUT_S
     sim_cluster.HANG_TIMEOUT_S = HANG_S
+    log = _SeedLog()
     try:
-        return _run_seed(seed, workload, faults, trace_path, config, started,
-                         validate_every_steps)
+        result = _run_seed(seed, workload, faults, trace_path, config, started,
+                           validate_every_steps)
+        result.log = list(log.lines)
+        return result
     finally:
+        log.close()
         sim_cluster.HANG_TIMEOUT_S = saved_hang_timeout_s
+
+
+class _SeedLog(logging.Handler):
+    """Holds the last ``LOG_LINES`` warnings of tray's loggers while a seed
+    runs, in place of their usual way out (stderr, where a sweep's expected
+    "node ... is dead" lines buried its progress and failures)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.lines: collections.deque = collections.deque(maxlen=LOG_LINES)
+        self._logger = logging.getLogger("tray")
+        self._propagate = self._logger.propagate
+        self._logger.addHandler(self)
+        self._logger.propagate = False
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(f"{record.levelname} {record.name}: {record.getMessage()}")
+
+    def close(self) -> None:
+        self._logger.removeHandler(self)
+        self._logger.propagate = self._propagate
+        super().close()
 
 
 def _run_seed(seed, workload, faults, trace_path, config, started,
