@@ -185,19 +185,40 @@ def test_future_in_a_threaded_actor_method(one_node):
     assert tray.get(actor.value_of.remote([square.remote(3, one_node.tick_s)])) == (9, True)
 
 
-@pytest.mark.parametrize("backend_name", [
-    "local",
-    pytest.param("sim", marks=pytest.mark.xfail(
-        strict=True, reason="core bug: asyncio.run under trio-asyncio's loop (the default "
-        "once tray imports trio_asyncio) clobbers the simulator's trio run state")),
-])
+@pytest.mark.parametrize("backend_name", ["local", "sim"])
 def test_await_under_trio_asyncio_s_default_loop(backend_name):
     # What a user writes: asyncio.run, which runs trio-asyncio's
     # SyncTrioEventLoop once trio-asyncio is imported (an async actor
-    # imports it); a blocking call inside works too. In a fresh process: on
-    # the simulator the bug leaves trio's run state behind, and every later
-    # simulated cluster in the process would fail to start.
+    # imports it); a blocking call inside works too. In a fresh process.
+    # Regression (sim): trio-asyncio's loop runs in a greenlet of this
+    # thread with trio's run state swapped for its own, and a call from
+    # there found no simulator ("must be called from async context").
     _run_asyncio_program(backend_name, "import trio_asyncio")
+
+
+@pytest.mark.parametrize("backend_name", ["local", "sim"])
+def test_asyncio_run_after_an_async_actor_exists(backend_name):
+    # The way a program gets there: an async actor, then asyncio.run in the
+    # driver, which awaits the actor's calls and blocks in tray.get.
+    # (On the simulator the actor lives in the driver's process: trio-asyncio
+    # is imported there, and its loop is asyncio.run's.)
+    _run_asyncio_program(backend_name, f"""
+        @tray.remote
+        class Echo:
+            async def echo(self, x):
+                await asyncio.sleep(0.01)
+                return x
+
+        echo = Echo.remote()
+        assert tray.get(echo.echo.remote(1)) == 1
+        import sys
+        assert ('trio_asyncio' in sys.modules) == {backend_name == "sim"}
+
+        async def with_actor():
+            return await echo.echo.remote(5), tray.get(echo.echo.remote(6))
+
+        assert asyncio.run(with_actor()) == (5, 6)
+    """)
 
 
 @pytest.mark.parametrize("backend_name", ["local", "sim"])
@@ -227,7 +248,7 @@ def _run_asyncio_program(backend_name: str, before_run: str) -> None:
             blocking = tray.get(square.remote(2))
             return blocking, await square.remote(3)
 
-        {before_run}
+        {textwrap.indent(textwrap.dedent(before_run), " " * 8).strip()}
         print(asyncio.run(main()), tray.get(square.remote(4)))
         tray.shutdown()
     """)
@@ -235,3 +256,46 @@ def _run_asyncio_program(backend_name: str, before_run: str) -> None:
                           timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split("\n")[-2] == "(4, 9) 16"
+
+
+def test_asyncio_run_beside_an_async_actor_replays_on_the_simulator():
+    """Two fresh processes, one seed: the same results and the same trace
+    digest when the driver's asyncio.run (trio-asyncio's loop) awaits refs
+    and blocks in tray.get."""
+    import subprocess
+    import sys
+    import textwrap
+
+    program = textwrap.dedent("""
+        import asyncio
+        import tray
+        from tray.simtest import trace_digest
+
+        tray.init(backend="sim", num_cpus=2, seed=7)
+
+        @tray.remote
+        class Echo:
+            async def echo(self, x):
+                await asyncio.sleep(0.01)
+                return x
+
+        @tray.remote
+        def square(x):
+            return x * x
+
+        echo = Echo.remote()
+        tray.get(echo.echo.remote(0))
+
+        async def main():
+            echoed = await asyncio.gather(*[echo.echo.remote(i) for i in range(20)])
+            return sum(echoed), sum(tray.get([square.remote(i) for i in range(20)]))
+
+        print(asyncio.run(main()), asyncio.run(main()), trace_digest())
+        tray.shutdown()
+    """)
+    runs = [subprocess.run([sys.executable, "-c", program], capture_output=True, text=True,
+                           timeout=120) for _ in range(2)]
+    for done in runs:
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert done.stdout.startswith("(190, 2470) (190, 2470) ")
+    assert runs[0].stdout == runs[1].stdout

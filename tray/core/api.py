@@ -90,7 +90,9 @@ def _outside_users_trio_run(worker):
     the simulator's steps, which run in this thread, would clobber that
     run's state. So the thread's trio run state (``GLOBAL_RUN_CONTEXT``, a
     private name of trio's, as the simulator uses others) is set aside for
-    the call and put back after."""
+    the call and put back after. In its place goes the runtime's own
+    (``run_context``): the simulator's guest run, whose state trio-asyncio
+    set aside in turn when it switched to its loop's greenlet."""
     if not trio.lowlevel.in_trio_run() or \
             trio.lowlevel.current_root_task() is _root_task(worker.bridge.nursery):
         yield  # no run, or the simulator's own (its loop runs in this thread)
@@ -99,6 +101,8 @@ def _outside_users_trio_run(worker):
     saved = dict(vars(state))
     for name in saved:
         delattr(state, name)
+    for name, value in getattr(_global_state["runtime"], "run_context", {}).items():
+        setattr(state, name, value)
     try:
         yield
     finally:

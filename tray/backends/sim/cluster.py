@@ -19,6 +19,7 @@ import traceback
 import greenback
 import outcome
 import trio
+import trio._core._run as trio_run
 from sniffio import thread_local as sniffio_library
 
 from ...core import config as config_module
@@ -559,7 +560,6 @@ class SimCluster:
     # ----------------------------------------------------------- host loop
 
     def start(self) -> None:
-        import trio._core._run as trio_run
 
         self._scheduler_state = (trio_run._ALLOW_DETERMINISTIC_SCHEDULING, trio_run._r.getstate())
         trio_run._ALLOW_DETERMINISTIC_SCHEDULING = True
@@ -736,8 +736,6 @@ class SimCluster:
         self._inbox.put(picked_up)
 
     def shutdown(self) -> None:
-        import trio._core._run as trio_run
-
         try:
             if self._finished is None and self._token is not None:
                 # Processes are torn down mid-step from here on: their state
@@ -1243,6 +1241,9 @@ class SimRuntime:
         self.namespace = ""
         self.info = {"backend": "sim", "seed": cluster.seed, "num_nodes": cluster.num_nodes,
                      "node_id": cluster.node_ids()[0]}
+        # The guest run's state in this thread between steps, for a call
+        # from inside another trio run here (api._outside_users_trio_run).
+        self.run_context = dict(vars(trio_run.GLOBAL_RUN_CONTEXT))
 
     def run(self, async_fn, *args):
         return self.cluster.run(async_fn, *args)
