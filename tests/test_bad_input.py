@@ -713,3 +713,32 @@ def test_name_option_names_the_task_in_its_error(backend):
 
     with pytest.raises(ValueError, match="in task custom-name"):
         tray.get(fails.options(name="custom-name").remote())
+
+
+def test_a_call_from_another_thread_of_a_simulated_driver_is_refused_clearly():
+    """The simulator has no threads: a driver's other thread gets a clear
+    error (it had "must be called from async context" from deep in trio),
+    and the cluster goes on serving the thread that started it."""
+    tray.init(backend="sim")
+
+    @tray.remote
+    def one():
+        return 1
+
+    ref = one.remote()
+    errors: list = []
+
+    def from_a_thread():
+        for call in (lambda: tray.get(ref), lambda: one.remote()):
+            try:
+                call()
+            except tray.exceptions.TrayError as error:
+                errors.append(str(error))
+
+    thread = threading.Thread(target=from_a_thread, name="helper")
+    thread.start()
+    thread.join(timeout=60)
+    assert len(errors) == 2
+    assert all("thread 'helper'" in e and "runs in the thread that started it" in e
+               for e in errors)
+    assert tray.get([ref, one.remote()]) == [1, 1]

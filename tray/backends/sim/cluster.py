@@ -1244,12 +1244,24 @@ class SimRuntime:
         # The guest run's state in this thread between steps, for a call
         # from inside another trio run here (api._outside_users_trio_run).
         self.run_context = dict(vars(trio_run.GLOBAL_RUN_CONTEXT))
+        self._thread = threading.get_ident()
 
     def run(self, async_fn, *args):
+        if threading.get_ident() != self._thread:
+            self._refuse_thread()
         return self.cluster.run(async_fn, *args)
 
     def run_sync(self, fn, *args):
+        if threading.get_ident() != self._thread:
+            self._refuse_thread()
         return fn(*args)  # the loop runs in the user's thread
+
+    def _refuse_thread(self) -> None:
+        raise TrayError(
+            f"this call came from thread {threading.current_thread().name!r}, but a simulated "
+            "cluster runs in the thread that started it (tray.init(backend='sim')): the "
+            "simulator has no threads, so that a run depends on its seed alone and not on "
+            "how the OS schedules threads. Call tray from that thread.")
 
     def shutdown(self) -> None:
         self.cluster.shutdown()
