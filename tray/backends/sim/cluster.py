@@ -560,7 +560,6 @@ class SimCluster:
     # ----------------------------------------------------------- host loop
 
     def start(self) -> None:
-
         self._scheduler_state = (trio_run._ALLOW_DETERMINISTIC_SCHEDULING, trio_run._r.getstate())
         trio_run._ALLOW_DETERMINISTIC_SCHEDULING = True
         trio_run._r.seed(f"{self.seed}:trio")
