@@ -77,6 +77,19 @@ def _node_process(index: int) -> psutil.Process:
     raise AssertionError(f"no process for node {index}")
 
 
+def _kill_node_and_children(node: psutil.Process) -> list:
+    """SIGKILL a node and every process under it; returns them. One may end
+    on its own before its turn (a worker leaving, one the zygote forked for
+    a moment): CI, 2026-11-28, NoSuchProcess from the kill loop."""
+    victims = [node, *node.children(recursive=True)]
+    for process in victims:
+        try:
+            process.send_signal(signal.SIGKILL)
+        except psutil.NoSuchProcess:
+            pass
+    return victims
+
+
 def test_killed_node_work_is_retried_re_created_and_restarted_elsewhere():
     tray.init(num_nodes=2, num_cpus=2)
     try:
@@ -93,10 +106,7 @@ def test_killed_node_work_is_retried_re_created_and_restarted_elsewhere():
         running = slow_square.options(scheduling_strategy=there).remote(tally, 6, 60.0)
         assert _wait_until(lambda: tray.get(tally.count.remote("slow")) == 1, timeout_s=30)
 
-        node = _node_process(1)
-        victims = [node, *node.children(recursive=True)]
-        for process in victims:
-            process.send_signal(signal.SIGKILL)
+        victims = _kill_node_and_children(_node_process(1))
         psutil.wait_procs(victims, timeout=10)
 
         # The running task is retried on the head node once the node is declared dead.
@@ -231,10 +241,7 @@ def test_a_task_waiting_for_an_argument_lost_with_its_node_lends_its_cpu():
         big = produce.options(scheduling_strategy=NodeAffinitySchedulingStrategy(
             other, soft=True)).remote(tally, 2.0)
         tray.wait([big], fetch_local=False)  # its only copy is on the other node
-        node = _node_process(1)
-        victims = [node, *node.children(recursive=True)]
-        for process in victims:
-            process.send_signal(signal.SIGKILL)
+        victims = _kill_node_and_children(_node_process(1))
         psutil.wait_procs(victims, timeout=10)
         consumer = total.remote(big)  # runs on the head node, waits for big
         assert tray.get(consumer, timeout=60) == 1_000_000.0
@@ -307,9 +314,7 @@ def test_chaos_workers_killed_every_half_second_and_a_node_mid_run():
                     pass
             if not node_killed and time.monotonic() - started > 4.0:
                 node_killed = True
-                node = _node_process(2)
-                for process in [node, *node.children(recursive=True)]:
-                    process.send_signal(signal.SIGKILL)
+                _kill_node_and_children(_node_process(2))
 
     try:
         squarers = [ChaosSquarer.remote() for _ in range(4)]
