@@ -101,7 +101,7 @@ def _outside_users_trio_run(worker):
     saved = dict(vars(state))
     for name in saved:
         delattr(state, name)
-    for name, value in getattr(_global_state["runtime"], "run_context", {}).items():
+    for name, value in _global_state["runtime"].run_context.items():
         setattr(state, name, value)
     try:
         yield

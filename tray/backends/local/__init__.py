@@ -61,6 +61,10 @@ class LocalRuntime:
         self.node_info = node_info
         self.namespace = ""
         self.driver: CoreWorker | None = None
+        # The trio run state a call from inside another trio run in the
+        # user's thread needs there (api._outside_users_trio_run): none, the
+        # loop runs in a thread of its own. (The simulator's has its run's.)
+        self.run_context: dict = {}
         self._trio_token = None
         self._nursery = None
         self._ready = threading.Event()
