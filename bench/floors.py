@@ -1,9 +1,9 @@
 """The floors under issue 14's unmet goals: what this machine and tray's
 design cost before any of tray's own work on a task or actor call.
 
-    python3 bench/floors.py [--only init,latency,rpc] [--rounds N] [--out DIR]
+    python3 bench/floors.py [--only init,latency,rpc,cpu] [--rounds N] [--out DIR]
 
-Three measurements, each against the goal it bounds (bench/README.md reads
+Four measurements, each against the goal it bounds (bench/README.md reads
 them):
 
 * **init**: the wall time of a fresh interpreter that only imports (min of
@@ -23,6 +23,13 @@ them):
   once: calls per second one at a time (sync) and 1,000 in flight (async),
   and the CPU per call on each side. Every task or actor call is one such
   call plus the runtime's work, so "3x Ray" is bounded above by it.
+* **cpu**: where a task's or actor call's CPU goes, by process: each
+  workload of a goal not met (the bench's own shapes, ``suite_raylike``) runs
+  on a fresh one-node cluster, and ``psutil`` reads the CPU time of the
+  driver, the node process and the workers (actors included) around each of
+  ``CPU_ROUNDS`` rounds of a second or more: CPU per operation in each, and the wall time. On two
+  cores a throughput goal is a CPU budget: 3x Ray's rate allows at most
+  ``2 / (3 x rate)`` seconds of CPU per operation across all processes.
 
 Speeds are measured here, never asserted; loopback only (a socket pair and a
 Unix socket)."""
@@ -57,6 +64,10 @@ IMPORTS = [
 ]
 LATENCY_ROUNDS, LATENCY_ROUND = 6, 500
 RPC_CALLS = 5_000
+CPU_ROUNDS, CPU_ROUND_S = 5, 1.0
+CPU_WORKLOADS = ["tasks sync", "tasks async", "nested fan-out", "1:1 actor calls sync",
+                 "1:1 actor calls async", "n:n actor calls async", "1:1 async-actor calls sync",
+                 "1:1 async-actor calls async"]
 
 
 # ------------------------------------------------------------------- init
@@ -218,15 +229,162 @@ def floor_rpc() -> dict:
     return results
 
 
+# -------------------------------------------------------------------- cpu
+
+
+def _cpu_workloads() -> dict:
+    """name -> (set-up, the cluster up, returning a body that does a round
+    and returns how many operations it did)."""
+    import suite_raylike
+
+    import tray
+
+    suite_raylike.bind(tray)
+    small_value, _, actor_class, async_actor_class, _ = suite_raylike._defs()
+
+    def tasks_sync():
+        def body():
+            for _ in range(500):
+                tray.get(small_value.remote())
+            return 500
+        return body
+
+    def tasks_async():
+        def body():
+            tray.get([small_value.remote() for _ in range(1000)])
+            return 1000
+        return body
+
+    def nested():
+        @tray.remote
+        def leaf():
+            return 1
+
+        @tray.remote
+        def middle():
+            return sum(tray.get([leaf.remote() for _ in range(10)]))
+
+        @tray.remote
+        def top():
+            return sum(tray.get([middle.remote() for _ in range(10)]))
+
+        def body():
+            assert tray.get(top.remote()) == 100
+            return 111
+        return body
+
+    def calls(actor_class, sync: bool):
+        def make():
+            actor = actor_class.remote()
+
+            def body():
+                if sync:
+                    for _ in range(500):
+                        tray.get(actor.small_value.remote())
+                    return 500
+                tray.get([actor.small_value.remote() for _ in range(1000)])
+                return 1000
+            return body
+        return make
+
+    def n_to_n():
+        servers = [actor_class.remote() for _ in range(max(1, (os.cpu_count() or 1) // 2))]
+
+        @tray.remote
+        def work(actors):
+            tray.get([actors[i % len(actors)].small_value.remote() for i in range(1000)])
+
+        def body():
+            tray.get([work.remote(servers) for _ in range(4)])
+            return 4000
+        return body
+
+    return {"tasks sync": tasks_sync, "tasks async": tasks_async,
+            "nested fan-out": nested,
+            "1:1 actor calls sync": calls(actor_class, True),
+            "1:1 actor calls async": calls(actor_class, False),
+            "n:n actor calls async": n_to_n,
+            "1:1 async-actor calls sync": calls(async_actor_class, True),
+            "1:1 async-actor calls async": calls(async_actor_class, False)}
+
+
+def _cpu_child(name: str, rounds: int) -> None:
+    """Run one workload on a fresh cluster; print its rounds as JSON."""
+    import psutil
+
+    import tray
+
+    make = _cpu_workloads()[name]
+    tray.init(include_dashboard=False)
+    me = psutil.Process()
+    node_pids = {child.pid for child in me.children()}
+
+    def cpu_by_role() -> dict:
+        roles = {"driver": 0.0, "node": 0.0, "workers": 0.0}
+        for process in [me] + me.children(recursive=True):
+            try:
+                times = process.cpu_times()
+            except psutil.Error:
+                continue  # (gone meanwhile: a worker that exited)
+            role = "driver" if process.pid == me.pid else \
+                "node" if process.pid in node_pids else "workers"
+            roles[role] += times.user + times.system
+        return roles
+
+    try:
+        body = make()
+        body()  # warm-up: workers started, functions exported, actors created
+        measured = []
+        for _ in range(rounds):
+            # (At least CPU_ROUND_S a round: psutil reads CPU time in 10 ms ticks.)
+            before, started, count = cpu_by_role(), time.perf_counter(), 0
+            while time.perf_counter() - started < CPU_ROUND_S:
+                count += body()
+            wall, after = time.perf_counter() - started, cpu_by_role()
+            measured.append({"ops_per_s": count / wall,
+                             **{f"{role}_us": (after[role] - before[role]) / count * 1e6
+                                for role in before}})
+    finally:
+        tray.shutdown()
+    print(json.dumps(measured))
+
+
+def floor_cpu(workloads: list[str], rounds: int) -> dict:
+    """workload -> the median of its rounds: ops/s and CPU per operation
+    (us) in the driver, the node process, the workers, and in all."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [ROOT, HERE, os.environ.get("PYTHONPATH", "")])}
+    results = {}
+    for name in workloads:
+        done = subprocess.run([sys.executable, os.path.abspath(__file__), "--cpu-child", name,
+                               "--cpu-rounds", str(rounds)],
+                              capture_output=True, text=True, env=env, timeout=600)
+        if done.returncode != 0:
+            raise RuntimeError(f"{name}: {done.stderr[-2000:]}")
+        measured = json.loads(done.stdout.strip().splitlines()[-1])
+        row = {key: statistics.median(r[key] for r in measured) for key in measured[0]}
+        row["total_us"] = statistics.median(
+            r["driver_us"] + r["node_us"] + r["workers_us"] for r in measured)
+        results[name] = row
+    return results
+
+
 # ------------------------------------------------------------------- main
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", default="init,latency,rpc")
+    parser.add_argument("--only", default="init,latency,rpc,cpu")
     parser.add_argument("--rounds", type=int, default=7, help="runs per import (init)")
     parser.add_argument("--out", default=os.path.join(HERE, "results"))
+    parser.add_argument("--cpu-workloads", default=",".join(CPU_WORKLOADS),
+                        help="the workloads of cpu (comma-separated)")
+    parser.add_argument("--cpu-rounds", type=int, default=CPU_ROUNDS)
+    parser.add_argument("--cpu-child", help=argparse.SUPPRESS)  # one workload of "cpu"
     args = parser.parse_args(argv)
+    if args.cpu_child:
+        _cpu_child(args.cpu_child, args.cpu_rounds)
+        return 0
     sys.path.insert(0, ROOT)
     record = {"date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
               "load_before": os.getloadavg(), "cpus": os.cpu_count()}
@@ -247,6 +405,16 @@ def main(argv=None) -> int:
             print(f"rpc      {mode:34} {row['calls_per_s']:8,.0f} calls/s   CPU per call: "
                   f"client {row['client_cpu_us_per_call']:4.0f} us, server "
                   f"{row['server_cpu_us_per_call']:4.0f} us", flush=True)
+    if "cpu" in chosen:
+        workloads = [name.strip() for name in args.cpu_workloads.split(",") if name.strip()]
+        unknown = sorted(set(workloads) - set(CPU_WORKLOADS))
+        if unknown:
+            parser.error(f"unknown workloads {unknown}; they are {CPU_WORKLOADS}")
+        record["cpu"] = rows = floor_cpu(workloads, args.cpu_rounds)
+        for name, row in rows.items():
+            print(f"cpu      {name:34} {row['ops_per_s']:8,.0f} ops/s    CPU per op: driver "
+                  f"{row['driver_us']:4.0f} us, node {row['node_us']:4.0f} us, workers "
+                  f"{row['workers_us']:4.0f} us, all {row['total_us']:4.0f} us", flush=True)
     record["load_after"] = os.getloadavg()
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, f"floors-{time.strftime('%Y-%m-%d-%H%M%S', time.gmtime())}"

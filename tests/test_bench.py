@@ -43,6 +43,23 @@ def test_floors_measure_the_rpc_layer_and_a_bare_round_trip(tmp_path):
     assert record["rpc"]["sync"]["calls_per_s"] > 0 and record["rpc"]["async"]["calls_per_s"] > 0
     assert "rpc      sync" in done.stdout
 
+
+def test_floors_split_a_workload_s_cpu_by_process(tmp_path):
+    # The "cpu" floor: CPU per operation in the driver, the node and the
+    # workers. A task runs in a worker and is submitted by the driver, so
+    # both spend CPU on it.
+    done = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "bench", "floors.py"), "--only", "cpu",
+         "--cpu-workloads", "tasks async", "--cpu-rounds", "1", "--out", str(tmp_path)],
+        capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    [path] = tmp_path.glob("floors-*.json")
+    row = json.loads(path.read_text())["cpu"]["tasks async"]
+    assert row["ops_per_s"] > 0
+    assert row["driver_us"] > 0 and row["workers_us"] > 0
+    assert row["total_us"] >= row["driver_us"] + row["workers_us"]
+    assert "cpu      tasks async" in done.stdout
+
 # ------------------------------------------------------------ loopback only
 # Every load test, bench and peer run sends traffic to 127.0.0.1 only (issue
 # 14): Ray binds and connects to the machine's network address unless told
