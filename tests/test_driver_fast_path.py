@@ -426,6 +426,43 @@ def test_inbox_wakes_the_loop_once_per_batch_and_keeps_order():
     assert inbox.statistics().batches == 2 and inbox.statistics().ops == 101
 
 
+def test_a_long_drain_has_its_messages_written_as_it_goes():
+    # A burst the user's thread keeps filling is one drain, and the loop's
+    # pass (whose end writes what the connections queued) ends after it: the
+    # drain has the transport write every FLUSH_EVERY_OPS operations, so the
+    # calls leave during the burst (1:1 actor calls async: +19%).
+    from tray.core.worker.thread_inbox import FLUSH_EVERY_OPS
+
+    loop = _ManualLoop()
+    flushed_after: list = []
+    done: list = []
+    inbox = ThreadInbox(None, loop.call_soon, condition=_thread_condition(),
+                        flush=lambda: flushed_after.append(len(done)))
+    count = 3 * FLUSH_EVERY_OPS + 5
+    for i in range(count):
+        inbox.put(done.append, i)
+    loop.run()
+    assert done == list(range(count))
+    assert flushed_after == [FLUSH_EVERY_OPS, 2 * FLUSH_EVERY_OPS, 3 * FLUSH_EVERY_OPS]
+    # A short drain leaves its messages to the end of the pass.
+    inbox.put(done.append, count)
+    loop.run()
+    assert len(flushed_after) == 3
+
+
+def test_a_failing_flush_does_not_stop_the_drain():
+    from tray.core.worker.thread_inbox import FLUSH_EVERY_OPS
+
+    loop = _ManualLoop()
+    done: list = []
+    inbox = ThreadInbox(None, loop.call_soon, condition=_thread_condition(),
+                        flush=lambda: 1 / 0)
+    for i in range(FLUSH_EVERY_OPS + 1):
+        inbox.put(done.append, i)
+    loop.run()
+    assert done == list(range(FLUSH_EVERY_OPS + 1))
+
+
 def test_inbox_full_fails_clearly_when_the_loop_takes_nothing():
     loop = _ManualLoop()
     inbox = ThreadInbox(None, loop.call_soon, max_queued=3, stall_timeout_s=0.1, condition=_thread_condition())

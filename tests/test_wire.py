@@ -98,6 +98,26 @@ async def test_messages_queued_in_one_tick_leave_in_one_write_in_order():
     await right.aclose()
 
 
+async def test_flush_queued_writes_what_was_queued_before_the_pass_ends():
+    # A long synchronous stretch on the loop (the driver draining a burst
+    # of submissions) has its queued messages written as it goes.
+    left, right, _, _ = _pair()
+    transport = TcpTransport(TOKEN)
+    with trio.testing.assert_no_checkpoints():
+        for n in range(10):
+            assert left.send_nowait(("REQUEST", n))
+        assert left.writes == 0
+        transport.flush_queued()
+        assert left.writes == 1  # in one write, with no pass of the loop
+        assert left.send_nowait(("REQUEST", 10))
+        transport.flush_queued()
+        transport.flush_queued()  # (nothing queued: nothing written)
+        assert left.writes == 2
+    assert [await right.receive() for _ in range(11)] == [("REQUEST", n) for n in range(11)]
+    await left.aclose()
+    await right.aclose()
+
+
 async def test_what_the_tasks_of_one_pass_queue_leaves_in_one_write_without_the_writer():
     # The replies of handlers that ran in one pass of the event loop go out
     # together when the pass ends: one write, and no step of the writer task

@@ -61,6 +61,13 @@ class Transport(Protocol):
         """Open a stream to ``address``; raises ConnectionClosed if nobody
         listens there."""
 
+    def flush_queued(self) -> None:
+        """Write now what this trio run's streams hold queued for the end of
+        the loop's pass (``send_nowait``). Called on the loop from a long
+        synchronous stretch of work (a drain of the user's submissions), so
+        that its messages leave while it goes on. A transport that sends at
+        once has nothing to do."""
+
 
 class Storage(Protocol):
     """The GCS's durable tables: key -> bytes per table."""

@@ -562,6 +562,10 @@ class SimTransport:
             if self.network._listeners.get(address) is send:
                 del self.network._listeners[address]
 
+    def flush_queued(self) -> None:
+        """Nothing to do: a simulated stream delivers what is sent as it is
+        sent, and a simulated driver's submissions run in its own thread."""
+
     @staticmethod
     async def _handle(on_stream, stream: SimStream) -> None:
         try:

@@ -454,9 +454,15 @@ class _TickFlush(trio.abc.Instrument):
             return flush
 
     def before_io_wait(self, timeout: float) -> None:
+        if self.streams and self.flush_now() and timeout > 0:
+            # trio chose how long to wait for I/O before this hook, when the
+            # tasks woken here were not runnable yet: end that wait at once.
+            trio.lowlevel.current_trio_token().run_sync_soon(_nothing)
+
+    def flush_now(self) -> bool:
+        """Write what the streams listed so far have queued (one write each);
+        True when that woke a task."""
         streams = self.streams
-        if not streams:
-            return
         self.streams = []
         woke = False
         for stream in streams:
@@ -467,10 +473,7 @@ class _TickFlush(trio.abc.Instrument):
                 logger.exception("flushing the messages to %s failed", stream.peer)
                 stream._wake_writer()
                 woke = True
-        if woke and timeout > 0:
-            # trio chose how long to wait for I/O before this hook, when the
-            # tasks woken here were not runnable yet: end that wait at once.
-            trio.lowlevel.current_trio_token().run_sync_soon(_nothing)
+        return woke
 
 
 def _nothing() -> None:
@@ -1093,6 +1096,16 @@ class TcpTransport:
             handshakes_in_progress=sum(len(gate) for gate in self._gates),
             handshakes_shed=sum(gate.shed for gate in self._gates),
             handshakes_rejected=self._rejected, connections_open=self._connections_open)
+
+    def flush_queued(self) -> None:
+        """Write what this run's streams queued, now rather than at the end
+        of the loop's pass (``_TickFlush``); on the loop only."""
+        try:
+            flush = _TickFlush._of_run.get()
+        except LookupError:
+            return  # no stream of this run has queued anything yet
+        if flush.streams:
+            flush.flush_now()
 
     def _tls(self, kind: str, server: bool) -> ssl.SSLContext | None:
         if kind != "tcp" or not self.uses_tls:

@@ -194,7 +194,7 @@ class CoreWorker:
         # taken from the same TaskContext by those threads and by the loop.
         make_condition = env.thread_condition or SingleThread
         self.inbox = ThreadInbox(self, bridge.call_soon_from_outside,
-                                 condition=make_condition())
+                                 condition=make_condition(), flush=env.transport.flush_queued)
         self._queued_calls: collections.deque = collections.deque()  # (task, actor) to start
         self._sending_calls = False  # _send_queued_calls runs
         self._ids_lock = make_condition()  # (used as a lock)

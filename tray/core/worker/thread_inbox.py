@@ -19,6 +19,16 @@ counted up, and a crossing that waits (``trio.from_thread.run``, a
 ``get``) is queued on trio's own FIFO after the batch callback, so it sees
 every submission made before it.
 
+A drain runs until the queue is empty, and the user's thread may keep
+filling it (the two threads take turns with the GIL): a burst of 3,000
+``.remote()`` calls is one drain of ~150 ms, and the loop's pass, at whose
+end a connection's queued messages are written, ends only after it. So every
+``FLUSH_EVERY_OPS`` operations the drain has the transport write what they
+queued (``flush``): the calls reach their actor or workers while the burst
+goes on, not after it. Measured (1:1 actor calls async, bursts of 3,000
+calls): the actor did 0-40 ms of its ~250 ms of work during the burst
+before.
+
 The queue is bounded: a thread that finds ``max_queued`` operations
 waiting blocks until the loop has run them (backpressure, not an error: the
 loop is alive and busy); only if the loop runs none for ``stall_timeout_s``
@@ -43,6 +53,8 @@ STALL_TIMEOUT_S = 60.0
 # A draining loop tells threads waiting for room that there is some at
 # least this often (and whenever the queue is empty).
 ROOM_NOTICE_OPS = 1_000
+# A drain has the transport write what its operations queued this often.
+FLUSH_EVERY_OPS = 64
 
 
 @dataclass(frozen=True)
@@ -72,9 +84,11 @@ class SingleThread:
 
 class ThreadInbox:
     def __init__(self, worker, call_soon: Callable, *, max_queued: int = MAX_QUEUED_OPS,
-                 stall_timeout_s: float = STALL_TIMEOUT_S, condition=None) -> None:
+                 stall_timeout_s: float = STALL_TIMEOUT_S, condition=None,
+                 flush: Callable[[], None] | None = None) -> None:
         self._worker = worker
         self._call_soon = call_soon  # runs a plain function on the loop soon, from any thread
+        self._flush = flush  # writes the messages queued so far (on the loop), or None
         self._max_queued = max_queued
         self._stall_timeout_s = stall_timeout_s
         # The backend's (``ProcessEnv.thread_condition``): the core starts and
@@ -145,15 +159,23 @@ class ThreadInbox:
         self._batches += 1
         token = current_worker.set(self._worker)
         ops = self._ops
+        flush = self._flush
+        run_here = 0
         try:
             while True:
                 while ops:
                     fn, args = ops.popleft()
                     self._ops_run += 1
+                    run_here += 1
                     try:
                         fn(*args)
                     except Exception:  # noqa: BLE001 - one operation's bug must not end the loop
                         logger.exception("tray: an operation queued from a user thread failed")
+                    if not run_here % FLUSH_EVERY_OPS and flush is not None:
+                        try:
+                            flush()
+                        except Exception:  # noqa: BLE001 - the loop's pass writes them instead
+                            logger.exception("tray: writing queued messages failed")
                     if not self._ops_run % ROOM_NOTICE_OPS:
                         with self._lock:  # (threads may keep it from emptying: room now)
                             self._taken.notify_all()
