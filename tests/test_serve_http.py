@@ -271,18 +271,25 @@ def test_rolling_update_over_http_drops_no_request(http_serve):
 
     serve.run(Release.bind("v1"), name="release", route_prefix="/release")
     answers: list = []
+    answered = threading.Event()
     stop = threading.Event()
 
     def load() -> None:
         with httpx.Client(base_url=http_serve, timeout=30) as client:
             for _ in range(2000):  # bounded; stopped once the update is done
+                last = stop.is_set()  # (this one starts after the update ended)
                 reply = client.get("/release")
                 answers.append((reply.status_code, reply.text))
-                if stop.is_set():
+                answered.set()
+                if last:
                     return
 
     loader = threading.Thread(target=load)
     loader.start()
+    # The first answer comes before the update starts. (Started at once, the
+    # loader's first request could land mid-update, when v1 and v2 replicas
+    # both serve: CI, under load, got v2 first, then v1 again.)
+    assert answered.wait(30)
     try:
         serve.run(Release.bind("v2"), name="release", route_prefix="/release")
         with httpx.Client(base_url=http_serve, timeout=30) as client:
