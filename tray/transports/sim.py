@@ -563,8 +563,8 @@ class SimTransport:
                 del self.network._listeners[address]
 
     def flush_queued(self) -> None:
-        """Nothing to do: a simulated stream delivers what is sent as it is
-        sent, and a simulated driver's submissions run in its own thread."""
+        """Nothing to do: a simulated stream hands each message to the
+        network as it is sent (``send_nowait`` included)."""
 
     @staticmethod
     async def _handle(on_stream, stream: SimStream) -> None:
