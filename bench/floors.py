@@ -233,79 +233,23 @@ def floor_rpc() -> dict:
 
 
 def _cpu_workloads() -> dict:
-    """name -> (set-up, the cluster up, returning a body that does a round
-    and returns how many operations it did)."""
+    """name -> the bench's own factory of that workload (``suite_raylike``):
+    called once the cluster is up, it returns a body that does a round and
+    returns how many operations it did."""
     import suite_raylike
 
     import tray
 
     suite_raylike.bind(tray)
-    small_value, _, actor_class, async_actor_class, _ = suite_raylike._defs()
-
-    def tasks_sync():
-        def body():
-            for _ in range(500):
-                tray.get(small_value.remote())
-            return 500
-        return body
-
-    def tasks_async():
-        def body():
-            tray.get([small_value.remote() for _ in range(1000)])
-            return 1000
-        return body
-
-    def nested():
-        @tray.remote
-        def leaf():
-            return 1
-
-        @tray.remote
-        def middle():
-            return sum(tray.get([leaf.remote() for _ in range(10)]))
-
-        @tray.remote
-        def top():
-            return sum(tray.get([middle.remote() for _ in range(10)]))
-
-        def body():
-            assert tray.get(top.remote()) == 100
-            return 111
-        return body
-
-    def calls(actor_class, sync: bool):
-        def make():
-            actor = actor_class.remote()
-
-            def body():
-                if sync:
-                    for _ in range(500):
-                        tray.get(actor.small_value.remote())
-                    return 500
-                tray.get([actor.small_value.remote() for _ in range(1000)])
-                return 1000
-            return body
-        return make
-
-    def n_to_n():
-        servers = [actor_class.remote() for _ in range(max(1, (os.cpu_count() or 1) // 2))]
-
-        @tray.remote
-        def work(actors):
-            tray.get([actors[i % len(actors)].small_value.remote() for i in range(1000)])
-
-        def body():
-            tray.get([work.remote(servers) for _ in range(4)])
-            return 4000
-        return body
-
-    return {"tasks sync": tasks_sync, "tasks async": tasks_async,
-            "nested fan-out": nested,
-            "1:1 actor calls sync": calls(actor_class, True),
-            "1:1 actor calls async": calls(actor_class, False),
-            "n:n actor calls async": n_to_n,
-            "1:1 async-actor calls sync": calls(async_actor_class, True),
-            "1:1 async-actor calls async": calls(async_actor_class, False)}
+    return {"tasks sync": suite_raylike.make_tasks_sync,
+            "tasks async": suite_raylike.make_tasks_async,
+            "nested fan-out": suite_raylike.make_nested_fan_out,
+            "1:1 actor calls sync": suite_raylike.make_actor_calls(2, sync=True, count=500),
+            "1:1 actor calls async": suite_raylike.make_actor_calls(2),
+            "n:n actor calls async": suite_raylike.make_n_to_n(2),
+            "1:1 async-actor calls sync": suite_raylike.make_actor_calls(3, sync=True,
+                                                                         count=500),
+            "1:1 async-actor calls async": suite_raylike.make_actor_calls(3)}
 
 
 def _cpu_child(name: str, rounds: int) -> None:

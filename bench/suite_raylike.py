@@ -272,58 +272,110 @@ def wait_1k_refs():
     return _run(make)
 
 
-@metric("nested fan-out (tasks submitting tasks)")
-def nested_fan_out():
+# A metric's workload is a factory: called once the cluster is up, it sets
+# the workload up and returns its body, which does a round and returns how
+# many operations it did. bench/floors.py runs the same factories.
+
+def make_nested_fan_out():
     """A task submits 10 tasks that each submit 10 tasks, and gets them all:
     111 tasks a round, submitted from workers rather than the driver, with
     tasks blocked in ``get`` lending their CPU to the ones they wait for."""
+    width = 10
+
+    @rt.remote
+    def leaf():
+        return 1
+
+    @rt.remote
+    def middle():
+        return sum(rt.get([leaf.remote() for _ in range(width)]))
+
+    @rt.remote
+    def top():
+        return sum(rt.get([middle.remote() for _ in range(width)]))
+
+    def body():
+        assert rt.get(top.remote()) == width * width
+        return 1 + width + width * width
+    return body
+
+
+def make_tasks_sync():
+    small_value = _defs()[0]
+    count = n(500)
+
+    def body():
+        for _ in range(count):
+            rt.get(small_value.remote())
+        return count
+    return body
+
+
+def make_tasks_async():
+    small_value = _defs()[0]
+    count = n(1000)
+
+    def body():
+        rt.get([small_value.remote() for _ in range(count)])
+        return count
+    return body
+
+
+def make_actor_calls(actor_index, sync=False, count=1000, method="small_value", arg=False,
+                     **actor_options):
+    """Calls of one actor (``_defs()[actor_index]``: 2 a plain one, 3 an
+    async one), one at a time (``sync``) or all at once."""
     def make():
-        width = 10
-
-        @rt.remote
-        def leaf():
-            return 1
-
-        @rt.remote
-        def middle():
-            return sum(rt.get([leaf.remote() for _ in range(width)]))
-
-        @rt.remote
-        def top():
-            return sum(rt.get([middle.remote() for _ in range(width)]))
+        actor_class = _defs()[actor_index]
+        if actor_options:
+            actor_class = actor_class.options(**actor_options)
+        call = getattr(actor_class.remote(), method)
+        calls = n(count)
 
         def body():
-            assert rt.get(top.remote()) == width * width
-            return 1 + width + width * width
+            if sync:
+                for _ in range(calls):
+                    rt.get(call.remote())
+            elif arg:
+                rt.get([call.remote(i) for i in range(calls)])
+            else:
+                rt.get([call.remote() for _ in range(calls)])
+            return calls
         return body
-    return _run(make)
+    return make
+
+
+def make_n_to_n(server_index):
+    """4 tasks each call n servers (``_defs()[server_index]``) 1,000 times."""
+    def make():
+        defs = _defs()
+        servers = [defs[server_index].remote() for _ in range(max(1, CPUS // 2))]
+        count, clients = n(1000), 4
+
+        @rt.remote
+        def work(actors):
+            rt.get([actors[i % len(actors)].small_value.remote() for i in range(count)])
+
+        def body():
+            rt.get([work.remote(servers) for _ in range(clients)])
+            return count * clients
+        return body
+    return make
+
+
+@metric("nested fan-out (tasks submitting tasks)")
+def nested_fan_out():
+    return _run(make_nested_fan_out)
 
 
 @metric("single client tasks sync")
 def tasks_sync():
-    def make():
-        small_value = _defs()[0]
-        count = n(500)
-
-        def body():
-            for _ in range(count):
-                rt.get(small_value.remote())
-            return count
-        return body
-    return _run(make)
+    return _run(make_tasks_sync)
 
 
 @metric("single client tasks async")
 def tasks_async():
-    def make():
-        small_value = _defs()[0]
-        count = n(1000)
-
-        def body():
-            rt.get([small_value.remote() for _ in range(count)])
-            return count
-        return body
-    return _run(make)
+    return _run(make_tasks_async)
 
 
 @metric("multi client tasks async")
@@ -340,38 +392,19 @@ def multi_client_tasks_async():
     return _run(make)
 
 
-def _actor_calls(make_actor, method="small_value", sync=False, count=1000, arg=False):
-    def make():
-        actor = make_actor(_defs())
-        call = getattr(actor, method)
-        calls = n(count)
-
-        def body():
-            if sync:
-                for _ in range(calls):
-                    rt.get(call.remote())
-            elif arg:
-                rt.get([call.remote(i) for i in range(calls)])
-            else:
-                rt.get([call.remote() for _ in range(calls)])
-            return calls
-        return body
-    return _run(make)
-
-
 @metric("1:1 actor calls sync")
 def actor_sync():
-    return _actor_calls(lambda d: d[2].remote(), sync=True, count=500)
+    return _run(make_actor_calls(2, sync=True, count=500))
 
 
 @metric("1:1 actor calls async")
 def actor_async():
-    return _actor_calls(lambda d: d[2].remote())
+    return _run(make_actor_calls(2))
 
 
 @metric("1:1 actor calls concurrent")
 def actor_concurrent():
-    return _actor_calls(lambda d: d[2].options(max_concurrency=16).remote())
+    return _run(make_actor_calls(2, max_concurrency=16))
 
 
 def _one_to_n(server_index):
@@ -388,23 +421,6 @@ def _one_to_n(server_index):
     return _run(make)
 
 
-def _n_to_n(server_index):
-    def make():
-        defs = _defs()
-        servers = [defs[server_index].remote() for _ in range(max(1, CPUS // 2))]
-        count, clients = n(1000), 4
-
-        @rt.remote
-        def work(actors):
-            rt.get([actors[i % len(actors)].small_value.remote() for i in range(count)])
-
-        def body():
-            rt.get([work.remote(servers) for _ in range(clients)])
-            return count * clients
-        return body
-    return _run(make)
-
-
 @metric("1:n actor calls async")
 def one_to_n_actor():
     return _one_to_n(2)
@@ -412,7 +428,7 @@ def one_to_n_actor():
 
 @metric("n:n actor calls async")
 def n_to_n_actor():
-    return _n_to_n(2)
+    return _run(make_n_to_n(2))
 
 
 @metric("n:n actor calls with arg async")
@@ -432,17 +448,17 @@ def n_to_n_actor_arg():
 
 @metric("1:1 async-actor calls sync")
 def async_actor_sync():
-    return _actor_calls(lambda d: d[3].remote(), sync=True, count=500)
+    return _run(make_actor_calls(3, sync=True, count=500))
 
 
 @metric("1:1 async-actor calls async")
 def async_actor_async():
-    return _actor_calls(lambda d: d[3].remote())
+    return _run(make_actor_calls(3))
 
 
 @metric("1:1 async-actor calls with args async")
 def async_actor_args():
-    return _actor_calls(lambda d: d[3].remote(), method="small_value_with_arg", arg=True)
+    return _run(make_actor_calls(3, method="small_value_with_arg", arg=True))
 
 
 @metric("1:n async-actor calls async")
@@ -452,7 +468,7 @@ def one_to_n_async_actor():
 
 @metric("n:n async-actor calls async")
 def n_to_n_async_actor():
-    return _n_to_n(3)
+    return _run(make_n_to_n(3))
 
 
 # ------------------------------------------------------------ start-up and latency

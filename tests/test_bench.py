@@ -60,6 +60,17 @@ def test_floors_split_a_workload_s_cpu_by_process(tmp_path):
     assert row["total_us"] >= row["driver_us"] + row["workers_us"]
     assert "cpu      tasks async" in done.stdout
 
+
+def test_floors_name_the_workloads_when_asked_for_an_unknown_one(tmp_path):
+    done = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "bench", "floors.py"), "--only", "cpu",
+         "--cpu-workloads", "tasks async,no such workload", "--out", str(tmp_path)],
+        capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert "unknown workloads ['no such workload']" in done.stderr
+    assert "'tasks async'" in done.stderr  # (the list of those there are)
+    assert not list(tmp_path.glob("floors-*.json"))
+
 # ------------------------------------------------------------ loopback only
 # Every load test, bench and peer run sends traffic to 127.0.0.1 only (issue
 # 14): Ray binds and connects to the machine's network address unless told
