@@ -17,8 +17,8 @@ import trio
 
 import tray
 import tray.simtest
-from tray.core.api import _in_loop
-from tray.core.context import _global_state
+from tray.api.blocking import in_loop
+from tray.core.context import driver
 from tray.core.worker.actor_host import CallerQueue
 from tray.core.worker.actor_task_submitter import ActorState
 
@@ -48,8 +48,8 @@ class Recorder:
 
 
 def _submitter_statistics():
-    driver = _global_state["driver"]
-    return _in_loop(driver, driver.actor_submitter.statistics)
+    worker = driver()
+    return in_loop(worker, worker.actor_submitter.statistics)
 
 
 @tray.remote

@@ -23,9 +23,9 @@ BACKENDS = [b for b in os.environ.get("TRAY_TEST_BACKENDS", "sim,local").split("
 
 
 def _info(actor_id: str):
-    from tray.core.api import _gcs_call
+    from tray.api.blocking import gcs_call
 
-    return _gcs_call("get_actor", actor_id)
+    return gcs_call("get_actor", actor_id)
 
 
 def _state(actor_id: str) -> str:

@@ -251,7 +251,7 @@ def test_policy_forgets_a_crashed_node():
 
 
 def test_gcs_aggregates_queued_infeasible_actor_and_group_demand():
-    from tray.core.api import _gcs_call
+    from tray.api.blocking import gcs_call
     from tray.util.placement_group import placement_group
 
     tray.init(backend="sim", seed=3, num_cpus=1)
@@ -271,7 +271,7 @@ def test_gcs_aggregates_queued_infeasible_actor_and_group_demand():
         actor = Needy.remote()  # no node has "accel"
         group = placement_group([{"CPU": 8}], strategy="PACK")  # never fits
         time.sleep(3.0)  # a few heartbeats: the nodes report
-        demand = _gcs_call("get_cluster_load")
+        demand = gcs_call("get_cluster_load")
         shapes = {tuple(sorted(shape.items())): count for shape, count in demand.shapes}
         assert shapes.get((("CPU", 1.0),), 0) >= 2
         assert shapes.get((("CPU", 16.0),), 0) >= 1
@@ -281,10 +281,10 @@ def test_gcs_aggregates_queued_infeasible_actor_and_group_demand():
             [("PACK", [{"CPU": 8.0}])]
         assert [n.leases for n in demand.nodes] == [1]
         sdk.request_resources(num_cpus=3, bundles=[{"GPU": 1}])
-        assert _gcs_call("get_cluster_load").requested == \
+        assert gcs_call("get_cluster_load").requested == \
             ({"CPU": 1.0}, {"CPU": 1.0}, {"CPU": 1.0}, {"GPU": 1.0})
         sdk.request_resources()
-        assert _gcs_call("get_cluster_load").requested == ()
+        assert gcs_call("get_cluster_load").requested == ()
         del running, infeasible, actor, group
     finally:
         tray.shutdown()
@@ -444,7 +444,7 @@ def test_queued_work_moves_to_a_node_that_joins():
 
 
 def test_a_node_drains_only_when_empty_and_then_takes_no_work():
-    from tray.core.api import _block
+    from tray.api.blocking import block
     from tray.core.context import get_worker
     from tray.simtest import cluster
     from tray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -459,7 +459,7 @@ def test_a_node_drains_only_when_empty_and_then_takes_no_work():
         def drain():
             async def call():
                 return await worker.endpoint.call(address, "drain")
-            return _block(worker, call)
+            return block(worker, call)
 
         @tray.remote
         def hold(seconds):

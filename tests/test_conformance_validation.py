@@ -19,7 +19,7 @@ import logging
 import pytest
 
 import tray
-import tray.core.api as api
+import tray.api.remote_function as api
 from tray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 

@@ -18,9 +18,10 @@ from polling import wait_for  # (tests/ is on sys.path)
 
 import tray
 import tray.exceptions as tex
+from tray.api import state
+from tray.api.blocking import in_loop
 from tray.backends.local import _thread_condition
-from tray.core.api import _in_loop
-from tray.core.context import _global_state
+from tray.core.context import driver
 from tray.core.worker.thread_inbox import ThreadInbox
 
 THREAD_JOIN_S = 60.0  # a bound on a test that would otherwise hang, not a speed goal
@@ -57,13 +58,13 @@ class Slow:
 
 
 def _driver():
-    return _global_state["driver"]
+    return driver()
 
 
 def _driver_objects() -> int:
     # Read on the loop: the local driver's tables change there meanwhile.
     worker = _driver()
-    return _in_loop(worker, worker.statistics).references.objects
+    return in_loop(worker, worker.statistics).references.objects
 
 
 def _settle() -> None:
@@ -236,7 +237,7 @@ def _while_the_loop_is_held(read, then=lambda: None):
     is held (only a call that does not enter it returns), and ``then()``'s
     result, called before the loop is let go."""
     release = threading.Event()
-    _global_state["runtime"].call_soon(lambda: release.wait(THREAD_JOIN_S))
+    state.runtime.call_soon(lambda: release.wait(THREAD_JOIN_S))
     try:
         got: list = []
         reader = threading.Thread(target=lambda: got.append(read()))
@@ -354,13 +355,13 @@ def test_the_loop_counts_a_wait_again_when_an_object_became_ready_after_the_thre
     assert tray.get(refs) == [0, 1, 2]
     generation = worker.references.ready_generation
     stale = _ThreadWait(_thread_condition(), refs, 2, 0, True, generation - 1)
-    _in_loop(worker, worker._watch_wait_for_thread, stale)
+    in_loop(worker, worker._watch_wait_for_thread, stale)
     assert stale.woken and not stale.gave_up  # recounted: two were ready
     current = _ThreadWait(_thread_condition(), refs, 2, 0, True, generation)
-    _in_loop(worker, worker._watch_wait_for_thread, current)
+    in_loop(worker, worker._watch_wait_for_thread, current)
     assert not current.woken  # the thread's count (none ready) is taken as is
     assert current in worker.references.ready_listeners
-    _in_loop(worker, worker.references.ready_listeners.pop, current)
+    in_loop(worker, worker.references.ready_listeners.pop, current)
 
 
 def test_threads_waiting_in_get_or_wait_raise_when_tray_shuts_down():

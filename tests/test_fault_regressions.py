@@ -395,7 +395,7 @@ def test_an_error_raised_in_the_simulation_never_chains_to_the_drivers():
     import trio
 
     import tray
-    from tray.core.context import _global_state
+    from tray.core.context import driver
     from tray.simtest import cluster as current_cluster
 
     kept = []
@@ -422,6 +422,6 @@ def test_an_error_raised_in_the_simulation_never_chains_to_the_drivers():
         del ref
         gc.collect()
         time.sleep(0.5)
-        assert _global_state["driver"].statistics().references.objects == 0
+        assert driver().statistics().references.objects == 0
     finally:
         tray.shutdown()

@@ -552,13 +552,13 @@ def test_the_gcs_job_table_on_both_backends(backend):
     and the dashboard share): ids are created once, records replaced, listed
     by id and deleted, the same on both backends."""
     import tray
-    from tray.core import api
+    from tray.api import blocking, session
 
     tray.init(backend=backend, num_cpus=1, **({"seed": 0} if backend == "sim" else {}))
-    worker = api._worker()
+    worker = session.ensure_worker()
 
     def call(method, *args):
-        return api._block(worker, worker.gcs_call, method, *args)
+        return blocking.block(worker, worker.gcs_call, method, *args)
 
     first = JobInfo(submission_id="b", status=JobStatus.PENDING, entrypoint="true")
     assert call("job_submission_put", "b", first.to_record(), True) is True
@@ -655,11 +655,11 @@ def test_init_without_an_address_joins_the_cluster_tray_address_names(cluster, t
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"GCS {address}" in done.stdout or f"GCS tcp:{address}" in done.stdout, done.stdout
 
-    from tray.core import api
+    from tray.api import session
 
     for value, expected in ((address, address), ("http://127.0.0.1:8265", None), ("", None)):
         os.environ["TRAY_ADDRESS"] = value
         try:
-            assert api._address_from_environment() == expected
+            assert session._address_from_environment() == expected
         finally:
             del os.environ["TRAY_ADDRESS"]

@@ -23,9 +23,9 @@ def _settle() -> None:
 
 
 def _driver_refs() -> int:
-    from tray.core.context import _global_state
+    from tray.core.context import driver
 
-    return _global_state["driver"].statistics().references.objects
+    return driver().statistics().references.objects
 
 
 @tray.remote

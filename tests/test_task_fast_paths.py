@@ -16,7 +16,8 @@ import pytest
 import tray
 import tray.exceptions as tex
 import tray.simtest
-from tray.core.context import _global_state
+from tray.api import state
+from tray.core.context import driver
 from tray.core.worker.normal_task_submitter import LEASE_IDLE_KEEP_S
 
 GET_TIMEOUT_S = 120.0  # a bound on a test that would otherwise hang, not a speed goal
@@ -71,10 +72,10 @@ def test_driver_sync_loop_reuses_one_lease():
             assert tray.get(echo.remote(i)) == i
         # Without the kept lease: a lease granted and returned per task.
         assert len(_events("lease_granted")) <= 2
-        driver = _global_state["driver"]
-        assert driver.normal_submitter.queues  # kept idle for the next task
+        worker = driver()
+        assert worker.normal_submitter.queues  # kept idle for the next task
         time.sleep(LEASE_IDLE_KEEP_S * 50)  # virtual time: the kept lease's time runs out
-        assert not driver.normal_submitter.queues
+        assert not worker.normal_submitter.queues
         assert len(_events("lease_returned")) == len(_events("lease_granted"))
     finally:
         tray.shutdown()
@@ -106,12 +107,12 @@ def test_a_sync_loop_keeps_one_reaper_that_never_wakes_while_the_lease_is_used(m
         for i in range(50):
             assert tray.get(echo.remote(i)) == i
         assert runs == {"started": 1, "returned": 0}
-        (queue,) = _global_state["driver"].normal_submitter.queues.values()
+        (queue,) = driver().normal_submitter.queues.values()
         (lease,) = queue.leases
         assert queue.reaper.deadline == lease.idle_since + LEASE_IDLE_KEEP_S
         time.sleep(LEASE_IDLE_KEEP_S * 50)  # virtual time: the kept lease goes back, the reaper ends
         assert runs == {"started": 1, "returned": 1} and queue.reaper is None
-        assert not _global_state["driver"].normal_submitter.queues
+        assert not driver().normal_submitter.queues
     finally:
         tray.shutdown()
 
@@ -164,7 +165,7 @@ def local():
 
 
 def test_sync_loop_gets_without_entering_the_loop(local, monkeypatch):
-    runtime = _global_state["runtime"]
+    runtime = state.runtime
     crossings: list = []
     original = runtime.run
 

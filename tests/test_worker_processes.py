@@ -12,7 +12,7 @@ import pytest
 
 import tray
 import tray.simtest
-from tray.core.context import _global_state
+from tray.api import state
 
 local_only = pytest.mark.skipif(
     "local" not in os.environ.get("TRAY_TEST_BACKENDS", "sim,local"),
@@ -40,7 +40,7 @@ class Environment:
 def _workers_started() -> int:
     """Worker processes the local cluster started so far (each gets its own
     log file in the session)."""
-    session_dir = _global_state["runtime"].info["session_dir"]
+    session_dir = state.runtime.info["session_dir"]
     return len(glob.glob(os.path.join(session_dir, "logs", "worker-*.out")))
 
 

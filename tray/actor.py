@@ -1,12 +1,12 @@
 """Actor-side helpers under Ray's module name (``ray.actor``).
 
 ``exit_actor()`` ends the current actor from inside one of its methods (see
-``tray.core.api.exit_actor`` for the exact rules); ``ActorHandle`` and
+``tray.api.actor.exit_actor`` for the exact rules); ``ActorHandle`` and
 ``ActorClass`` are here too, where Ray keeps them."""
 
 from __future__ import annotations
 
-from .core.api import ActorClass, ActorHandle, ActorMethod, exit_actor
+from .api.actor import ActorClass, ActorHandle, ActorMethod, exit_actor
 from .core.worker.actor_host import ActorExit, AsyncioActorExit
 
 __all__ = ["exit_actor", "ActorHandle", "ActorClass", "ActorMethod", "ActorExit",

@@ -38,10 +38,10 @@ def _as_config(config) -> AutoscalingConfig:
 
 def start(config) -> Monitor:
     """Start the autoscaler for the running cluster (see the module docstring)."""
-    from ..core.api import _global_state
+    from ..api import state
 
     config = _as_config(config)
-    runtime = _global_state["runtime"]
+    runtime = state.runtime
     if runtime is None:
         raise RuntimeError("tray.autoscaler.start() needs a running cluster: call "
                            "tray.init() first")
@@ -65,9 +65,9 @@ def read_status() -> dict | None:
     """The autoscaler's last published status (a dict), or None."""
     import json
 
-    from ..core.api import _gcs_call
+    from ..api.blocking import gcs_call
 
-    raw = _gcs_call("kv_get", STATUS_KEY)
+    raw = gcs_call("kv_get", STATUS_KEY)
     return None if raw is None else json.loads(raw)
 
 

@@ -44,9 +44,9 @@ def main(argv: list[str] | None = None) -> int:
 
     config = load(args.config)
     tray.init(address=args.address)
-    from ..core.api import _global_state
+    from ..api import state
 
-    runtime = _global_state["runtime"]
+    runtime = state.runtime
     gcs = runtime.info["gcs_address"]
     provider = LocalNodeProvider(Session(args.session), gcs, config,
                                  node_ip=gcs.removeprefix("tcp:").rpartition(":")[0])

@@ -38,9 +38,9 @@ def request_resources(num_cpus: int | None = None, bundles: list | None = None) 
     if len(wanted) > REQUEST_BUNDLES_MAX:
         raise ValueError(f"request_resources takes at most {REQUEST_BUNDLES_MAX} bundles, "
                          f"got {len(wanted)}")
-    from ..core.api import _gcs_call
+    from ..api.blocking import gcs_call
 
-    _gcs_call("request_resources", wanted)
+    gcs_call("request_resources", wanted)
 
 
 __all__ = ["request_resources"]

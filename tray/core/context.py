@@ -15,13 +15,25 @@ from .ids import ActorID, ObjectID, TaskID
 
 current_worker: contextvars.ContextVar = contextvars.ContextVar("tray_current_worker")
 
-_global_state: dict = {"driver": None, "runtime": None}
+# The driver's core worker in this process: set by the API layer's init,
+# cleared by its shutdown.
+_driver = None
+
+
+def set_driver(worker) -> None:
+    global _driver
+    _driver = worker
+
+
+def driver():
+    """This process's driver core worker, or None."""
+    return _driver
 
 
 def get_worker(required: bool = True):
     worker = current_worker.get(None)
     if worker is None:
-        worker = _global_state["driver"]
+        worker = _driver
     if worker is None and required:
         from ..exceptions import NotInitializedError
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextvars
 
-from .context import current_worker, get_worker
+from .context import get_worker
 from .ids import ObjectID
 from .serialization import report_contained_ref
 
@@ -21,6 +21,12 @@ _new_borrows: contextvars.ContextVar = contextvars.ContextVar("tray_new_borrows"
 
 class ObjectRef:
     __slots__ = ("_id", "_owner", "_worker", "__weakref__")
+
+    # What Ray's API hands the user's threads and asyncio for a ref -- a
+    # concurrent.futures.Future, an asyncio.Future, ``await ref`` under
+    # ``asyncio.run`` -- is made above the core, which knows only trio: the
+    # API layer sets this when it is imported (``tray/api/futures.py``).
+    user_world = None
 
     def __init__(self, object_id: ObjectID, owner: str, worker=None) -> None:
         self._id = object_id
@@ -76,35 +82,24 @@ class ObjectRef:
         return f"ObjectRef({self._id.hex()})"
 
     def __await__(self):
-        """``await ref``: in an async actor's asyncio code (on trio-asyncio)
-        through that loop; in other asyncio code (a driver under
-        ``asyncio.run``) through ``future()``; on trio (tasks, the
-        simulator's own code) through the core worker directly."""
-        from .. import _bridges
-
-        loop = _bridges.trio_asyncio_loop()
-        if loop is not None and current_worker.get(None) is not None:
-            # asyncio code of an async actor (on trio-asyncio, on the worker's loop)
+        """``await ref``: on trio (tasks, the simulator's own code) through
+        the core worker directly; in asyncio code through the awaitable the
+        API layer makes (``ObjectRef.user_world``)."""
+        awaitable = ObjectRef.user_world.await_ref(self) if ObjectRef.user_world else None
+        if awaitable is None:
             worker = self._worker or get_worker()
-            return loop.trio_as_future(worker.get_async, [self], None, True).__await__()
-        if _bridges.asyncio_running():
-            return _bridges.await_from_asyncio(self).__await__()
-        worker = self._worker or get_worker()
-        return worker.get_async([self], None, single=True).__await__()
+            awaitable = worker.get_async([self], None, single=True)
+        return awaitable.__await__()
 
     def future(self):
         """A ``concurrent.futures.Future`` of the object's value (or its
         error), as Ray's. Cancelling it does not cancel the task."""
-        from .. import _bridges
-
-        return _bridges.ref_future(self)
+        return ObjectRef.user_world.future(self)
 
     def as_future(self):
         """An ``asyncio.Future`` of the object's value, as Ray's
         (``asyncio.wrap_future(ref.future())``)."""
-        from .. import _bridges
-
-        return _bridges.as_asyncio_future(self)
+        return ObjectRef.user_world.as_future(self)
 
 
 def _rebuild_ref(object_id: bytes, owner: str) -> ObjectRef:

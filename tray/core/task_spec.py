@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .runtime_env_keys import env_hash
 from .scheduling import Strategy
 from .serialization import SerializedObject, pickled_by_fields
 
@@ -78,8 +79,6 @@ class TaskSpec:
 
     def __post_init__(self) -> None:
         if self.runtime_env and not self.runtime_env_hash:
-            from ..runtime_env import env_hash
-
             self.runtime_env_hash = env_hash(self.runtime_env)
 
     def ref_args(self) -> list[ArgByRef]:

@@ -16,7 +16,8 @@ actor's loop for one round trip to the GCS, as Ray's does."""
 
 from __future__ import annotations
 
-from ..core.api import _block, is_initialized
+from ..api.blocking import block
+from ..api.session import is_initialized
 from ..core.context import get_worker
 
 __all__ = ["_internal_kv_del", "_internal_kv_exists", "_internal_kv_get",
@@ -33,7 +34,7 @@ def _bytes(value, what: str) -> bytes:
 
 def _call(method: str, *args):
     worker = get_worker()  # NotInitializedError when there is no cluster
-    return _block(worker, worker.gcs_call, method, *args)
+    return block(worker, worker.gcs_call, method, *args)
 
 
 def _namespace(namespace) -> bytes:

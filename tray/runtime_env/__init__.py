@@ -47,6 +47,7 @@ import json
 import os
 import types
 
+from ..core.runtime_env_keys import ENV_KV_PREFIX, env_hash
 from .packaging import (
     DEFAULT_MAX_PACKAGE_BYTES,
     KV_PREFIX,
@@ -225,14 +226,6 @@ def merge(parent: dict | None, child: dict | None) -> dict:
     return {key: value for key, value in merged.items() if value not in (None, {}, [])}
 
 
-def env_hash(resolved: dict | None) -> str:
-    """The name of a resolved env's worker pool: '' for the empty env."""
-    if not resolved:
-        return ""
-    text = json.dumps(resolved, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(text.encode()).hexdigest()[:32]
-
-
 # ------------------------------------------------------------ resolution
 
 # What this process packed and uploaded to its cluster: (kind, path,
@@ -242,9 +235,6 @@ def env_hash(resolved: dict | None) -> str:
 # directories a program names.
 _packed: dict[tuple, str] = {}
 _uploaded: set[str] = set()
-
-
-ENV_KV_PREFIX = "runtime_env:"
 
 
 def store_env(resolved: dict, upload) -> str:
@@ -372,12 +362,13 @@ def package_working_dir(path, excludes: list[str] | tuple = (), *,
 
 
 def _cluster_upload():
-    from ..core import api
+    from ..api.blocking import block
+    from ..api.session import ensure_worker
 
-    worker = api._worker()
+    worker = ensure_worker()
 
     def upload(key: str, data: bytes) -> None:
-        api._block(worker, worker.gcs_call, "kv_put", key, data, False)
+        block(worker, worker.gcs_call, "kv_put", key, data, False)
     return upload
 
 

@@ -171,11 +171,11 @@ def flush() -> None:
     """Write this process's metrics to the cluster now (``collect()`` in the
     same process calls it first; values are otherwise at most
     ``FLUSH_INTERVAL_S`` late)."""
-    from ..core.api import _block
+    from ..api.blocking import block
 
     worker, registry = _current()
     if worker is not None:
-        _block(worker, _flush_once, worker, registry)
+        block(worker, _flush_once, worker, registry)
 
 
 # ============================================================== the metrics

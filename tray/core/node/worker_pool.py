@@ -42,9 +42,9 @@ from dataclasses import dataclass
 import trio
 
 from ... import exceptions
-from ...runtime_env import ENV_KV_PREFIX
 from ..ids import WorkerID
 from ..rpc import Endpoint, PeerDisconnected
+from ..runtime_env_keys import ENV_KV_PREFIX
 
 logger = logging.getLogger("tray.node")
 

@@ -255,9 +255,9 @@ class _Client:
                 raise exceptions.TrayError(f"the state query did not finish within "
                                            f"{self.timeout_s} s (pass timeout= to wait longer)")
 
-            from ...core.api import _block
+            from ...api.blocking import block
 
-            return _block(worker, gather)
+            return block(worker, gather)
         import trio
 
         from ...backends.local import query_gcs
@@ -288,9 +288,9 @@ class _Client:
     def flush_own_events(self) -> None:
         """A connected driver's own buffered task events go to the GCS first."""
         if self.worker is not None:
-            from ...core.api import _block
+            from ...api.blocking import block
 
-            _block(self.worker, self.worker.task_events.flush)
+            block(self.worker, self.worker.task_events.flush)
 
 
 def _to_epoch_ms(gcs_time: float | None, gcs_now: float) -> int | None:

@@ -1,31 +1,26 @@
-"""Bridges from the user's side of a tray program -- threads, asyncio,
-``concurrent.futures`` -- to tray's trio core.
+"""What Ray's API hands the user's threads and asyncio for a ref.
 
 The core runs on trio only and starts no thread (the layer rule,
 ``docs/architecture.md`` section 1), but Ray's API hands users objects of
 those worlds: ``ref.future()`` is a ``concurrent.futures.Future``,
-``ref.as_future()`` an ``asyncio.Future``, ``await ref`` works in a driver's
-``asyncio.run``, and the first call of any thread may start the default
-cluster. Those objects are made here, outside the core; the core's public
-API calls in lazily, only from the user's thread or loop.
+``ref.as_future()`` an ``asyncio.Future``, and ``await ref`` works in a
+driver's ``asyncio.run`` and in an async actor's methods. Those objects are
+made here, above the core, and attached to the core's ``ObjectRef`` when
+this module is imported (``ObjectRef.user_world``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import threading
 
 import greenback
 import trio
 
-from .core.api import _block, _worker
-from .core.context import current_task
-from .core.object_ref import ObjectRef
-
-# Ray starts a local cluster on the first call that needs one; so does tray
-# (``api._auto_init``): one thread at a time.
-AUTO_INIT_LOCK = threading.Lock()
+from ..core.context import current_task, current_worker, get_worker
+from ..core.object_ref import ObjectRef
+from .blocking import block
+from .session import ensure_worker
 
 
 def asyncio_running() -> bool:
@@ -90,7 +85,7 @@ class ObjectRefFuture(concurrent.futures.Future):
             return False  # the loop's own thread completes it meanwhile
         if not worker.in_user_thread() and not greenback.has_portal():
             return False
-        _block(worker, self._wait_async, timeout)
+        block(worker, self._wait_async, timeout)
         return True
 
     async def _wait_async(self, timeout) -> None:
@@ -129,7 +124,7 @@ def _shut_down():
 
 
 def ref_future(ref: ObjectRef) -> ObjectRefFuture:
-    worker = ref._worker or _worker()
+    worker = ref._worker or ensure_worker()
     future = ObjectRefFuture(ref, worker)
     worker.spawn(_resolve, future)
     return future
@@ -143,14 +138,38 @@ async def await_from_asyncio(ref: ObjectRef):
         # The simulator: run it a slice at a time, yielding to the driver's
         # other asyncio tasks in between.
         while not future.done():
-            _block(worker, future._wait_async, AWAIT_SLICE_S)
+            block(worker, future._wait_async, AWAIT_SLICE_S)
             await asyncio.sleep(0)
         return future.result()
     return await asyncio.wrap_future(future)
 
 
 def as_asyncio_future(ref: ObjectRef):
-    worker = ref._worker or _worker()
+    worker = ref._worker or ensure_worker()
     if not worker.bridge.off_loop_thread():  # the simulator's driver
         return asyncio.ensure_future(await_from_asyncio(ref))
     return asyncio.wrap_future(ref_future(ref))
+
+
+def await_ref(ref: ObjectRef):
+    """What ``await ref`` awaits outside tray's own trio code, or None there:
+    in an async actor's asyncio code (on trio-asyncio, on the worker's
+    loop) the worker's wait through that loop; in other asyncio code (a
+    driver under ``asyncio.run``) ``await_from_asyncio``."""
+    loop = trio_asyncio_loop()
+    if loop is not None and current_worker.get(None) is not None:
+        worker = ref._worker or get_worker()
+        return loop.trio_as_future(worker.get_async, [ref], None, True)
+    if asyncio_running():
+        return await_from_asyncio(ref)
+    return None
+
+
+class _UserWorld:
+    """``ObjectRef.user_world``: the user's side of a ref."""
+    await_ref = staticmethod(await_ref)
+    future = staticmethod(ref_future)
+    as_future = staticmethod(as_asyncio_future)
+
+
+ObjectRef.user_world = _UserWorld

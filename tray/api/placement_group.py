@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import numbers
 
-from .api import _block, _in_loop, _namespace, remote
-from .context import current_task, get_worker
-from .ids import PlacementGroupID
-from .messages import PG_CREATED
-from .scheduling import PG_STRATEGIES
+from ..core.context import current_task, get_worker
+from ..core.ids import PlacementGroupID
+from ..core.messages import PG_CREATED
+from ..core.scheduling import PG_STRATEGIES
+from .blocking import block, in_loop
+from .remote import remote
+from .session import current_namespace
 
 
 class PlacementGroup:
@@ -45,7 +47,7 @@ class PlacementGroup:
     def ready(self):
         """An ObjectRef that resolves (to this group) once the group is
         placed: usable with ``tray.get`` and ``tray.wait``."""
-        from ..util.scheduling_strategies import PlacementGroupSchedulingStrategy
+        from .scheduling_strategies import PlacementGroupSchedulingStrategy
 
         strategy = PlacementGroupSchedulingStrategy(self, placement_group_bundle_index=0)
         return _bundle_reservation_check.options(scheduling_strategy=strategy).remote(self)
@@ -82,7 +84,7 @@ def _gcs(method: str, *args):
 
     async def call():
         return await worker.gcs_call(method, *args)
-    return _block(worker, call)
+    return block(worker, call)
 
 
 def _validate_bundles(bundles) -> list[dict]:
@@ -124,13 +126,13 @@ def placement_group(bundles: list[dict], strategy: str = "PACK", name: str = "",
         raise ValueError("placement group `lifetime` argument must be either `None` or "
                          f"'detached', got {lifetime!r}")
     worker = get_worker()
-    namespace = _namespace()
+    namespace = current_namespace()
 
     def prepare():
         return worker.prepare_placement_group(bundles=checked, strategy=strategy, name=name,
                                               namespace=namespace,
                                               detached=lifetime == "detached")
-    spec = _in_loop(worker, prepare)
+    spec = in_loop(worker, prepare)
     _gcs("create_placement_group", spec)
     return PlacementGroup(PlacementGroupID.from_hex(spec.pg_id), checked)
 
@@ -148,7 +150,7 @@ def get_placement_group(placement_group_name: str) -> PlacementGroup:
     """The live group of that name in this job's namespace; ValueError if none."""
     if not isinstance(placement_group_name, str) or not placement_group_name:
         raise ValueError("Please supply a non-empty value to get_placement_group")
-    info = _gcs("get_named_placement_group", placement_group_name, _namespace())
+    info = _gcs("get_named_placement_group", placement_group_name, current_namespace())
     if info is None:
         raise ValueError(f"Failed to look up placement group with name: "
                          f"{placement_group_name}")

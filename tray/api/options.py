@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numbers
 
-from .scheduling import Strategy
+from ..core.scheduling import Strategy
 
 TASK_OPTIONS = {"num_cpus", "num_gpus", "resources", "memory", "num_returns", "max_retries",
                 "retry_exceptions", "scheduling_strategy", "name", "runtime_env",
@@ -163,7 +163,7 @@ def validate(options: dict, allowed: set[str], what: str, *, in_options: bool = 
 
 
 def to_strategy(value) -> Strategy:
-    from ..util.scheduling_strategies import (
+    from .scheduling_strategies import (
         NodeAffinitySchedulingStrategy,
         PlacementGroupSchedulingStrategy,
     )
