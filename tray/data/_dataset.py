@@ -10,14 +10,11 @@ from __future__ import annotations
 
 import inspect
 import itertools
-import random
-import weakref
 
 import numpy as np
 import pyarrow as pa
 
 import tray
-from tray import exceptions
 
 from . import _block as B
 from . import _executor as E
@@ -26,38 +23,7 @@ from . import _shuffle as S
 from . import _transforms as T
 from ._context import DataContext
 from ._iterator import DataIterator, SplitCoordinator, StreamSplitIterator
-
-# ================================================================ seeds
-
-_counters: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def fresh_seed() -> int:
-    """A seed for an operation the user did not seed.
-
-    On a real cluster it is random, as in Ray. In the simulator it comes
-    from the cluster's seed and a count of such draws in this run, so a
-    simulated program replays exactly, unseeded shuffles included."""
-    from tray import simtest
-
-    try:
-        cluster = simtest.cluster()
-    except exceptions.TrayError:
-        return random.SystemRandom().getrandbits(62)
-    counter = _counters.setdefault(cluster, itertools.count())
-    return random.Random(f"{cluster.seed}:tray.data:{next(counter)}").getrandbits(62)
-
-
-def execute_plan(node: P.LogicalOp, context: DataContext | None = None, stats_sink=None):
-    """Run ``node``; yields bundles. ``stats_sink(executor)`` gets the
-    executor at the end, for ``stats()``."""
-    executor = E.StreamingExecutor(P.compile_plan(node), context)
-    try:
-        yield from executor.run()
-    finally:
-        if stats_sink is not None:
-            stats_sink(executor)
-
+from ._seed import fresh_seed
 
 # ================================================================ helpers
 
@@ -186,7 +152,7 @@ class Dataset:
 
     def _bundles(self):
         """Run the plan; yields bundles (refs and metadata, no data)."""
-        return execute_plan(self._plan, DataContext.get_current(), self._record_stats)
+        return P.execute_plan(self._plan, DataContext.get_current(), self._record_stats)
 
     def iterator(self) -> DataIterator:
         return DataIterator(self._bundles, P.describe(self._plan))
@@ -665,6 +631,9 @@ class MaterializedDataset(Dataset):
         for (index, block_ref, _, source), meta in zip(pending, metas, strict=False):
             bundles[index] = E.Bundle([block_ref], [meta], pins=[source])
         return MaterializedDataset.from_bundles(bundles, "Split")
+
+
+DataIterator.materialized_class = MaterializedDataset  # what DataIterator.materialize builds
 
 
 # ================================================================ groupby

@@ -23,6 +23,8 @@ import tray
 
 from . import _block as B
 from ._context import DataContext
+from ._plan import execute_plan
+from ._seed import fresh_seed
 
 
 def _fetch_blocks(bundles, prefetch_blocks: int):
@@ -100,6 +102,11 @@ def _shuffled_batches(blocks, batch_size, drop_last, buffer_size, seed):
 class DataIterator:
     """Batches and rows of a stream of blocks (Ray's ``DataIterator``)."""
 
+    # What materialize() builds: ``_dataset.MaterializedDataset``, which
+    # names itself here when it is defined. ``_dataset`` imports this
+    # module (a dataset's iterator), so this one does not import it back.
+    materialized_class = None
+
     def __init__(self, open_bundles, name: str = "Dataset") -> None:
         self._open_bundles = open_bundles  # () -> iterator of bundles
         self._name = name
@@ -116,8 +123,6 @@ class DataIterator:
                      local_shuffle_seed: int | None = None, _collate_fn=None):
         B.check_batch_format(batch_format)
         if local_shuffle_buffer_size is not None and local_shuffle_seed is None:
-            from ._dataset import fresh_seed
-
             local_shuffle_seed = fresh_seed()
         tables = batch_tables(self._blocks(prefetch_batches), batch_size, drop_last=drop_last,
                               local_shuffle_buffer_size=local_shuffle_buffer_size,
@@ -159,9 +164,7 @@ class DataIterator:
             yield out
 
     def materialize(self):
-        from ._dataset import MaterializedDataset
-
-        return MaterializedDataset.from_bundles(list(self._open_bundles()), "FromIterator")
+        return self.materialized_class.from_bundles(list(self._open_bundles()), "FromIterator")
 
 
 # ================================================================ streaming_split
@@ -194,8 +197,6 @@ class SplitCoordinator:
         self._exhausted = False
 
     def _start(self, epoch: int) -> None:
-        from ._dataset import execute_plan
-
         self.epoch = epoch
         self.finished = set()
         self._bundles = execute_plan(self.plan, self.context)

@@ -9,6 +9,10 @@ transform chains concatenated), reads included, so read -> map_batches ->
 filter is one task per block and one block in the store, not three.
 A map on an actor pool is not fused with its neighbours (its actors hold
 state that tasks cannot).
+
+``execute_plan`` compiles a plan and runs it with the streaming executor;
+every consumer of a dataset (and each epoch of a ``streaming_split``)
+goes through it.
 """
 
 from __future__ import annotations
@@ -120,3 +124,17 @@ def describe(node: LogicalOp) -> str:
         return node.name
     inner = " + ".join(describe(p) for p in node.inputs)
     return f"{node.name} <- {inner}" if len(node.inputs) == 1 else f"{node.name} <- ({inner})"
+
+
+# ================================================================ execution
+
+
+def execute_plan(node: LogicalOp, context: DataContext | None = None, stats_sink=None):
+    """Run ``node``; yields bundles. ``stats_sink(executor)`` gets the
+    executor at the end, for ``stats()``."""
+    executor = E.StreamingExecutor(compile_plan(node), context)
+    try:
+        yield from executor.run()
+    finally:
+        if stats_sink is not None:
+            stats_sink(executor)

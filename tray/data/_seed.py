@@ -1,0 +1,32 @@
+"""Seeds for the operations a user did not seed (shuffles, block order,
+local shuffle buffers, the file-name prefix of writes).
+
+On a real cluster they are random, as in Ray; in the simulator they come
+from the cluster's seed, so a simulated program replays exactly.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+import weakref
+
+from tray import exceptions
+
+_counters: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def fresh_seed() -> int:
+    """A seed for an operation the user did not seed.
+
+    On a real cluster it is random, as in Ray. In the simulator it comes
+    from the cluster's seed and a count of such draws in this run, so a
+    simulated program replays exactly, unseeded shuffles included."""
+    from tray import simtest
+
+    try:
+        cluster = simtest.cluster()
+    except exceptions.TrayError:
+        return random.SystemRandom().getrandbits(62)
+    counter = _counters.setdefault(cluster, itertools.count())
+    return random.Random(f"{cluster.seed}:tray.data:{next(counter)}").getrandbits(62)
