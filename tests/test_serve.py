@@ -531,7 +531,7 @@ def test_a_router_keeps_a_newer_target_over_an_older_controllers_answer():
 
 def test_does_not_exist_is_checked_with_the_controller_before_a_caller_hears_it(sim):
     from tray.serve._common import RoutingTarget
-    from tray.serve._context import router_for
+    from tray.serve._handle import router_for
 
     handle = serve.run(Adder.bind(7), name="kept")
     assert handle.remote(1).result() == 8
@@ -557,8 +557,8 @@ def test_a_synchronous_router_reads_the_current_target_before_it_routes(sim, mon
     # failed, and were sent again only when the driver fetched them: for
     # 30 s they were load that no replica and no autoscaler saw. Now a
     # router that finds an answer waiting reads the current target.
-    from tray.serve._context import router_for
     from tray.serve._controller import ServeController
+    from tray.serve._handle import router_for
 
     busy = []
     listen = ServeController.listen_for_change

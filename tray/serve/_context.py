@@ -118,17 +118,11 @@ def controller_handle(*, required: bool = True):
     return handle
 
 
-def router_for(app_name: str, deployment: str):
-    from ._handle import Router
-
-    key = (app_name, deployment)
-    routers = _state()["routers"]
-    router = routers.get(key)
-    if router is None:
-        seed = tray.get_runtime_context().get_worker_id()
-        router = Router(controller_handle(), app_name, deployment, seed)
-        routers[key] = router
-    return router
+def router_registry() -> dict:
+    """This process's routers by (application, deployment), the dict itself:
+    ``_handle.router_for`` adds to it (the routers live in ``_handle``, which
+    imports this module, not the other way round)."""
+    return _state()["routers"]
 
 
 def routers() -> dict:

@@ -702,7 +702,7 @@ class DeploymentHandle:
 
     def _get_router(self) -> Router:
         if self._router is None:
-            self._router = _context.router_for(self.app_name, self.deployment_name)
+            self._router = router_for(self.app_name, self.deployment_name)
         return self._router
 
     def remote(self, *args, **kwargs):
@@ -737,3 +737,16 @@ class DeploymentHandle:
 
 def _rebuild_handle(deployment_name, app_name, method_name, stream) -> DeploymentHandle:
     return DeploymentHandle(deployment_name, app_name, method_name=method_name, stream=stream)
+
+
+def router_for(app_name: str, deployment: str) -> Router:
+    """This process's router of the deployment, made at its first use (one
+    per process, shared by every handle to the deployment there)."""
+    key = (app_name, deployment)
+    routers = _context.router_registry()
+    router = routers.get(key)
+    if router is None:
+        seed = tray.get_runtime_context().get_worker_id()
+        router = Router(_context.controller_handle(), app_name, deployment, seed)
+        routers[key] = router
+    return router

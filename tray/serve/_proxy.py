@@ -31,7 +31,7 @@ import tray
 
 from . import _context
 from ._common import RequestMetadata, RouteTable
-from ._handle import MAX_REQUEST_RETRIES
+from ._handle import MAX_REQUEST_RETRIES, router_for
 from ._http import HTTPRequestData, portable_scope
 from .exceptions import BackPressureError, RayServeException
 
@@ -224,7 +224,7 @@ class ServeProxy:
                 status_code=413)(scope, receive, send)
             return
         request = HTTPRequestData(portable_scope(scope, prefix), body)
-        router = _context.router_for(app_name, ingress)
+        router = router_for(app_name, ingress)
         meta = RequestMetadata(request_id=router.next_request_id(), is_http=True, route=prefix)
         for attempt in range(MAX_REQUEST_RETRIES + 1):
             try:
