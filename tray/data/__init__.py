@@ -19,16 +19,16 @@ from . import _block as B
 from . import _datasource as _sources
 from . import _plan as P
 from ._block import BlockMetadata as BlockMetadata
+from ._compute import ActorPoolStrategy as ActorPoolStrategy
+from ._compute import TaskPoolStrategy as TaskPoolStrategy
 from ._context import DataContext as DataContext
 from ._context import ExecutionOptions as ExecutionOptions
 from ._context import ExecutionResources as ExecutionResources
-from ._dataset import ActorPoolStrategy as ActorPoolStrategy
 from ._dataset import Dataset as Dataset
-from ._dataset import GroupedData as GroupedData
 from ._dataset import MaterializedDataset as MaterializedDataset
 from ._dataset import Schema as Schema
-from ._dataset import TaskPoolStrategy as TaskPoolStrategy
 from ._executor import Bundle as _Bundle
+from ._grouped_data import GroupedData as GroupedData
 from ._iterator import DataIterator as DataIterator
 
 # ================================================================ creation

@@ -4,6 +4,11 @@ Every transform returns a new ``Dataset`` whose plan has one more logical
 operator; every consumer compiles the plan and runs it with the streaming
 executor (``_executor``). As in Ray, a dataset consumed twice executes
 twice, unless it was ``materialize()``d.
+
+Beside it: how a transform's function runs (``_compute``), ``groupby``
+(``_grouped_data``), the column statistics behind ``sum``/``std``/
+``unique`` (``_column_stats``), and iteration and ``streaming_split``
+(``_iterator``).
 """
 
 from __future__ import annotations
@@ -17,93 +22,16 @@ import pyarrow as pa
 import tray
 
 from . import _block as B
+from . import _column_stats as CS
+from . import _compute as C
 from . import _executor as E
 from . import _plan as P
 from . import _shuffle as S
 from . import _transforms as T
 from ._context import DataContext
+from ._grouped_data import GroupedData
 from ._iterator import DataIterator, SplitCoordinator, StreamSplitIterator
 from ._seed import fresh_seed
-
-# ================================================================ helpers
-
-
-def _fn_name(fn) -> str:
-    return getattr(fn, "__name__", None) or type(fn).__name__
-
-
-def _remote_args(num_cpus, num_gpus, memory, ray_remote_args: dict, *, actor: bool) -> dict:
-    args = dict(ray_remote_args)
-    if num_cpus is not None:
-        args["num_cpus"] = num_cpus
-    if num_gpus is not None:
-        args["num_gpus"] = num_gpus
-    if memory is not None:
-        args["memory"] = memory
-    if not actor:
-        args.setdefault("max_retries", DataContext.get_current().task_max_retries)
-    # Unknown options and bad values fail here, at the call, naming them
-    # (tray's own check of remote options).
-    if args:
-        tray.remote(**args)(_ProbeActor if actor else _probe)
-    return args
-
-
-def _probe():  # what options are validated against
-    return None
-
-
-class _ProbeActor:
-    pass
-
-
-class ActorPoolStrategy:
-    """``compute=ActorPoolStrategy(size=N)``: run a callable class on N actors."""
-
-    def __init__(self, size: int | None = None, min_size: int | None = None,
-                 max_size: int | None = None) -> None:
-        chosen = size or max_size or min_size
-        if chosen is None or not isinstance(chosen, int) or chosen < 1:
-            raise ValueError(f"ActorPoolStrategy needs a positive size, got size={size!r}, "
-                             f"min_size={min_size!r}, max_size={max_size!r}")
-        self.size = chosen
-
-
-class TaskPoolStrategy:
-    def __init__(self, size: int | None = None) -> None:
-        self.size = size
-
-
-def _pool_and_concurrency(fn, compute, concurrency, what: str):
-    """(actor pool size or None, task concurrency or None) for ``fn``."""
-    is_class = inspect.isclass(fn)
-    if not is_class and not callable(fn):
-        raise TypeError(f"{what}: fn must be a function or a callable class, got {fn!r}")
-    if isinstance(compute, ActorPoolStrategy):
-        if not is_class:
-            raise ValueError(f"{what}: an ActorPoolStrategy needs a callable class as fn, "
-                             f"got the function {_fn_name(fn)!r}")
-        return compute.size, None
-    if concurrency is not None:
-        if isinstance(concurrency, tuple):
-            if len(concurrency) != 2 or not all(isinstance(c, int) and c > 0
-                                                for c in concurrency):
-                raise ValueError(f"{what}: concurrency must be a positive int or a (min, max) "
-                                 f"tuple, got {concurrency!r}")
-            concurrency = concurrency[1]
-        if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
-            raise ValueError(f"{what}: concurrency must be a positive integer, "
-                             f"got {concurrency!r}")
-    if is_class:
-        if concurrency is None:
-            raise ValueError(f"{what}: fn is the callable class {fn.__name__!r}, which runs on "
-                             "a pool of actors: say how many with concurrency=N")
-        if not any("__call__" in vars(k) for k in fn.__mro__[:-1]):
-            raise TypeError(f"{what}: the class {fn.__name__!r} has no __call__ method")
-        return concurrency, None
-    if isinstance(compute, TaskPoolStrategy) and compute.size:
-        concurrency = compute.size
-    return None, concurrency
 
 
 class Schema:
@@ -169,9 +97,9 @@ class Dataset:
                     concurrency=None, **ray_remote_args) -> Dataset:
         """Apply ``fn`` to batches: a function runs as tasks, a callable
         class on a pool of ``concurrency`` actors (each constructs it once)."""
-        name = f"MapBatches({_fn_name(fn)})"
+        name = f"MapBatches({C.fn_name(fn)})"
         explicit_batch_size = isinstance(batch_size, int) and not isinstance(batch_size, bool)
-        pool, task_concurrency = _pool_and_concurrency(fn, compute, concurrency, "map_batches")
+        pool, task_concurrency = C.pool_and_concurrency(fn, compute, concurrency, "map_batches")
         if not inspect.isclass(fn) and (fn_constructor_args or fn_constructor_kwargs):
             raise ValueError("map_batches: fn_constructor_args and fn_constructor_kwargs apply "
                              "to callable classes only")
@@ -184,7 +112,7 @@ class Dataset:
         B.check_batch_format(batch_format)
         user_fn = T._UserFn(fn, fn_args, fn_kwargs, fn_constructor_args, fn_constructor_kwargs)
         transform = T.MapBatches(name, user_fn, batch_size, batch_format, zero_copy_batch)
-        args = _remote_args(num_cpus, num_gpus, memory, ray_remote_args, actor=pool is not None)
+        args = C.remote_args(num_cpus, num_gpus, memory, ray_remote_args, actor=pool is not None)
         return self._with(P.map_op(self._plan, name, transform, remote_args=args,
                                    pool_size=pool, concurrency=task_concurrency,
                                    min_rows_per_bundle=batch_size,
@@ -193,10 +121,10 @@ class Dataset:
     def _row_op(self, kind, label: str, fn, compute, fn_args, fn_kwargs, fn_constructor_args,
                 fn_constructor_kwargs, num_cpus, num_gpus, memory, concurrency,
                 ray_remote_args) -> Dataset:
-        name = f"{label}({_fn_name(fn)})"
-        pool, task_concurrency = _pool_and_concurrency(fn, compute, concurrency, label.lower())
+        name = f"{label}({C.fn_name(fn)})"
+        pool, task_concurrency = C.pool_and_concurrency(fn, compute, concurrency, label.lower())
         user_fn = T._UserFn(fn, fn_args, fn_kwargs, fn_constructor_args, fn_constructor_kwargs)
-        args = _remote_args(num_cpus, num_gpus, memory, ray_remote_args, actor=pool is not None)
+        args = C.remote_args(num_cpus, num_gpus, memory, ray_remote_args, actor=pool is not None)
         return self._with(P.map_op(self._plan, name, kind(name, user_fn), remote_args=args,
                                    pool_size=pool, concurrency=task_concurrency))
 
@@ -225,7 +153,7 @@ class Dataset:
                             memory, concurrency, ray_remote_args)
 
     def _table_op(self, name: str, fn) -> Dataset:
-        args = _remote_args(None, None, None, {}, actor=False)
+        args = C.remote_args(None, None, None, {}, actor=False)
         return self._with(P.map_op(self._plan, name, T.TableFn(name, fn), remote_args=args))
 
     def add_column(self, col: str, fn, *, batch_format: str = "pandas", compute=None,
@@ -448,7 +376,7 @@ class Dataset:
     # -------------------------------------------------------------- aggregates
 
     def _column_stats(self, columns: list[str]) -> dict:
-        return column_stats(self, columns)
+        return CS.column_stats(self, columns)
 
     def _global(self, kind: str, on):
         columns = [on] if isinstance(on, str) else list(on or [])
@@ -473,11 +401,11 @@ class Dataset:
     def std(self, on, ddof: int = 1):
         columns = [on] if isinstance(on, str) else list(on)
         stats = self._column_stats(columns)
-        values = [_std(stats[c], ddof) for c in columns]
+        values = [CS.entry_std(stats[c], ddof) for c in columns]
         return values[0] if isinstance(on, str) else dict(zip(columns, values, strict=False))
 
     def unique(self, column: str) -> list:
-        return sorted(self._column_stats([column])[column]["counts"], key=_sort_key)
+        return sorted(self._column_stats([column])[column]["counts"], key=CS.value_sort_key)
 
     # -------------------------------------------------------------- splits
 
@@ -634,218 +562,3 @@ class MaterializedDataset(Dataset):
 
 
 DataIterator.materialized_class = MaterializedDataset  # what DataIterator.materialize builds
-
-
-# ================================================================ groupby
-
-
-class GroupedData:
-    """``ds.groupby(key)``: aggregations and map_groups. Outputs are sorted
-    by key, as in Ray."""
-
-    def __init__(self, dataset: Dataset, keys: list) -> None:
-        self._dataset = dataset
-        self._keys = keys
-
-    def __repr__(self) -> str:
-        return f"GroupedData(keys={self._keys})"
-
-    def _aggregate(self, label: str, aggregations: list) -> Dataset:
-        keys = self._keys
-
-        def plan(bundles):
-            return (yield from S.aggregate_plan(bundles, keys, aggregations))
-
-        return Dataset(P.all_to_all_op([self._dataset._plan], f"Aggregate[{label}]", plan))
-
-    def _on(self, kind: str, on, ddof: int = 1) -> Dataset:
-        columns = [on] if isinstance(on, str) else list(on or [])
-        if not columns:
-            raise ValueError(f"groupby().{kind}: name the column(s) with on=")
-        return self._aggregate(f"{kind}({', '.join(columns)})",
-                               [(kind, c, ddof) for c in columns])
-
-    def count(self) -> Dataset:
-        return self._aggregate("count()", [("count", None, 0)])
-
-    def sum(self, on=None) -> Dataset:
-        return self._on("sum", on)
-
-    def min(self, on=None) -> Dataset:
-        return self._on("min", on)
-
-    def max(self, on=None) -> Dataset:
-        return self._on("max", on)
-
-    def mean(self, on=None) -> Dataset:
-        return self._on("mean", on)
-
-    def std(self, on=None, ddof: int = 1) -> Dataset:
-        return self._on("std", on, ddof)
-
-    def map_groups(self, fn, *, compute=None, batch_format: str = "default", fn_args=None,
-                   fn_kwargs=None, fn_constructor_args=None, fn_constructor_kwargs=None,
-                   num_cpus=None, num_gpus=None, memory=None, concurrency=None,
-                   **ray_remote_args) -> Dataset:
-        """Apply ``fn`` to each group as one batch."""
-        keys = self._keys
-
-        def plan(bundles):
-            return (yield from S.group_partition_plan(bundles, keys))
-
-        grouped = Dataset(P.all_to_all_op([self._dataset._plan], f"GroupBy({keys})", plan))
-        name = f"MapGroups({_fn_name(fn)})"
-        pool, task_concurrency = _pool_and_concurrency(fn, compute, concurrency, "map_groups")
-        user_fn = T._UserFn(fn, fn_args, fn_kwargs, fn_constructor_args, fn_constructor_kwargs)
-        transform = MapGroups(name, user_fn, keys, batch_format)
-        args = _remote_args(num_cpus, num_gpus, memory, ray_remote_args, actor=pool is not None)
-        return Dataset(P.map_op(grouped._plan, name, transform, remote_args=args,
-                                pool_size=pool, concurrency=task_concurrency))
-
-
-class MapGroups(T.MapBatches):
-    """Splits each (key-sorted, whole-group) block into its groups and calls
-    ``fn`` once per group."""
-
-    def __init__(self, name, fn, keys, batch_format) -> None:
-        super().__init__(name, fn, None, batch_format)
-        self.keys = keys
-
-    def init_in_actor(self):
-        return MapGroups(self.name, self.fn.instantiate(), self.keys, self.batch_format)
-
-    def apply(self, blocks: list, task_index: int) -> list:
-        table = B.concat(blocks)
-        if table.num_rows == 0:
-            return []
-        change = np.zeros(table.num_rows, dtype=bool)
-        change[0] = True
-        for key in self.keys:
-            values = B.column_to_numpy(table.column(key))
-            change[1:] |= values[1:] != values[:-1]
-        starts = list(np.flatnonzero(change)) + [table.num_rows]
-        outputs = []
-        for start, stop in zip(starts[:-1], starts[1:], strict=False):
-            batch = B.block_to_batch(B.take_rows(table, int(start), int(stop)),
-                                     self.batch_format)
-            outputs.append(B.batch_to_block(self.fn(batch), self.name))
-        return outputs
-
-
-# ================================================================ column statistics
-
-
-def _sort_key(value):
-    return (value is None, str(type(value)), value) if value is not None else (True, "", 0)
-
-
-@tray.remote
-def _partial_stats(block, columns):
-    """Per-column partial statistics of one block, merged in the driver:
-    count, sum, mean and M2 (Chan et al.'s parallel variance), min, max,
-    value counts (bounded)."""
-    out = {}
-    for column in columns:
-        if column not in block.column_names:
-            raise ValueError(f"no column {column!r}; the dataset has {block.column_names}")
-        values = B.column_to_numpy(block.column(column))
-        entry = {"rows": len(values)}
-        numeric = values.dtype.kind in "biuf"
-        present = values[~np.isnan(values)] if values.dtype.kind == "f" else \
-            values[np.array([v is not None for v in values], dtype=bool)] \
-            if values.dtype == object else values
-        entry["count"] = len(present)
-        if numeric and len(present):
-            as_float = present.astype(np.float64)
-            entry["sum"] = present.sum().item()
-            entry["mean"] = float(as_float.mean())
-            entry["m2"] = float(((as_float - entry["mean"]) ** 2).sum())
-            entry["min"] = present.min().item()
-            entry["max"] = present.max().item()
-        elif len(present):
-            try:
-                entry["min"] = min(present)
-                entry["max"] = max(present)
-            except TypeError:
-                pass
-        unique, counts = (np.unique(present, return_counts=True) if numeric else
-                          _object_counts(present))
-        if len(unique) <= COUNTS_MAX:
-            entry["counts"] = {(u.item() if isinstance(u, np.generic) else u): int(c)
-                               for u, c in zip(unique, counts, strict=False)}
-        out[column] = entry
-    return out
-
-
-COUNTS_MAX = 100_000  # distinct values kept per column and block
-
-
-def _object_counts(values):
-    counts: dict = {}
-    for value in values:
-        key = tuple(value) if isinstance(value, (list, np.ndarray)) else value
-        counts[key] = counts.get(key, 0) + 1
-    return list(counts), list(counts.values())
-
-
-def _merge(a: dict, b: dict) -> dict:
-    if not a:
-        return dict(b)
-    merged = {"rows": a["rows"] + b["rows"], "count": a["count"] + b["count"]}
-    if "mean" in a and "mean" in b:
-        n_a, n_b = a["count"], b["count"]
-        delta = b["mean"] - a["mean"]
-        merged["sum"] = a["sum"] + b["sum"]
-        merged["mean"] = a["mean"] + delta * n_b / (n_a + n_b)
-        merged["m2"] = a["m2"] + b["m2"] + delta * delta * n_a * n_b / (n_a + n_b)
-    else:
-        for key in ("sum", "mean", "m2"):
-            if key in a or key in b:
-                merged[key] = a.get(key, b.get(key))
-    for key, pick in (("min", min), ("max", max)):
-        present = [x[key] for x in (a, b) if key in x]
-        if present:
-            merged[key] = pick(present)
-    if "counts" in a and "counts" in b:
-        counts = dict(a["counts"])
-        for value, count in b["counts"].items():
-            counts[value] = counts.get(value, 0) + count
-        if len(counts) <= COUNTS_MAX:
-            merged["counts"] = counts
-    return merged
-
-
-def column_stats(dataset: Dataset, columns: list[str]) -> dict:
-    """Statistics of ``columns`` in one distributed pass: a task per block
-    computes partials, the driver merges them (small values only)."""
-    partial_refs, merged = [], {c: {} for c in columns}
-    window = max(1, int(tray.cluster_resources().get("CPU", 1)) * 2)
-    for bundle in dataset._bundles():
-        for ref in bundle.refs:
-            partial_refs.append(_partial_stats.remote(ref, columns))
-            if len(partial_refs) >= window:  # bounded: merge as they finish
-                _merge_into(merged, tray.get(partial_refs.pop(0)), dataset)
-    for ref in partial_refs:
-        _merge_into(merged, tray.get(ref), dataset)
-    for column, entry in merged.items():
-        if not entry:
-            merged[column] = {"rows": 0, "count": 0, "sum": 0, "mean": None, "min": None,
-                              "max": None, "m2": 0.0, "counts": {}}
-        else:
-            entry.setdefault("sum", None)
-            entry.setdefault("mean", None)
-            entry.setdefault("min", None)
-            entry.setdefault("max", None)
-    return merged
-
-
-def _merge_into(merged: dict, partial: dict, dataset) -> None:
-    for column, entry in partial.items():
-        merged[column] = _merge(merged[column], entry)
-
-
-def _std(entry: dict, ddof: int):
-    count = entry.get("count", 0)
-    if not count or count - ddof <= 0 or entry.get("m2") is None:
-        return None
-    return float(np.sqrt(entry["m2"] / (count - ddof)))

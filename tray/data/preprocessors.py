@@ -12,7 +12,8 @@ from __future__ import annotations
 import numpy as np
 
 from . import _block as B
-from ._dataset import Dataset, column_stats
+from ._column_stats import column_stats
+from ._dataset import Dataset
 
 
 class PreprocessorNotFittedException(RuntimeError):
