@@ -29,7 +29,7 @@ def test_bench_harness_writes_json_and_table(tmp_path):
 
 
 def test_floors_measure_the_rpc_layer_and_a_bare_round_trip(tmp_path):
-    # bench/floors.py backs bench/README's "why not" for the goals not met;
+    # bench/floors.py backs the logs' "why not" for the goals not met;
     # this keeps it running (its figures are read there, not asserted here).
     done = subprocess.run(
         [sys.executable, os.path.join(ROOT, "bench", "floors.py"), "--only", "latency,rpc",
@@ -70,6 +70,66 @@ def test_floors_name_the_workloads_when_asked_for_an_unknown_one(tmp_path):
     assert "unknown workloads ['no such workload']" in done.stderr
     assert "'tasks async'" in done.stderr  # (the list of those there are)
     assert not list(tmp_path.glob("floors-*.json"))
+
+# ------------------------------------------------------------ the summary
+# bench/summary.py makes the goals table of bench/README.md and
+# docs/benchmarks.md from the newest run in bench/results/, and the list of
+# the measurement logs there.
+
+
+def _summary_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "bench_summary", os.path.join(ROOT, "bench", "summary.py"))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # (its dataclass looks its module up there)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_bench_summaries_are_generated_from_the_newest_run():
+    done = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "summary.py"), "--check"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_the_summary_judges_each_goal_on_the_run_s_medians():
+    summary = _summary_module()
+
+    def row(name, unit, tray, ray=None, higher_is_better=True):
+        results = {"tray": {"median": tray}}
+        if ray is not None:
+            results["ray"] = {"median": ray}
+        return {"name": name, "unit": unit, "higher_is_better": higher_is_better,
+                "results": results}
+
+    record = {"date": "2026-01-01T00:00:00+00:00", "versions": {"tray": "0"}, "rounds": 1,
+              "rows": [row("single client tasks sync", "tasks/s", 3000, 1000),
+                       row("nested fan-out (tasks submitting tasks)", "tasks/s", 1840, 614),
+                       row("init to first result", "s", 0.31, higher_is_better=False),
+                       row("task round trip latency, p50", "ms", 0.5, higher_is_better=False),
+                       row("task round trip latency, p99", "ms", 1.0, higher_is_better=False)]}
+    goals = {goal.row: goal for goal in summary.GOALS}
+    assert summary.evaluate(goals["single client tasks sync"], record) == \
+        ("3.00x (3,000 against 1,000)", "yes")
+    # 2.997x is not 3x, and must not read as 3.00.
+    assert summary.evaluate(goals["nested fan-out (tasks submitting tasks)"], record) == \
+        ("2.997x (1,840 against 614)", "no")
+    assert summary.evaluate(goals["init to first result"], record) == ("0.31 s", "no")
+    assert summary.evaluate(goals["task round trip latency, p99"], record) == \
+        ("2.00x (1 / 0.5 ms)", "yes")
+    assert summary.evaluate(goals["single client tasks async"], record)[1] == "not measured"
+    table = summary.summary(record, "x.json")
+    assert "| single client tasks sync | ≥ 3x Ray | 3.00x (3,000 against 1,000) | yes |" in table
+    assert table.endswith(f"2 of {len(summary.GOALS)} goals met.")
+
+
+def test_every_measurement_log_has_a_title():
+    for name in os.listdir(os.path.join(ROOT, "bench", "results")):
+        if name.endswith(".md"):
+            with open(os.path.join(ROOT, "bench", "results", name)) as file:
+                assert file.readline().startswith("# "), name
 
 # ------------------------------------------------------------ loopback only
 # Every load test, bench and peer run sends traffic to 127.0.0.1 only (issue
