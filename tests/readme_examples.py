@@ -1,6 +1,12 @@
-"""The README's examples as tests run them: a ```python block, found by a
-marker it contains (or as the only one of a section), run as a script of
-its own in a fresh process (so it starts the way a user's program does)."""
+"""The examples of the README and of the documentation pages (docs/*.md) as
+tests run them: a ```python block, found by a marker it contains (or as the
+only one of a page or section), run as a script of its own in a fresh
+process (so it starts the way a user's program does).
+
+Every ```python block of a page is a program (docs/development.md, "Writing
+the docs"): tests/test_docs_site.py runs it, unless the line above its fence
+says ``<!-- not a program -->`` or ``<!-- run by tests/test_x.py -->`` (that
+test finds it here and runs it itself)."""
 
 from __future__ import annotations
 
@@ -9,14 +15,24 @@ import re
 import subprocess
 import sys
 
-README = pathlib.Path(__file__).resolve().parent.parent / "README.md"
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+DOCS = ROOT / "docs"
+
+# A ```python block, with the HTML comment on the line above its fence, if any.
+_BLOCK = re.compile(r"(?:^<!-- (.*?) -->\n)?^```python\n(.*?)^```", flags=re.S | re.M)
 
 
-def section(heading: str) -> str:
-    """The README from ``heading`` (``"## Data"``, ``"### Jobs"``) to the
-    next heading of the same level or a higher one (down to ``##``: a line
-    that starts ``# `` is a comment in a code block)."""
-    text = README.read_text()
+def page_text(page: str | None = None) -> str:
+    """The README (``page=None``) or a page of docs/ (``"data.md"``)."""
+    return (README if page is None else DOCS / page).read_text()
+
+
+def section(heading: str, page: str | None = None) -> str:
+    """A page (the README by default) from ``heading`` (``"## Data"``,
+    ``"### Jobs"``) to the next heading of the same level or a higher one
+    (down to ``##``: a line that starts ``# `` is a comment in a code block)."""
+    text = page_text(page)
     level = heading.split(" ", 1)[0]
     start = text.index(f"\n{heading}\n")
     ends = [text.find(f"\n{'#' * n} ", start + 1) for n in range(2, len(level) + 1)]
@@ -24,18 +40,26 @@ def section(heading: str) -> str:
     return text[start:min(ends) if ends else len(text)]
 
 
-def python_blocks(text: str | None = None) -> list[str]:
-    return re.findall(r"```python\n(.*?)```", README.read_text() if text is None else text,
-                      flags=re.S)
+def annotated_blocks(text: str) -> list[tuple[str, str]]:
+    """Each ```python block of ``text`` as (the comment above its fence, or
+    "", its source)."""
+    return [(comment, source) for comment, source in _BLOCK.findall(text)]
 
 
-def block(containing: str | None = None, *, text: str | None = None) -> str:
-    """The one python block (of ``text``, the README by default) that
-    contains ``containing``; with None, the only block of ``text``."""
-    blocks = python_blocks(text)
+def python_blocks(text: str | None = None, *, page: str | None = None) -> list[str]:
+    """The ```python blocks of ``text``, else of ``page`` (the README by default)."""
+    return [source for _, source in annotated_blocks(page_text(page) if text is None else text)]
+
+
+def block(containing: str | None = None, *, text: str | None = None,
+          page: str | None = None) -> str:
+    """The one python block of ``text`` (else of ``page``, else of the
+    README) that contains ``containing``; with None, the only block there."""
+    blocks = python_blocks(text, page=page)
     if containing is not None:
         blocks = [b for b in blocks if containing in b]
-    assert len(blocks) == 1, f"{len(blocks)} README python blocks match {containing!r}"
+    where = "the text" if text is not None else page or "README.md"
+    assert len(blocks) == 1, f"{len(blocks)} python blocks of {where} match {containing!r}"
     return blocks[0]
 
 

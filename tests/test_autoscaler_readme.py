@@ -1,10 +1,11 @@
-"""The README's Autoscaling example runs, and replays: it is on the simulator."""
+"""The Autoscaling page's example (docs/autoscaling.md) runs, and replays: it is on the
+simulator."""
 
 import readme_examples  # (tests/ is on sys.path)
 
 
 def test_readme_autoscaling_example_runs_and_replays(tmp_path):
-    block = readme_examples.block(text=readme_examples.section("## Autoscaling"))
+    block = readme_examples.block(page="autoscaling.md")
     outputs = []
     for _ in range(2):
         done = readme_examples.run(block, tmp_path, "autoscaling_example.py")

@@ -1,4 +1,4 @@
-"""The README's Data section: its example must run and print what it says,
+"""The Data page (docs/data.md): its example must run and print what it says,
 and the batch inference example must run."""
 
 import pathlib
@@ -11,8 +11,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
 def test_readme_data_example_runs(tmp_path):
-    result = readme_examples.run(readme_examples.block(text=readme_examples.section("## Data")),
-                                 tmp_path)
+    result = readme_examples.run(readme_examples.block(page="data.md"), tmp_path)
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert lines[0] == "6666"

@@ -493,16 +493,15 @@ def test_cli_submit_streams_logs_and_the_other_commands_work(cluster, tmp_path, 
         in out.output
 
 
-# ------------------------------------------------------------ the README
+# ------------------------------------------------------------ the docs
 
 
 def test_readme_jobs_example_runs(cluster, tmp_path):
-    """The README's job example, as written, but for the address of this
+    """The job example of docs/jobs.md, as written, but for the address of this
     test's cluster; the token comes from the session files alone."""
     import readme_examples
 
-    block = readme_examples.block("JobSubmissionClient(",
-                                  text=readme_examples.section("### Jobs"))
+    block = readme_examples.block("JobSubmissionClient(", page="jobs.md")
     assert "http://127.0.0.1:8265" in block
     env = {key: value for key, value in os.environ.items()
            if key not in ("TRAY_CLUSTER_TOKEN", "TRAY_ADDRESS", "TRAY_API_SERVER_ADDRESS")}

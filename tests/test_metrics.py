@@ -158,7 +158,8 @@ def test_inc_without_tags_follows_the_latest_default_tags():
 def test_readme_metrics_walkthrough_runs(tmp_path):
     import readme_examples
 
-    result = readme_examples.run(readme_examples.block("from tray.util.metrics import"),
+    result = readme_examples.run(readme_examples.block("from tray.util.metrics import",
+                                                               page="observability.md"),
                                  tmp_path)
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == ["{('/a',): 2.0, ('/b',): 1.0}", "{(): 4.0}"]

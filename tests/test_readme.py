@@ -1,4 +1,6 @@
-"""The README's tutorial and the first example program must keep working."""
+"""The tutorial (README.md and docs/tutorial.md, the same program), the fault
+tolerance example (docs/fault-tolerance.md) and the first example program must
+keep working."""
 
 import pathlib
 import subprocess
@@ -11,15 +13,17 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
 def test_readme_tutorial_runs(tmp_path):
+    tutorial = readme_examples.block(page="tutorial.md")
     blocks = readme_examples.python_blocks()
     assert blocks, "README has no python example"
-    result = readme_examples.run(blocks[0], tmp_path)
+    assert blocks[0] == tutorial, "README's tutorial is not docs/tutorial.md's"
+    result = readme_examples.run(tutorial, tmp_path)
     assert result.returncode == 0, result.stderr
     assert "bad input" in result.stdout
 
 
 def test_readme_fault_tolerance_example_runs(tmp_path):
-    [block] = [b for b in readme_examples.python_blocks()
+    [block] = [b for b in readme_examples.python_blocks(page="fault-tolerance.md")
                if "sim.kill_node" in b and "sim.advance" in b]
     result = readme_examples.run(block, tmp_path)
     assert result.returncode == 0, result.stderr

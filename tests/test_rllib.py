@@ -555,7 +555,7 @@ def test_env_runners_and_sampling_work_without_torch(tmp_path):
 def test_readme_rllib_example_runs(tmp_path):
     import readme_examples
 
-    block = readme_examples.python_blocks(readme_examples.section("## RLlib"))[0]
+    block = readme_examples.python_blocks(page="rllib.md")[0]
     done = readme_examples.run(block, tmp_path, timeout_s=240,
                                env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert done.returncode == 0, done.stderr[-3000:]

@@ -176,7 +176,8 @@ def test_a_failed_pip_install_fails_only_the_tasks_that_need_it():
 def test_readme_runtime_env_example_runs(tmp_path):
     import readme_examples
 
-    result = readme_examples.run(readme_examples.block("# runtime environments example"),
+    result = readme_examples.run(readme_examples.block("# runtime environments example",
+                                                               page="jobs.md"),
                                  tmp_path)
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines()[:4] == ["60 m2", "60 ft2", "cm2", "10 m2 False"]

@@ -1,4 +1,4 @@
-"""The README's Serve section: its example runs on real processes, answers a
+"""The Serve page's example (docs/serve.md) runs on real processes, answers a
 real HTTP request on 127.0.0.1 and prints what it says."""
 
 import os
@@ -25,7 +25,7 @@ def _free_port() -> int:
 
 
 def test_readme_serve_example_runs(tmp_path):
-    block = readme_examples.block(text=readme_examples.section("## Serve"))
+    block = readme_examples.block(page="serve.md")
     assert block.count("8000") == 2  # the proxy's port and the request's
     port = _free_port()  # tests run in parallel: not 8000 itself
     result = readme_examples.run(block.replace("8000", str(port)), tmp_path, timeout_s=180)

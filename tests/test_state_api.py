@@ -366,7 +366,8 @@ def test_queries_from_a_process_outside_the_cluster(tmp_path, monkeypatch):
 def test_readme_observability_example_runs(tmp_path):
     import readme_examples
 
-    result = readme_examples.run(readme_examples.block("from tray.util.state import"),
+    result = readme_examples.run(readme_examples.block("from tray.util.state import",
+                                                               page="observability.md"),
                                  tmp_path)
     assert result.returncode == 0, result.stderr
     assert "broken TASK_EXECUTION_EXCEPTION" in result.stdout

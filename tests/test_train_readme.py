@@ -1,4 +1,4 @@
-"""The README's Train example runs on real processes (two torch workers) and
+"""The Train page's example (docs/train.md) runs on real processes (two torch workers) and
 prints what it says; examples/train_resnet.py trains its ResNet."""
 
 import pathlib
@@ -12,7 +12,8 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
 def test_readme_train_example_runs(tmp_path):
-    done = readme_examples.run(readme_examples.block("from tray.train.torch import TorchTrainer"),
+    done = readme_examples.run(readme_examples.block("from tray.train.torch import TorchTrainer",
+                                                         page="train.md"),
                                tmp_path, timeout_s=240)
     assert done.returncode == 0, done.stderr[-4000:]
     lines = done.stdout.splitlines()

@@ -1,4 +1,4 @@
-"""The README's Tune example runs, and replays: it is on the simulator."""
+"""The Tune page's example (docs/tune.md) runs, and replays: it is on the simulator."""
 
 import pathlib
 import subprocess
@@ -10,7 +10,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
 def test_readme_tune_example_runs_and_replays(tmp_path):
-    block = readme_examples.block("from tray import tune")
+    block = readme_examples.block("from tray import tune", page="tune.md")
     outputs = []
     for _ in range(2):
         done = readme_examples.run(block, tmp_path)

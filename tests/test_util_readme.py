@@ -1,4 +1,4 @@
-"""README's "Utilities" example must keep working (on the simulator, as
+"""The Utilities page's example (docs/utilities.md) must keep working (on the simulator, as
 written; the same program on real processes is what the local-backend tests
 of each utility cover)."""
 
@@ -16,7 +16,7 @@ SIM_INIT = 'tray.init(backend="sim", num_nodes=2, num_cpus=2, seed=0)'
 
 
 def _utilities_example() -> str:
-    block = readme_examples.block(text=readme_examples.section("## Utilities"))
+    block = readme_examples.block(page="utilities.md")
     assert SIM_INIT in block
     return block
 
