@@ -236,9 +236,9 @@ def test_always_fails(sim):
 
 
 def test_readme_example_runs_under_the_plugin_and_failures_name_the_seed(tmp_path):
-    readme = (REPO_ROOT / "README.md").read_text()
-    section = readme.split("## Testing your program in the simulator", 1)[1]
-    example = section.split("```python\n", 1)[1].split("```", 1)[0]
+    import readme_examples  # (tests/ is on sys.path)
+
+    example = readme_examples.block("@pytest.mark.simtest(", page="simulator.md")
     (tmp_path / "test_readme_example.py").write_text(example)
     (tmp_path / "test_failing.py").write_text(FAILING_USER_TEST)
     env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
