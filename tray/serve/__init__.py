@@ -5,9 +5,11 @@ by a controller actor; applications (``Deployment.bind``) are deployed with
 ``serve.run`` and called through ``DeploymentHandle``s or over HTTP (uvicorn
 and Starlette, on 127.0.0.1:8000 by default, real processes only). See the
 README's "Serve" section; the modules' headers say how it works:
-``_controller.py`` (reconcile, rolling updates, health, autoscaling,
-restarts), ``_handle.py`` (routing), ``_replica.py`` (requests, streams,
-draining), ``_proxy.py`` (HTTP)."""
+``_controller.py`` (the controller actor and its loop, and a map of its
+pieces: ``_deployment_state.py`` for reconcile, rolling updates and health,
+``_autoscaling_state.py``, ``_checkpoint.py`` for restarts, ...),
+``_handle.py`` (routing), ``_replica.py`` (requests, streams, draining),
+``_proxy.py`` (HTTP)."""
 
 from . import exceptions as exceptions
 from ._api import delete as delete

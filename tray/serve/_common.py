@@ -84,7 +84,7 @@ def replica_actor_name(replica_id: str) -> str:
 
 # The controller's checkpoint in the GCS's key-value store (namespace
 # SERVE_NAMESPACE): STATE_KEY the snapshot, SPEC_PREFIX + digest each
-# deployment spec it names (_controller.py's header).
+# deployment spec it names (_checkpoint.py's header).
 CHECKPOINT_PREFIX = "controller/"
 STATE_KEY = CHECKPOINT_PREFIX + "state"
 SPEC_PREFIX = CHECKPOINT_PREFIX + "spec/"
