@@ -27,9 +27,9 @@ from ._context import ExecutionResources as ExecutionResources
 from ._dataset import Dataset as Dataset
 from ._dataset import MaterializedDataset as MaterializedDataset
 from ._dataset import Schema as Schema
-from ._executor import Bundle as _Bundle
 from ._grouped_data import GroupedData as GroupedData
 from ._iterator import DataIterator as DataIterator
+from ._operators import Bundle as _Bundle
 
 # ================================================================ creation
 

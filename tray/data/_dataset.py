@@ -24,7 +24,7 @@ import tray
 from . import _block as B
 from . import _column_stats as CS
 from . import _compute as C
-from . import _executor as E
+from . import _operators as O
 from . import _plan as P
 from . import _shuffle as S
 from . import _transforms as T
@@ -424,7 +424,7 @@ class Dataset:
                 groups.append(blocks[start:stop])
                 start = stop
             return [MaterializedDataset.from_bundles(
-                [E.Bundle([r], [m]) for r, m in group], "Split") for group in groups]
+                [O.Bundle([r], [m]) for r, m in group], "Split") for group in groups]
         return materialized.split_at_indices([total * i // n for i in range(1, n)])
 
     def split_at_indices(self, indices: list) -> list:
@@ -548,7 +548,7 @@ class MaterializedDataset(Dataset):
             lo, hi = max(start, offset), min(stop, offset + meta.num_rows)
             if lo < hi:
                 if lo == offset and hi == offset + meta.num_rows:
-                    bundles.append(E.Bundle([ref], [meta]))
+                    bundles.append(O.Bundle([ref], [meta]))
                 else:
                     block_ref, meta_ref = S.gather_rows.options(num_returns=2).remote(
                         [(lo - offset, hi - offset)], ref)
@@ -557,7 +557,7 @@ class MaterializedDataset(Dataset):
             offset += meta.num_rows
         metas = tray.get([meta_ref for _, _, meta_ref, _ in pending]) if pending else []
         for (index, block_ref, _, source), meta in zip(pending, metas, strict=False):
-            bundles[index] = E.Bundle([block_ref], [meta], pins=[source])
+            bundles[index] = O.Bundle([block_ref], [meta], pins=[source])
         return MaterializedDataset.from_bundles(bundles, "Split")
 
 

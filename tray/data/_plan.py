@@ -2,7 +2,7 @@
 
 A ``Dataset`` is an immutable node of a logical plan: transforms add a
 node and return a new dataset; nothing runs until a consumer asks. On
-execution the plan compiles into the physical operators of ``_executor``;
+execution the plan compiles into the physical operators of ``_operators``;
 the one optimisation is Ray's most important: adjacent map operators that
 run as tasks with the same resources are **fused** into one task (their
 transform chains concatenated), reads included, so read -> map_batches ->
@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from . import _executor as E
+from . import _operators as O
 from . import _transforms as T
 from ._context import DataContext
 
@@ -63,13 +64,13 @@ def union_op(parents: list) -> LogicalOp:
     return LogicalOp("union", "Union", list(parents))
 
 
-def _fusable(op: E.Operator, node: LogicalOp) -> bool:
+def _fusable(op: O.Operator, node: LogicalOp) -> bool:
     """Fuse unless resources differ, an actor pool is involved, or the map
     asked for batches of a size that only bundling the blocks of a map
     before it could give. Into a read it always fuses, as in Ray: a read
     task's output is a whole file or range, and batches are cut from it."""
     params = node.params
-    return (isinstance(op, E.MapOperator)
+    return (isinstance(op, O.MapOperator)
             and (op.is_read or not params.get("explicit_batch_size")) and op.pool_size is None and params["pool_size"] is None
             and op.concurrency == params["concurrency"]
             and _resources(op.remote_args) == _resources(params["remote_args"])
@@ -82,15 +83,15 @@ def _resources(remote_args: dict) -> tuple:
     return tuple(sorted((k, repr(v)) for k, v in remote_args.items() if k != "max_retries"))
 
 
-def compile_plan(node: LogicalOp) -> E.Operator:
+def compile_plan(node: LogicalOp) -> O.Operator:
     """The physical operator tree for ``node`` (a fresh one per execution)."""
     if node.kind == "input":
-        return E.InputOperator(node.name, node.params["bundles"])
+        return O.InputOperator(node.name, node.params["bundles"])
     if node.kind == "read":
-        source = E.InputOperator(f"{node.name}Tasks", [
-            E.Bundle([], [], items=[task]) for task in node.params["read_tasks"]])
+        source = O.InputOperator(f"{node.name}Tasks", [
+            O.Bundle([], [], items=[task]) for task in node.params["read_tasks"]])
         retries = DataContext.get_current().task_max_retries
-        return E.MapOperator(node.name, source, [T.ReadTransform(node.name)],
+        return O.MapOperator(node.name, source, [T.ReadTransform(node.name)],
                              remote_args={"max_retries": retries}, is_read=True)
     if node.kind == "map":
         upstream = compile_plan(node.inputs[0])
@@ -104,17 +105,17 @@ def compile_plan(node: LogicalOp) -> E.Operator:
             upstream.chain = [*upstream.chain, params["transform"]]
             upstream.name = f"{upstream.name}->{node.name}"
             return upstream
-        return E.MapOperator(node.name, upstream, [params["transform"]],
+        return O.MapOperator(node.name, upstream, [params["transform"]],
                              remote_args=params["remote_args"], pool_size=params["pool_size"],
                              concurrency=params["concurrency"],
                              min_rows_per_bundle=params["min_rows_per_bundle"])
     if node.kind == "all_to_all":
-        return E.AllToAllOperator(node.name, [compile_plan(p) for p in node.inputs],
+        return O.AllToAllOperator(node.name, [compile_plan(p) for p in node.inputs],
                                   node.params["plan_fn"])
     if node.kind == "limit":
-        return E.LimitOperator(node.name, compile_plan(node.inputs[0]), node.params["limit"])
+        return O.LimitOperator(node.name, compile_plan(node.inputs[0]), node.params["limit"])
     if node.kind == "union":
-        return E.UnionOperator(node.name, [compile_plan(p) for p in node.inputs])
+        return O.UnionOperator(node.name, [compile_plan(p) for p in node.inputs])
     raise ValueError(f"unknown logical operator kind {node.kind!r}")
 
 
