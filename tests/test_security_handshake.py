@@ -18,7 +18,7 @@ import trio
 
 import tray
 from tray.backends.local.session import free_port
-from tray.transports import tcp
+from tray.transports import tcp, tls
 from tray.transports.tcp import AuthenticationError, TcpTransport, WrongPeerError
 
 TOKEN = b"a-cluster-token-" + b"7" * 32
@@ -278,19 +278,19 @@ async def test_tls_and_plain_do_not_mix_and_say_why():
 
 def test_tls_certificates_are_derived_from_the_token():
     """Every process holding the token builds the same CA: nothing to copy."""
-    first = tcp.tls_contexts(TLS_TOKEN)
-    tcp.tls_contexts.cache_clear()
-    second = tcp.tls_contexts(TLS_TOKEN)
+    first = tls.tls_contexts(TLS_TOKEN)
+    tls.tls_contexts.cache_clear()
+    second = tls.tls_contexts(TLS_TOKEN)
     assert first is not second
     assert first[1].get_ca_certs() == second[1].get_ca_certs()
-    other = tcp.tls_contexts(b"tls:another-cluster-token-0123456789")
+    other = tls.tls_contexts(b"tls:another-cluster-token-0123456789")
     assert other[1].get_ca_certs() != first[1].get_ca_certs()
 
 
 def test_a_process_without_cryptography_says_what_to_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "cryptography", None)  # import fails
-    with pytest.raises(tcp.TlsUnavailableError, match=r"pip install 'tray\[tls\]'"):
-        tcp.tls_contexts(b"tls:a-token-never-seen-before-0123456789")
+    with pytest.raises(tls.TlsUnavailableError, match=r"pip install 'tray\[tls\]'"):
+        tls.tls_contexts(b"tls:a-token-never-seen-before-0123456789")
 
 
 def test_tls_is_the_default_off_loopback_and_its_absence_is_warned(capsys):

@@ -55,7 +55,7 @@ from ..backends.local.session import (
     write_current_cluster,
 )
 from ..exceptions import TrayError
-from ..transports.tcp import TLS_TOKEN_PREFIX, TlsUnavailableError, tls_contexts
+from ..transports.tls import TLS_TOKEN_PREFIX, TlsUnavailableError, tls_contexts
 
 NODE_MARKER = "started-by-tray-start.json"
 

@@ -50,17 +50,6 @@ alone cannot stop is an attacker on the network path taking over a connection
 after it was authenticated; between machines on a network you do not trust,
 use TLS.
 
-TLS
----
-A cluster started with ``tray start --tls`` has a token that begins with
-``tls:``; every process that holds it speaks TLS 1.3 over TCP (Unix sockets
-stay within one machine and a 0700 directory). The certificates are derived
-from the token: an Ed25519 CA and one node certificate it signs, built
-deterministically (``cryptography``, the optional ``tray[tls]`` extra), so
-the token is the only secret to hand out and every process can rebuild them.
-Both sides show the node certificate and accept only certificates of their
-cluster's CA; the token handshake then runs inside the TLS channel.
-
 Limits
 ------
 A connection that never finishes its handshake holds a descriptor until
@@ -69,23 +58,12 @@ progress per listener and ``handshakes_per_source_max`` per source IP; past
 that, the oldest is shed (a real peer finishes in milliseconds, so the oldest
 are the idle ones), and new clients still get in.
 
-Fork
-----
-A task may fork (``os.fork``, ``multiprocessing`` with the fork start
-method). The child shares the parent's sockets and its trio loop's epoll
-instance: if it went on reading or writing them, it would steal the parent's
-messages and events or answer calls in its place. After a fork the child's
-copies of every tray socket point at /dev/null and its trio loop gets an
-epoll of its own; a child that returns from the task into tray, or calls tray
-at all, exits at once (status 0) without a word on the wire or a write to the
-object store (``inert_after_fork``), and the parent answers the call."""
+TLS (``tls``) and fork safety (``fork_safety``) live in their own modules."""
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import datetime
-import functools
 import hashlib
 import hmac
 import ipaddress
@@ -94,17 +72,16 @@ import os
 import pickle
 import resource
 import secrets
-import select
 import ssl
 import struct
-import tempfile
-import weakref
 from collections import deque
 
 import trio
 
 from ..core.interfaces import ConnectionClosed
-from ..exceptions import TrayError
+from . import fork_safety
+from .fork_safety import _exit_forked_child, _track
+from .tls import TLS_TOKEN_PREFIX, tls_contexts
 
 logger = logging.getLogger("tray.transport")
 
@@ -114,7 +91,6 @@ PEER_NAME_BYTES_MAX = 1024
 frame_bytes_max = 1 << 34  # 16 GiB: one message, all frames together
 frames_per_message_max = 1 << 16
 auth_timeout_s = 10.0
-TLS_TOKEN_PREFIX = b"tls:"
 
 _PREAMBLE_RAW = b"TRAY/2 RAW\n"
 _PREAMBLE_TLS = b"TRAY/2 TLS\n"
@@ -147,10 +123,6 @@ class WrongPeerError(ConnectionClosed):
     (Not an AuthenticationError: the token may well be right.)"""
 
 
-class TlsUnavailableError(TrayError):
-    """The cluster's token asks for TLS, and this Python lacks what it needs."""
-
-
 class MalformedFrame(ConnectionClosed):
     """The peer sent bytes that are not a tray message."""
 
@@ -176,87 +148,6 @@ def _socket_name(sockaddr) -> str:
         if mapped is not None:
             host = str(mapped)
     return f"tcp:{host}:{sockaddr[1]}"
-
-
-# ================================================================ fork safety
-
-_forked_child = False
-# Every socket this module opened and has not closed (WeakSet: a trio socket
-# that is garbage collected has been closed).
-_sockets: weakref.WeakSet = weakref.WeakSet()
-
-
-def _track(sock) -> None:
-    _sockets.add(sock)
-
-
-def _after_fork_in_child() -> None:
-    global _forked_child
-    _forked_child = True
-    placeholder = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
-    try:
-        for sock in list(_sockets):
-            fd = sock.fileno()
-            if fd >= 0:
-                # The child's copy now reads EOF-less errors from /dev/null;
-                # the parent's connection is untouched (it holds its own
-                # reference to the socket, so no FIN is sent either).
-                os.dup2(placeholder, fd, inheritable=False)
-    finally:
-        os.close(placeholder)
-    _give_trio_loop_its_own_epoll()
-
-
-def begin_fresh_process() -> None:
-    """In a worker forked by the node's zygote (tray/backends/local/zygote):
-    the zygote held no connections and ran no loop, so the child is a new
-    process, not a copy of one using tray; undo what the fork hook assumed."""
-    global _forked_child
-    _forked_child = False
-
-
-def _give_trio_loop_its_own_epoll() -> None:
-    """The trio loop of the forking thread (if any) shares its epoll instance
-    with the parent; trio registers fds with EPOLLONESHOT, so one epoll_wait
-    in the child would take events the parent is waiting for. Point the
-    child's epoll descriptor at a new, empty instance."""
-    try:
-        from trio._core._run import GLOBAL_RUN_CONTEXT
-
-        epoll = GLOBAL_RUN_CONTEXT.runner.io_manager._epoll
-    except AttributeError:  # no trio loop in this thread, or not the epoll backend
-        return
-    fresh = select.epoll()
-    try:
-        os.dup2(fresh.fileno(), epoll.fileno(), inheritable=False)
-    finally:
-        fresh.close()
-
-
-def _exit_forked_child(*_args, **_kwargs) -> None:
-    os.write(2, f"tray: process {os.getpid()}, forked inside a task, returned to tray or "
-                "called it; it exits now (the parent answers the call)\n".encode())
-    os._exit(0)
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
-
-
-def inert_after_fork(obj, *method_names: str) -> None:
-    """In a child forked from this process, calling one of ``obj``'s
-    ``method_names`` ends the child as using a connection does. For what the
-    child shares with its parent besides sockets: the object store, whose
-    objects are the parent's to write and free (a child returning a large
-    value from the task would otherwise put it under the parent's object id)."""
-    target = weakref.ref(obj)
-
-    def after_in_child() -> None:
-        live = target()
-        if live is not None:
-            for name in method_names:
-                setattr(live, name, _exit_forked_child)
-
-    os.register_at_fork(after_in_child=after_in_child)
 
 
 # ================================================================== streams
@@ -538,7 +429,7 @@ class TcpStream:
     # ------------------------------------------------------------ sending
 
     def _check_open(self) -> None:
-        if _forked_child:
+        if fork_safety._forked_child:
             _exit_forked_child()
         if self.closed:
             raise ConnectionClosed(f"sending to {self.peer}: "
@@ -783,7 +674,7 @@ class TcpStream:
     # ---------------------------------------------------------- receiving
 
     async def receive(self):
-        if _forked_child:
+        if fork_safety._forked_child:
             _exit_forked_child()
         try:
             frames = await self._reader.message()
@@ -935,93 +826,6 @@ async def _client_handshake(stream: trio.abc.Stream, token: bytes,
                                              server_nonce)):
         raise AuthenticationError("the server does not know this cluster's token")
     return stream, reader
-
-
-# ====================================================================== TLS
-
-
-def _derived_secret(token: bytes, label: bytes) -> bytes:
-    return hmac.new(token, b"tray tls/1 " + label, hashlib.sha256).digest()
-
-
-@functools.lru_cache(maxsize=4)
-def tls_contexts(token: bytes) -> tuple[ssl.SSLContext, ssl.SSLContext]:
-    """(server, client) TLS 1.3 contexts for the cluster whose token this is."""
-    try:
-        from cryptography import x509
-        from cryptography.hazmat.primitives import serialization
-        from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-        from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
-    except ImportError:
-        raise TlsUnavailableError(
-            "this cluster uses TLS (its token begins with 'tls:'), which needs the "
-            "cryptography package: pip install 'tray[tls]'") from None
-    ca_key = Ed25519PrivateKey.from_private_bytes(_derived_secret(token, b"ca key"))
-    node_key = Ed25519PrivateKey.from_private_bytes(_derived_secret(token, b"node key"))
-    fingerprint = hashlib.sha256(ca_key.public_key().public_bytes(
-        serialization.Encoding.Raw, serialization.PublicFormat.Raw)).hexdigest()[:16]
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME,
-                                            f"tray cluster CA {fingerprint}")])
-    # Fixed dates and serials: every process derives the same certificates.
-    not_before = datetime.datetime(2020, 1, 1, tzinfo=datetime.UTC)
-    not_after = datetime.datetime(9999, 12, 31, tzinfo=datetime.UTC)
-
-    def usage(*, signs_certificates: bool) -> x509.KeyUsage:
-        return x509.KeyUsage(digital_signature=not signs_certificates,
-                             content_commitment=False, key_encipherment=False,
-                             data_encipherment=False, key_agreement=False,
-                             key_cert_sign=signs_certificates, crl_sign=signs_certificates,
-                             encipher_only=False, decipher_only=False)
-
-    def serial(label: bytes) -> int:
-        return int.from_bytes(_derived_secret(token, label)[:16], "big") >> 1
-
-    ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name)
-          .public_key(ca_key.public_key()).serial_number(serial(b"ca serial"))
-          .not_valid_before(not_before).not_valid_after(not_after)
-          .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-          .add_extension(usage(signs_certificates=True), critical=True)
-          .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()),
-                         critical=False)
-          .sign(ca_key, None))
-    node = (x509.CertificateBuilder()
-            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME,
-                                                        f"tray node {fingerprint}")]))
-            .issuer_name(ca_name).public_key(node_key.public_key())
-            .serial_number(serial(b"node serial"))
-            .not_valid_before(not_before).not_valid_after(not_after)
-            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(usage(signs_certificates=False), critical=True)
-            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH,
-                                                  ExtendedKeyUsageOID.CLIENT_AUTH]),
-                           critical=False)
-            .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(
-                ca_key.public_key()), critical=False)
-            .sign(ca_key, None))
-    chain_pem = node.public_bytes(serialization.Encoding.PEM) + node_key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption())
-    contexts = []
-    for purpose in (ssl.PROTOCOL_TLS_SERVER, ssl.PROTOCOL_TLS_CLIENT):
-        context = ssl.SSLContext(purpose)
-        context.minimum_version = ssl.TLSVersion.TLSv1_3
-        # Node addresses are IPs that no certificate could list; what proves
-        # a peer is a certificate signed by this cluster's CA.
-        context.check_hostname = False
-        context.verify_mode = ssl.CERT_REQUIRED
-        context.verify_flags |= ssl.VERIFY_X509_STRICT
-        context.load_verify_locations(cadata=ca.public_bytes(serialization.Encoding.PEM)
-                                      .decode())
-        # load_cert_chain reads files only: a 0600 file (mkstemp), removed at once.
-        fd, path = tempfile.mkstemp(prefix="tray-tls-")
-        try:
-            os.write(fd, chain_pem)
-            os.close(fd)
-            context.load_cert_chain(path)
-        finally:
-            os.unlink(path)
-        contexts.append(context)
-    return contexts[0], contexts[1]
 
 
 # ================================================================ transport
@@ -1185,7 +989,7 @@ class TcpTransport:
             await wrapped.aclose()
 
     async def connect(self, address: str) -> TcpStream:
-        if _forked_child:
+        if fork_safety._forked_child:
             _exit_forked_child()
         kind, host_or_path, port = parse_address(address)
         tls = self._tls(kind, server=False)

@@ -30,7 +30,8 @@ from ...core.worker.core_worker import WORKER, CoreWorker
 from ...exceptions import RuntimeEnvSetupError
 from ...runtime_env import context as runtime_env_context
 from ...runtime_env import setup as runtime_env_setup
-from ...transports.tcp import TcpTransport, inert_after_fork
+from ...transports.fork_safety import inert_after_fork
+from ...transports.tcp import TcpTransport
 from . import _thread_condition
 from .memory import config_from_environ
 from .session import Session, free_port

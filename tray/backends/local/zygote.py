@@ -396,9 +396,9 @@ def _run_child(worker, argv: list, env: dict, fds: list, zygote_fds: tuple) -> N
         os.environ.update(env)
         sys.argv = [worker.__file__, *argv]  # as `python -m tray.backends.local.worker` has
         _name_process(WORKER_PROCESS_NAME)
-        from ...transports import tcp
+        from ...transports import fork_safety
 
-        tcp.begin_fresh_process()  # forked before any connection: nothing to make inert
+        fork_safety.begin_fresh_process()  # forked before any connection: nothing to make inert
         try:
             worker.main(argv)
             code = 0
