@@ -19,7 +19,8 @@ import tray
 import tray.exceptions as tex
 from tray.backends.local.session import ROOT as SESSION_ROOT
 from tray.core.interfaces import ConnectionClosed
-from tray.transports.tcp import AuthenticationError, TcpTransport
+from tray.transports.tcp import TcpTransport
+from tray.transports.tcp_handshake import AuthenticationError
 
 
 def _tray_processes() -> list[psutil.Process]:

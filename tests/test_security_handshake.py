@@ -18,8 +18,9 @@ import trio
 
 import tray
 from tray.backends.local.session import free_port
-from tray.transports import tcp, tls
-from tray.transports.tcp import AuthenticationError, TcpTransport, WrongPeerError
+from tray.transports import tcp, tcp_handshake, tls
+from tray.transports.tcp import TcpTransport
+from tray.transports.tcp_handshake import AuthenticationError, WrongPeerError
 
 TOKEN = b"a-cluster-token-" + b"7" * 32
 TLS_TOKEN = b"tls:" + TOKEN
@@ -191,14 +192,14 @@ async def test_the_server_proves_nothing_before_the_client_has():
         stream = await trio.open_tcp_stream("127.0.0.1", server.port)
         peer = server.address.encode()
         await stream.send_all(b"TRAY/2 RAW\n" + struct.pack("<H", len(peer)) + peer +
-                              os.urandom(tcp.NONCE_BYTES))
+                              os.urandom(tcp_handshake.NONCE_BYTES))
         received = b""
         with trio.fail_after(10):
-            while len(received) < 11 + tcp.NONCE_BYTES:
+            while len(received) < 11 + tcp_handshake.NONCE_BYTES:
                 received += await stream.receive_some(4096)
             assert received[:11] == b"TRAY/2 RAW\n"
-            await stream.send_all(b"\0" * tcp.PROOF_BYTES)  # a guess
-            rest = received[11 + tcp.NONCE_BYTES:]
+            await stream.send_all(b"\0" * tcp_handshake.PROOF_BYTES)  # a guess
+            rest = received[11 + tcp_handshake.NONCE_BYTES:]
             while chunk := await stream.receive_some(4096):
                 rest += chunk
         assert rest == b"\x01"  # "wrong proof", then the server closed
@@ -210,15 +211,15 @@ async def test_the_server_proves_nothing_before_the_client_has():
 def test_each_proof_binds_role_mode_peer_and_both_nonces():
     base = dict(token=TOKEN, signer=b"client", mode=b"TRAY/2 RAW\n", peer=b"tcp:10.0.0.1:6380",
                 client_nonce=b"c" * 32, server_nonce=b"s" * 32)
-    reference = tcp._proof(**base)
+    reference = tcp_handshake._proof(**base)
     for field, other in [("signer", b"server"), ("mode", b"TRAY/2 TLS\n"),
                          ("peer", b"tcp:10.0.0.2:6380"), ("client_nonce", b"C" * 32),
                          ("server_nonce", b"S" * 32), ("token", b"another-token-0123456789")]:
-        assert tcp._proof(**{**base, field: other}) != reference, field
+        assert tcp_handshake._proof(**{**base, field: other}) != reference, field
     # Fields cannot slide into each other: moving bytes from one to the next
     # changes the proof.
     slid = {**base, "peer": base["peer"] + b"c", "client_nonce": b"c" * 31}
-    assert tcp._proof(**slid) != reference
+    assert tcp_handshake._proof(**slid) != reference
 
 
 def test_peer_names_read_alike_from_both_ends():

@@ -1,4 +1,4 @@
-"""The wire (tray/transports/tcp.py): one write per small message, messages
+"""The wire (tray/transports/tcp_streams.py): one write per small message, messages
 queued in one tick leaving in one write, a bounded outgoing queue, many
 messages parsed out of one read, and failures that fail what was queued.
 
@@ -17,8 +17,10 @@ import trio.testing
 
 from tray.core.interfaces import ConnectionClosed
 from tray.core.rpc import Endpoint
-from tray.transports import tcp
-from tray.transports.tcp import MalformedFrame, TcpStream, TcpTransport, _Reader
+from tray.transports import tcp_streams
+from tray.transports.tcp import TcpTransport
+from tray.transports.tcp_framing import MalformedFrame, _Reader
+from tray.transports.tcp_streams import TcpStream
 
 TOKEN = b"a-cluster-token-" + b"9" * 32
 
@@ -195,7 +197,7 @@ async def test_send_and_send_nowait_from_many_tasks_keep_each_senders_order():
 
 
 async def test_the_outgoing_queue_is_bounded_and_a_full_queue_makes_senders_wait(monkeypatch):
-    monkeypatch.setattr(tcp, "outgoing_bytes_max", 64 * 1024)
+    monkeypatch.setattr(tcp_streams, "outgoing_bytes_max", 64 * 1024)
     left, right, _, _ = _pair()
     message = b"m" * 10_000
     sent = 0
@@ -212,7 +214,7 @@ async def test_the_outgoing_queue_is_bounded_and_a_full_queue_makes_senders_wait
         # Nobody reads the other end: the kernel's buffers fill, then the queue.
         await trio.testing.wait_all_tasks_blocked()
         assert sent < 2_000  # the flood waits for room
-        assert left._outgoing_bytes <= tcp.outgoing_bytes_max + len(message) + 64
+        assert left._outgoing_bytes <= tcp_streams.outgoing_bytes_max + len(message) + 64
         assert not left.send_nowait(message)  # no room: the caller must wait in send
         # Reading the other end lets everything through, in order, whole.
         for _ in range(2_000):

@@ -333,7 +333,8 @@ def resolve_cluster(address: str) -> tuple[str, bytes]:
 async def query_gcs(gcs: str, token: bytes, method: str, *args):
     """One call to a cluster's GCS, failing fast with what went wrong."""
     from ...core.interfaces import ConnectionClosed
-    from ...transports.tcp import AuthenticationError, TcpTransport
+    from ...transports.tcp import TcpTransport
+    from ...transports.tcp_handshake import AuthenticationError
 
     transport = TcpTransport(token)
     try:
