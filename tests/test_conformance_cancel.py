@@ -110,7 +110,7 @@ def test_cancel_between_dequeue_and_push_never_runs_the_task(monkeypatch):
             if task.spec.name.endswith("sleeper") and not cancelled:
                 task_id = ObjectID(task.spec.return_ids[0]).task_id()
                 cancelled.append(task_id)
-                await worker._cancel_owned(task_id, False, False)
+                await worker.canceller._cancel_owned(task_id, False, False)
             await original(self, key, queue, lease, task)
 
         monkeypatch.setattr(NormalTaskSubmitter, "_push", push_after_a_cancel)

@@ -347,18 +347,18 @@ def test_the_loop_counts_a_wait_again_when_an_object_became_ready_after_the_thre
     """The thread reads ``ready_generation`` before it looks at the entries;
     the loop recounts only when an object was made ready since, and
     otherwise trusts the thread's count."""
-    from tray.core.worker.core_worker import _ThreadWait
+    from tray.core.worker.thread_waits import ThreadWait
 
     worker = _driver()
     refs = [tray.put(i) for i in range(3)]
     _known_to_the_loop(refs)
     assert tray.get(refs) == [0, 1, 2]
     generation = worker.references.ready_generation
-    stale = _ThreadWait(_thread_condition(), refs, 2, 0, True, generation - 1)
-    in_loop(worker, worker._watch_wait_for_thread, stale)
+    stale = ThreadWait(_thread_condition(), refs, 2, 0, True, generation - 1)
+    in_loop(worker, worker.thread_waits._watch_wait_for_thread, stale)
     assert stale.woken and not stale.gave_up  # recounted: two were ready
-    current = _ThreadWait(_thread_condition(), refs, 2, 0, True, generation)
-    in_loop(worker, worker._watch_wait_for_thread, current)
+    current = ThreadWait(_thread_condition(), refs, 2, 0, True, generation)
+    in_loop(worker, worker.thread_waits._watch_wait_for_thread, current)
     assert not current.woken  # the thread's count (none ready) is taken as is
     assert current in worker.references.ready_listeners
     in_loop(worker, worker.references.ready_listeners.pop, current)
@@ -385,7 +385,7 @@ def test_threads_waiting_in_get_or_wait_raise_when_tray_shuts_down():
                    threading.Thread(target=blocked, args=(lambda: tray.wait([pending]),))]
         for thread in threads:
             thread.start()
-        wait_for(lambda: len(_driver()._thread_waiters) == 2, "both threads to be asleep")
+        wait_for(lambda: len(_driver().thread_waits._waiters) == 2, "both threads to be asleep")
     finally:
         tray.shutdown()
     for thread in threads:

@@ -12,6 +12,7 @@ from tray.core.gcs.actor_manager import ActorManager
 from tray.core.ids import ObjectID, TaskID
 from tray.core.worker.actor_host import ActorHost
 from tray.core.worker.actor_task_submitter import ActorTaskSubmitter
+from tray.core.worker.cancellation import TaskCanceller
 from tray.core.worker.core_worker import CoreWorker
 from tray.core.worker.normal_task_submitter import NormalTaskSubmitter
 from tray.core.worker.object_getter import ObjectGetter
@@ -271,15 +272,15 @@ def test_lineage_one_level_deep_is_caught_within_12_seeds(monkeypatch):
 
 def test_a_cancel_that_leaves_queued_tasks_queued_is_caught_within_5_seeds(monkeypatch):
     # Cancels only what runs: a queued task stays queued and runs later.
-    original = CoreWorker._cancel_owned
+    original = TaskCanceller._cancel_owned
 
     async def running_only(self, task_id, force, recursive):
-        task = self.task_manager.get(task_id)
+        task = self._task_manager.get(task_id)
         if task is not None and task.pushed_to is None:
             return
         await original(self, task_id, force, recursive)
 
-    monkeypatch.setattr(CoreWorker, "_cancel_owned", running_only)
+    monkeypatch.setattr(TaskCanceller, "_cancel_owned", running_only)
     result = _first_failure(range(5), "mixed", "default", "get-returns-model-value")
     assert "cancelled while queued" in result.message
 
@@ -300,7 +301,7 @@ def test_a_recursive_cancel_that_spares_the_children_is_caught_within_10_seeds(m
     async def childless(self, task_id, force):
         return None
 
-    monkeypatch.setattr(CoreWorker, "_cancel_children", childless)
+    monkeypatch.setattr(TaskCanceller, "cancel_children", childless)
     _first_failure(range(10), "cancel", "none", "recursive-cancel-cancels-children")
 
 
