@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tray.scripts import cli
-from tray.simtest import runner
+from tray.simtest import attribution, runner
 from tray.simtest.cli import sweep
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -263,7 +263,7 @@ def test_a_worker_a_workload_kills_is_a_fault_behind_a_re_execution():
          "what": "t=0.195s stall seconds=0.1 node=a4b5baff"},
         {"component": "simtest", "event": "faults_stopped", "t": 0.9},
     ]
-    spans = runner.fault_spans(events, head_node="0cc79ecf")
+    spans = attribution.fault_spans(events, head_node="0cc79ecf")
     killed = [span for span in spans if span.kind == "kill_worker"]
     assert len(killed) == 1 and killed[0].start_s == killed[0].end_s == 0.18
     assert killed[0].hits(worker, ()) and not killed[0].hits("1ae67eb69cbe82a5", ())
@@ -274,7 +274,7 @@ def test_the_model_s_balance_allows_any_deposit_whose_argument_task_failed():
     """A deposit whose argument is a task's result fails without running
     when that task used up its retries (mixed chaos seed 586): later
     balances may lack its amount, and only such amounts."""
-    from tray.simtest.workloads import _balances
+    from tray.simtest.pieces_actors import _balances
 
     assert _balances(12, []) == 12
     assert _balances(12, [5]) == ("one of", 7, 12)

@@ -56,7 +56,7 @@ CONFIG = {
 
 
 def _violation(invariant: str, message: str):
-    from .runner import InvariantViolation
+    from .invariants import InvariantViolation
 
     return InvariantViolation(invariant, message)
 

@@ -97,7 +97,7 @@ def _caller(name: str, count: int, sleep_s: float, gap_s: float) -> list:
 
 
 def _violation(invariant: str, message: str):
-    from .runner import InvariantViolation
+    from .invariants import InvariantViolation
 
     return InvariantViolation(invariant, message)
 
@@ -128,7 +128,7 @@ def _judge(program, outcomes: list, killed: set, after_update: bool) -> None:
                 raise _violation("serve-response-is-the-model's",
                                  f"request {request_id} got {value!r}")
             continue
-        from .runner import _is_fault_error
+        from .invariants import _is_fault_error
 
         permitted = (program.kills and _is_fault_error(value)) or \
             (replica in killed and isinstance(value, tray.exceptions.ActorError))
@@ -212,7 +212,7 @@ def serve_stream(program) -> None:
         try:
             caller_outcomes.extend(tray.get(ref))
         except Exception as error:  # noqa: BLE001 - only a fault may lose a caller task
-            from .runner import _is_fault_error
+            from .invariants import _is_fault_error
 
             if not (program.kills and _is_fault_error(error)):
                 raise _violation("serve-callers-finish", f"a caller task failed: "

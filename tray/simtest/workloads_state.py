@@ -80,7 +80,7 @@ def state_api(program) -> None:
 def _check_state(failing_ids: set) -> None:
     from tray.util import state
 
-    from .runner import InvariantViolation
+    from .invariants import InvariantViolation
 
     time.sleep(2.0)  # (virtual) every process flushes its task events
     try:

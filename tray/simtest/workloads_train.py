@@ -62,7 +62,7 @@ def train_counter(config: dict) -> None:
 
 
 def _violation(invariant: str, message: str):
-    from .runner import InvariantViolation
+    from .invariants import InvariantViolation
 
     return InvariantViolation(invariant, message)
 

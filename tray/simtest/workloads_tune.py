@@ -60,7 +60,7 @@ SCORE_TOLERANCE = 1e-6
 
 
 def _violation(invariant: str, message: str):
-    from .runner import InvariantViolation
+    from .invariants import InvariantViolation
 
     return InvariantViolation(invariant, message)
 

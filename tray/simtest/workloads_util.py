@@ -67,7 +67,7 @@ def _consume(queue, count: int) -> list:
 
 
 def _violation(invariant: str, message: str):
-    from .runner import InvariantViolation
+    from .invariants import InvariantViolation
 
     return InvariantViolation(invariant, message)
 
@@ -155,7 +155,7 @@ def _queue(program) -> None:
     if failed:
         # A fault explains the rest (a consumer that died leaves producers
         # blocked on a full queue, a producer that died starves consumers).
-        from .runner import _is_fault_error
+        from .invariants import _is_fault_error
 
         blamed = next((error for error in failed if _is_fault_error(error)), failed[0])
         program.expect(_reraise.remote(blamed), None, label=f"util: {label}")

@@ -1,0 +1,271 @@
+"""Fault attribution: what the trace says the faults did, and what they cost.
+
+Counting executions against ``1 + max_retries`` lets a runtime re-run work
+for no reason as long as it stays under the budget (a duplicate push, a
+retry of a task whose worker was fine). So every extra execution must have
+a cause in the trace: the execution before it ended in an application
+error that the task retries, or a memory kill, or a fault hit a process it
+depended on while it ran (between its start and the next one's): its
+worker was killed, or its worker's node or its owner's node crashed, was
+reset, stalled, slowed or cut off by a partition. A fault on the head node
+(the GCS's and the driver's) and a GCS restart hit every node: the GCS may
+declare any node dead then, and a node declared dead fences its workers.
+
+``fault_spans`` turns the injector's records into spans of time and target,
+``unattributed_executions`` finds the re-runs no span explains; ``spent``
+(retries and restarts used) and ``deaths`` (nodes and processes that died)
+are the ledgers the error checks hold an error against. Each returns None
+when the trace kept too few events to say."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+# requests made before it went down, for a while after it is back up.
+GCS_RECOVERY_S = 0.5
+# The messages that hand a worker a task to run (an actor's creation, a call).
+_TASK_MESSAGES = frozenset({"push_task", "create_actor", "actor_call"})
+_FAULT_WHAT = re.compile(r"t=[0-9.]+s (\w+)(.*)")
+_FAULT_TARGET = re.compile(r"\b(node|worker|isolated)=([0-9a-f]+)")
+_FAULT_PARAM = re.compile(r"\b(seconds|down_for_s)=([0-9.]+)")
+
+
+@dataclass(frozen=True)
+class FaultSpan:
+    """A fault as the trace shows it: when it acted, and on what (a node id
+    prefix, a worker id prefix, or everything)."""
+
+    start_s: float
+    end_s: float
+    kind: str
+    node: str | None = None  # node id prefix
+    worker: str | None = None  # worker id prefix
+    everywhere: bool = False
+
+    def hits(self, worker_id: str, nodes: tuple) -> bool:
+        if self.worker is not None:
+            return worker_id.startswith(self.worker) or self.worker.startswith(worker_id)
+        return self.everywhere or any(node and node.startswith(self.node) for node in nodes)
+
+
+def fault_spans(events, head_node: str) -> list[FaultSpan]:
+    """The faults the injector recorded, with how long each acted."""
+    raw, heals, stopped_s = [], [], None
+    spans = []
+    for event in events:
+        if event["event"] == "faults_stopped":
+            stopped_s = event["t"]
+        elif event["event"] == "kill_worker" and event["component"] == "fault":
+            # Every worker killed, whoever asked: the schedule, or a workload
+            # through ``kill_worker`` (rllib's default seed 253 killed an env
+            # runner so, and its constructor's second run had no cause).
+            spans.append(FaultSpan(event["t"], event["t"], "kill_worker",
+                                   worker=event["worker"]))
+        elif event["event"] == "fault" and event["component"] == "simtest":
+            if event["what"] == "heal":
+                heals.append(event["t"])
+            else:
+                raw.append(event)
+    end_of_faults = stopped_s if stopped_s is not None else float("inf")
+    for event in raw:
+        match = _FAULT_WHAT.match(event["what"])
+        if match is None:
+            continue
+        kind, rest, start = match.group(1), match.group(2), event["t"]
+        params = {name: float(value) for name, value in _FAULT_PARAM.findall(rest)}
+        targets = dict(_FAULT_TARGET.findall(rest))
+        end = start
+        if kind == "partition":  # until the next heal (each heals every partition)
+            end = min([t for t in heals if t >= start] + [end_of_faults])
+        elif kind == "stall":
+            end = start + params.get("seconds", 0.0)
+        elif kind == "slow_node":
+            end = end_of_faults
+        elif kind == "gcs_restart":  # down, then recovering its tables and actors
+            end = start + params.get("down_for_s", 0.0) + GCS_RECOVERY_S
+        node = targets.get("node") or targets.get("isolated")
+        spans.append(FaultSpan(start, end, kind, node=node, worker=targets.get("worker"),
+                               everywhere=kind == "gcs_restart" or
+                               (node is not None and head_node.startswith(node))))
+    return spans
+
+
+def unattributed_executions(cluster) -> list[str] | None:
+    """Executions (task_started events) after which the same task ran again
+    with no cause in the trace; None when the trace kept too few events."""
+    trace = cluster.trace
+    if trace.event_count > len(trace.events):
+        return None
+    events = list(trace.events)
+    head_node = cluster.node_ids()[0]
+    spans = fault_spans(events, head_node)
+    worker_node: dict[str, str] = {}  # worker id -> its node's id prefix
+    owner_of: dict[str, str] = {}  # task -> the component that submitted it
+    # task -> [(t, worker component, attempt, name, submission, open)]: a
+    # re-run parent submits its children again under the same ids (a new
+    # submission), and the two runs of a parent cut off by a reset may both
+    # submit them (``open`` submissions at once): runs of different or of
+    # overlapping submissions are not re-executions of one another.
+    starts: dict[str, list] = {}
+    submissions: dict[str, int] = {}
+    open_by: dict[str, set] = {}
+    excused: set = set()  # (task, attempt that followed an error, a memory kill, a loss)
+    first_node_death_s = None
+    # A run begins when its task reaches the worker, not when its body
+    # starts: fetching the function and the arguments is part of it, and a
+    # fault then cuts it off as well (chaos seed 2650: a reset cut the GCS's
+    # create_actor call after the worker received it and before the
+    # constructor began; the GCS gave that worker up and created the actor
+    # on another, so the constructor ran twice, a fault behind it).
+    delivered_s: dict[str, float] = {}  # "worker-<id[:12]>" -> its last task received
+    worker_by_suffix: dict[str, str] = {}  # a worker's "worker:<id[-8:]>" suffix -> its id
+    running_attempt: dict[str, int] = {}  # "worker-<id[:12]>" -> attempt of its last run
+    for event in events:
+        name = event["event"]
+        if name == "recv":
+            if event["msg"] in _TASK_MESSAGES:
+                delivered_s[event["component"].rsplit("/", 1)[-1]] = event["t"]
+            continue
+        if name == "worker_start":
+            worker_node[event["worker"]] = event["component"]
+            worker_by_suffix[event["worker"][-8:]] = event["worker"]
+        elif name == "task_submitted":
+            task = event["task"]
+            owner_of.setdefault(task, event["component"])
+            submissions[task] = submissions.get(task, 0) + 1
+            open_by.setdefault(task, set()).add(event["component"])
+        elif name == "task_finished":
+            open_by.get(event["task"], set()).discard(event["component"])
+        elif name == "task_started":
+            task = event["task"]
+            worker = worker_by_suffix.get(event["component"].split(":", 1)[-1])
+            began_s = delivered_s.get(f"worker-{worker[:12]}", event["t"]) \
+                if worker is not None else event["t"]
+            if worker is not None:
+                running_attempt[f"worker-{worker[:12]}"] = event.get("attempt") or 0
+            starts.setdefault(task, []).append(
+                (began_s, event["component"], event.get("attempt"), event.get("name"),
+                 submissions.get(task, 0), len(open_by.get(task, ()))))
+        elif name == "task_retry" and event.get("reason") in ("exception", "out of memory"):
+            excused.add((event["task"], event.get("attempt")))
+        elif name == "task_reconstruct" and (
+                first_node_death_s is not None or
+                running_attempt.get(str(event.get("by", "")).rsplit("/", 1)[-1], 0) > 0):
+            # A re-run for lineage: its value was lost with a node, or
+            # released once only lineage needed it and now wanted by the
+            # re-run of a result lost with a node. Either way a node died.
+            # Or the reader that found no copy (``by``) was running a re-run
+            # of its own task (a retry, or a re-run for lineage of a result
+            # a fault made unreadable), which needs its arguments again:
+            # one released once only lineage needed it is made again, the
+            # first re-run's fault behind it too (default seed 2638); that
+            # re-run is attributed on its own.
+            excused.add((event["task"], event.get("attempt")))
+        elif name in ("kill_node", "node_dead") and first_node_death_s is None:
+            first_node_death_s = event["t"]
+
+    def where(component: str) -> tuple[str, tuple]:
+        """A component's worker id (suffix) and the node(s) it may live on."""
+        if component.startswith("driver:"):
+            return "", (head_node,)
+        suffix = component.split(":", 1)[-1]
+        nodes = tuple(node for worker, node in worker_node.items() if worker.endswith(suffix))
+        return suffix, nodes
+
+    found = []
+    for task, runs in starts.items():
+        # In the order the runs began (their tasks reached the workers),
+        # which is not always the order their bodies started: a creation
+        # delivered before a GCS restart may start its constructor after the
+        # re-created actor's (returns seed 86 under default: the pair came
+        # out reversed, and no fault lies between a later start and an
+        # earlier one).
+        runs = sorted(runs, key=lambda run: run[0])
+        owner = owner_of.get(task)
+        _, owner_nodes = where(owner) if owner else ("", ())
+        for (start_s, component, attempt, fn, submission, _), \
+                (next_s, _, next_attempt, _, next_submission, next_open) in \
+                zip(runs, runs[1:], strict=False):
+            if next_submission != submission or next_open > 1:
+                continue
+            if (task, next_attempt) in excused and next_attempt != attempt:
+                continue
+            if isinstance(attempt, int) and isinstance(next_attempt, int) and any(
+                    (task, between) in excused for between in range(attempt + 1, next_attempt)):
+                # An attempt between the two was excused and never began (its
+                # worker died with the task on its way, say): this run is that
+                # retry's (default seed 9811: attempt 0 raised, attempt 1's
+                # worker died before it began, and attempt 2 ran).
+                continue
+            suffix, nodes = where(component)
+            full_ids = [worker for worker in worker_node if worker.endswith(suffix)]
+            if any(span.start_s <= next_s and span.end_s >= start_s and
+                   (any(span.hits(worker, nodes + owner_nodes) for worker in full_ids) or
+                    (not full_ids and span.hits(suffix, nodes + owner_nodes)))
+                   for span in spans):
+                continue
+            found.append(f"task {fn} {task[:12]} ran again at t={next_s:.6f} (attempt "
+                         f"{next_attempt}) after its run at t={start_s:.6f} (attempt "
+                         f"{attempt}) on {component}, and no fault hit that worker, its node "
+                         f"or its owner's ({owner}) in between")
+    return found
+
+
+@dataclass
+class Spent:
+    """What the trace says was spent, by hex id."""
+
+    # task -> retries spent: worker deaths, exceptions and re-runs for
+    # lineage, not memory kills. A re-run for lineage spends one of
+    # ``max_retries`` as in Ray (TaskManager::ResubmitTask decrements
+    # num_retries_left; ObjectReconstructionFailedMaxAttemptsExceededError),
+    # so a task re-run once for a lost result and then hit by a crash may
+    # give up with max_retries=1 (chaos seeds 1305, 1586).
+    retries: dict
+    restarts: dict  # actor -> restarts
+    killed: set  # actors killed by tray.kill
+
+
+def spent(cluster) -> Spent | None:
+    trace = cluster.trace
+    if trace.event_count > len(trace.events):
+        return None
+    result = Spent({}, {}, set())
+    for event in trace.events:
+        name = event["event"]
+        if name == "task_reconstruct" or \
+                (name == "task_retry" and event.get("reason") != "out of memory"):
+            result.retries[event["task"]] = result.retries.get(event["task"], 0) + 1
+        elif name == "actor_restarting":
+            result.restarts[event["actor"]] = result.restarts.get(event["actor"], 0) + 1
+        elif name == "actor_kill":
+            result.killed.add(event["actor"])
+    return result
+
+
+@dataclass
+class Deaths:
+    """What died, from the trace: nodes (killed, or declared dead by the
+    GCS) and processes (killed, exited, crashed), and the runs of each task."""
+
+    nodes: set
+    processes: set
+    retries: dict  # task id hex -> retries and re-runs for lineage (not memory kills)
+
+
+def deaths(cluster) -> Deaths | None:
+    trace = cluster.trace
+    if trace.event_count > len(trace.events):
+        return None
+    found = Deaths(set(), set(), {})
+    for event in trace.events:
+        name = event["event"]
+        if name in ("kill_node", "node_dead"):
+            found.nodes.add(event["node"])
+        elif name in ("process_kill", "process_exit", "process_crashed"):
+            found.processes.add(event["process"])
+        elif name == "task_reconstruct" or (name == "task_retry" and
+                                            event.get("reason") != "out of memory"):
+            found.retries[event["task"]] = found.retries.get(event["task"], 0) + 1
+    return found

@@ -1,0 +1,325 @@
+"""The invariant checks of a seed: each judges what the run did against
+the reference model (``model``), the ledger the user code kept
+(``remote_code``) and the trace (``attribution``), and raises
+``InvariantViolation`` naming the invariant that broke.
+
+* ``check_value`` / ``check_error``: a ref's answer is the model's value,
+  or an error that the faults and the work's options permit (its budget
+  spent, an object lost only when it cannot be rebuilt);
+* ``check_executions``: at most ``1 + max_retries`` runs, exact counts
+  without crashes, actor calls at most once per retry and in order,
+  restarts within ``max_restarts``;
+* ``check_attributed``: every re-execution has a fault behind it;
+* ``check_cancels``: what ``tray.cancel`` promised;
+* ``check_gpu_exclusive``: no GPU held by two task bodies at once."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+from tray import exceptions
+
+from .attribution import deaths, spent, unattributed_executions
+from .invariants import (
+    FREED_WHILE_REFERENCED,
+    GIVING_UP_ERRORS,
+    InvariantViolation,
+    _cause,
+    _is_fault_error,
+)
+from .model import Expectation, ExpectError, Program
+from .remote_code import FlakyError, Ledger
+
+
+def check_value(program: Program, expectation: Expectation, value) -> None:
+    expected = expectation.expected
+    where = f"{expectation.label} ({expectation.ref!r})"
+    if expected is Program.ANY_INT:
+        ok = isinstance(value, int)
+    elif expected is Program.ANY_LIST:
+        ok = isinstance(value, list)
+    elif expected is Program.CANCELLED_OR_VALUE:
+        ok = True
+    elif isinstance(expected, ExpectError):
+        ok = False
+    elif isinstance(expected, tuple) and expected[:1] == ("one of",):
+        ok = value in expected[1:]
+    elif isinstance(expected, tuple) and expected[:1] == ("int between",):
+        ok = isinstance(value, int) and expected[1] <= value <= expected[2]
+    elif isinstance(expected, tuple) and expected[:1] == ("array",):
+        _, size, fill = expected
+        ok = isinstance(value, np.ndarray) and value.shape == (size,) and \
+            bool(np.all(value == fill))
+        value = f"<array shape={getattr(value, 'shape', None)}>"
+    else:
+        ok = value == expected
+    if not ok:
+        raise InvariantViolation("get-returns-model-value",
+                                 f"{where}: got {value!r}, the reference model says {expected!r}")
+
+
+def check_error(program: Program, expectation: Expectation, error: BaseException) -> None:
+    where = f"{expectation.label} ({expectation.ref!r})"
+    expected = expectation.expected
+    text = str(error)
+    if FREED_WHILE_REFERENCED in text:
+        raise InvariantViolation("no-premature-free",
+                                 f"{where}: an object was freed while still referenced: "
+                                 f"{type(error).__name__}: {text[:400]}")
+    if isinstance(expected, ExpectError) and isinstance(error, expected.error_class):
+        return
+    if expected is Program.CANCELLED_OR_VALUE and \
+            isinstance(error, exceptions.TaskCancelledError):
+        return
+    if expectation.unlimited and isinstance(_cause(error), GIVING_UP_ERRORS):
+        raise InvariantViolation("unlimited-retries-never-give-up",
+                                 f"{where}: got the error {type(error).__name__}: {text[:600]}\n"
+                                 "its task or actor retries and restarts without limit, so no "
+                                 "fault may fail it")
+    _check_budget_spent(program, expectation, error, where)
+    if _check_object_lost(program, error, where) and not expectation.strict:
+        return  # its owner died: true whatever the schedule (see _check_object_lost)
+    if program.kills and _is_fault_error(error) and not expectation.strict:
+        return
+    if program.kills and expectation.app_retries and \
+            isinstance(error, FlakyError):
+        return  # a crash used up a retry that the model counted on
+    raise InvariantViolation("get-returns-model-value",
+                             f"{where}: got the error {type(error).__name__}: {text[:600]}\n"
+                             f"the reference model says {expected!r}, and the injected faults "
+                             f"(kills={program.kills}) do not permit this error")
+
+
+def check_cancels(cluster, program: Program, ledger: Ledger) -> None:
+    """What ``tray.cancel`` promised, from inside the cancelled bodies."""
+    # Why each worker died: a force cancel's worker exits (or was killed),
+    # and it is not merely reaped later as idle (a gentle cancel's would be).
+    # A worker killed with its node (a crash the cancel may have come too
+    # late for: chaos seed 2036) is gone too, with no worker_died of its own:
+    # its process's kill says so. A force cancel lost on the way would
+    # leave the task running to its end, which the check above catches.
+    died: dict[str, list] = {}
+    killed_processes: set = set()  # worker id prefixes, as process names hold them
+    for event in cluster.trace.events:
+        if event["event"] == "worker_died":
+            died.setdefault(event["worker"], []).append(event.get("reason", ""))
+        elif event["event"] == "process_kill" and "/worker-" in event["process"]:
+            killed_processes.add(event["process"].rsplit("/worker-", 1)[1])
+    # A retry that had reached its worker before the cancel was sent is the
+    # run the cancel interrupts, although its body had not begun when the
+    # workload counted the runs (it was loading the function: default seed
+    # 3240). Ray cancels the attempt that is executing; only one that
+    # starts after the cancel would be a run "again".
+    cancelled_s: dict[str, float] = {}
+    attempts_started: dict[str, list] = {}
+    for event in cluster.trace.events:
+        if event["event"] == "task_cancel" and event["component"].startswith("driver:"):
+            cancelled_s.setdefault(event["task"], event["t"])
+        elif event["event"] == "task_started":
+            attempts_started.setdefault(event["task"], []).append(event["t"])
+    for key, runs, force, task in program.cancels:
+        got = ledger.executions.get(key, 0)
+        if task is not None and task in cancelled_s:
+            runs = max(runs, sum(1 for t in attempts_started.get(task, [])
+                                 if t <= cancelled_s[task]))
+        if got > runs:
+            raise InvariantViolation(
+                "cancelled-task-never-runs-again",
+                f"task {key} was cancelled during its run #{runs} and ran {got} times")
+        if ledger.executions.get(f"{key}:end"):
+            raise InvariantViolation(
+                "cancelled-task-is-interrupted",
+                f"task {key}, cancelled while running (force={force}), ran to its end")
+        # (The worker of the cancelled run, if its body began.)
+        workers = ledger.workers.get(key, [])
+        worker = workers[runs - 1] if len(workers) >= runs else None
+        reasons = died.get(worker, [])
+        killed_with_node = worker is not None and not reasons and \
+            any(worker.startswith(prefix) for prefix in killed_processes)
+        if force and worker is not None and cluster.trace.event_count <= \
+                len(cluster.trace.events) and not killed_with_node and \
+                not any(not reason.startswith("idle") for reason in reasons):
+            raise InvariantViolation(
+                "force-cancel-kills-the-worker",
+                f"task {key} was cancelled with force=True, and worker {worker[:12]} that "
+                f"ran it did not exit ({'reaped as idle later' if reasons else 'it lives on'})")
+    for prefix, task in program.cancelled_prefixes:
+        if task is not None and task not in cancelled_s:
+            continue  # it had ended before the cancel: nothing was cancelled
+        ended = sorted(key for key in ledger.executions
+                       if key.startswith(prefix) and key.endswith(":end"))
+        if ended:
+            raise InvariantViolation(
+                "recursive-cancel-cancels-children",
+                f"children of a task cancelled with recursive=True ran to their end: {ended}")
+
+
+def check_executions(program: Program, ledger: Ledger) -> None:
+    for key, limit in sorted(program.limits.items()):
+        count = ledger.executions.get(key, 0)
+        if limit >= 0 and count > limit:
+            raise InvariantViolation(
+                "task-executes-at-most-1+max_retries",
+                f"task {key} executed {count} times; its max_retries allows {limit}")
+    for key, count in sorted(program.exact.items()):
+        got = ledger.executions.get(key, 0)
+        if got != count:
+            raise InvariantViolation(
+                "retry-count-exact", f"task {key} executed {got} times; without crashes its "
+                f"retry policy gives exactly {count}")
+    for actor_key, calls in sorted(program.actor_calls.items()):
+        for (caller, seq), limit in sorted(calls.items()):
+            count = ledger.executions.get(f"{actor_key}:{caller}:{seq}", 0)
+            if limit >= 0 and count > limit:
+                raise InvariantViolation(
+                    "actor-call-executes-at-most-1+max_task_retries",
+                    f"actor {actor_key}: call #{seq} from {caller} executed {count} times; "
+                    f"max_task_retries allows {limit}")
+    for actor_key, max_restarts in sorted(program.max_restarts.items()):
+        # A constructor that ran on a worker that died before the actor was
+        # ALIVE is a rescheduled creation, not a restart: count the
+        # incarnations that served calls.
+        served = {incarnation for incarnation, _, _ in ledger.actor_log.get(actor_key, [])}
+        if len(served) > 1 + max_restarts:
+            raise InvariantViolation(
+                "actor-restarts-at-most-max_restarts",
+                f"actor {actor_key} served calls in {len(served)} incarnations "
+                f"{sorted(served)}; max_restarts={max_restarts} allows {1 + max_restarts}")
+    for actor_key in sorted(program.actor_calls):
+        last: dict = {}
+        for incarnation, caller, seq in ledger.actor_log.get(actor_key, []):
+            previous = last.get((incarnation, caller))
+            if previous is not None and seq <= previous:
+                log = [f"{c}#{s}@{i}" for i, c, s in ledger.actor_log[actor_key]]
+                raise InvariantViolation(
+                    "actor-calls-in-submission-order",
+                    f"actor {actor_key} (incarnation {incarnation}) ran call #{seq} from "
+                    f"{caller} after call #{previous}; execution log: {' '.join(log)}")
+            last[(incarnation, caller)] = seq
+
+
+def check_attributed(cluster) -> None:
+    found = unattributed_executions(cluster)
+    if found:
+        raise InvariantViolation("every-re-execution-has-a-fault-behind-it",
+                                 "\n".join(found[:10]))
+
+
+_GAVE_UP_TASK = re.compile(r"running task \S+ \(([0-9a-f]+)\)")
+
+
+def _check_budget_spent(program: Program, expectation: Expectation, error: BaseException,
+                        where: str) -> None:
+    """A crash may fail work with a finite budget only once the budget is
+    spent: the task that gave up (named in the error) retried ``budget``
+    times, the actor restarted ``max_restarts`` times (or was killed)."""
+    if expectation.budget is None or program.cluster is None:
+        return
+    # Read from the trace now, not once the faults stopped: the error may
+    # have come after, with a retry spent since (wait seed 300: a retry and
+    # the failure of the retried attempt at the instant the faults stopped).
+    cause, ledger = _cause(error), spent(program.cluster)
+    if ledger is None:
+        return
+    if isinstance(cause, exceptions.WorkerCrashedError):
+        match = _GAVE_UP_TASK.search(str(cause))
+        if match is None:
+            return
+        used = ledger.retries.get(match.group(1), 0)
+        what = f"task {match.group(1)} gave up after {used} retries"
+    elif isinstance(cause, exceptions.ActorDiedError) and expectation.actor is not None:
+        if expectation.actor in ledger.killed:
+            return
+        used = ledger.restarts.get(expectation.actor, 0)
+        what = f"its actor died for good after {used} restarts"
+    else:
+        return
+    if used < expectation.budget:
+        raise InvariantViolation(
+            "gives-up-only-when-the-budget-is-spent",
+            f"{where}: got the error {type(error).__name__}: {str(error)[:600]}\n"
+            f"{what}, and its budget is {expectation.budget}")
+
+
+_LOST_WITH = re.compile(r"lost with node\(s\) \[([^\]]*)\]")
+_OWNER_DIED = re.compile(r"\(([^()\s]+)\) died")
+_RETRIES_USED = re.compile(r"object ([0-9a-f]+) \(a result of task .*max_retries=(-?\d+)")
+
+
+def _check_object_lost(program: Program, error: BaseException, where: str) -> bool:
+    """An object may be reported lost only when it is: every copy was on
+    nodes that died, and it cannot be re-created (a put; a task result whose
+    task has no retries left, per the trace's runs of it; an actor call's
+    result, which tray does not re-create; lineage evicted for capacity);
+    its owner died for ``OwnerDiedError``. Never because an argument of its
+    task was freed: lineage keeps what it needs.
+
+    True for an ``OwnerDiedError`` whose owner the trace shows dead, which
+    the caller accepts whatever the fault schedule: a worker that owns refs
+    (the ``returns`` workload's ``make_refs``: the puts inside its result)
+    can die without a killing fault in the schedule, by a force cancel of a
+    later task it ran (default seeds 2108, 2397), or as a duplicate actor
+    worker a restarted GCS gives up (seed 2951). Ray does not recover an
+    object whose owner died (its docs, "Object fault tolerance": recovering
+    from owner failure is not supported, and ``get`` raises
+    ``OwnerDiedError``). An owner reaped as idle while it owned referenced
+    objects is a bug, though: a worker that owns objects in scope refuses to
+    exit idle, as Ray's does."""
+    cause = _cause(error)
+    if not isinstance(cause, exceptions.ObjectLostError) or program.cluster is None:
+        return False
+    found = deaths(program.cluster)  # now: the gets themselves re-run tasks
+    if found is None:
+        return False
+    text = str(cause)
+
+    def wrong(why: str) -> None:
+        raise InvariantViolation("object-lost-only-when-it-cannot-be-rebuilt",
+                                 f"{where}: got the error {type(error).__name__}: "
+                                 f"{str(error)[:600]}\n{why}")
+
+    if isinstance(cause, exceptions.OwnerDiedError):
+        match = _OWNER_DIED.search(text)
+        if match is None:
+            return False
+        owner = match.group(1)
+        if owner not in found.processes:
+            wrong(f"its owner {owner} never died (the trace shows no kill or exit)")
+        prefix = owner.rsplit("/worker-", 1)[1] if "/worker-" in owner else None
+        reasons = [event.get("reason", "") for event in program.cluster.trace.events
+                   if prefix is not None and event["event"] == "worker_died"
+                   and event["worker"].startswith(prefix)]
+        if reasons and all(reason.startswith("idle") for reason in reasons):
+            wrong(f"its owner {owner} was reaped as idle while it owned a referenced object")
+        return True
+    match = _LOST_WITH.search(text)
+    if match is None:
+        return False  # (a freed object: the no-premature-free check's)
+    nodes = [node.strip(" '\"") for node in match.group(1).split(",") if node.strip()]
+    alive = [node for node in nodes if node not in found.nodes]
+    if alive:
+        wrong(f"node(s) {alive} that it names as lost never died")
+    if "was freed" in text:
+        wrong("an argument of its task was freed, but the lineage of a referenced object "
+              "keeps its arguments")
+    match = _RETRIES_USED.search(text)
+    if "retries are used up" in text and match is not None:
+        budget = int(match.group(2))
+        used = found.retries.get(match.group(1)[:32], 0)
+        if budget < 0 or used < budget:
+            wrong(f"its task was retried or re-run {used} time(s) by the trace, and "
+                  f"max_retries={budget}: it can still be re-created")
+    return False
+
+
+def check_gpu_exclusive(ledger: Ledger) -> str | None:
+    """Why the ledger shows a GPU held twice at once, or None."""
+    for (node_id, gpu), spans in sorted(ledger.gpu_spans.items()):
+        spans = sorted(spans)
+        for (start_a, end_a), (start_b, _end_b) in zip(spans, spans[1:], strict=False):
+            if start_b < end_a:
+                return (f"GPU {gpu} of node {node_id[:8]} was held by two tasks at once: "
+                        f"[{start_a:.6f}, {end_a:.6f}) and from {start_b:.6f}")
+    return None
