@@ -373,6 +373,17 @@ class Connection:
             pass
 
 
+def add_handlers(handlers: dict[str, Callable], *tables: dict[str, Callable]) -> None:
+    """Serve each component's table of handlers (message name -> its
+    ``handle_<name>`` method) in a service's ``handlers``, the dict its
+    ``Endpoint`` dispatches from. A name served twice is an error, found
+    when the service is built."""
+    for table in tables:
+        for name, handler in table.items():
+            assert name not in handlers, f"two handlers for {name!r}"
+            handlers[name] = handler
+
+
 class Endpoint:
     """A process's connections: it serves its handlers at its address, and
     keeps one outgoing connection per peer address so that messages to a

@@ -23,7 +23,7 @@ import logging
 
 import trio
 
-from ..rpc import Endpoint
+from ..rpc import Endpoint, add_handlers
 from .actor_manager import ActorManager
 from .demand import DemandTable
 from .kv_store import KvStore
@@ -59,13 +59,61 @@ class GcsServer:
                                   placement_groups=self.placement_groups, tracer=env.tracer)
         self.task_events = TaskEventTable(config=env.config, tracer=env.tracer,
                                           storage=env.storage)
-        for component in (self.node_table, self.actor_manager, self.placement_groups,
-                          self.kv, self.demand, self.task_events):
-            for attribute in dir(component):
-                if attribute.startswith("handle_"):
-                    method = attribute[len("handle_"):]
-                    assert method not in handlers, f"two handlers for {method!r}"
-                    handlers[method] = getattr(component, attribute)
+        # The messages the GCS answers, by table (every handle_* method must
+        # be here: tests/test_handler_tables.py).
+        add_handlers(handlers, {
+            "register_node": self.node_table.handle_register_node,
+            "heartbeat": self.node_table.handle_heartbeat,
+            "get_view": self.node_table.handle_get_view,
+            "get_all_nodes": self.node_table.handle_get_all_nodes,
+            "node_removed": self.node_table.handle_node_removed,
+        }, {
+            "create_actor": self.actor_manager.handle_create_actor,
+            "get_actor": self.actor_manager.handle_get_actor,
+            "get_named_actor": self.actor_manager.handle_get_named_actor,
+            "get_named_actor_handle": self.actor_manager.handle_get_named_actor_handle,
+            "actor_owner": self.actor_manager.handle_actor_owner,
+            "list_actors": self.actor_manager.handle_list_actors,
+            "list_actor_states": self.actor_manager.handle_list_actor_states,
+            "wait_actor_ready": self.actor_manager.handle_wait_actor_ready,
+            "held_leases": self.actor_manager.handle_held_leases,
+            "kill_actor": self.actor_manager.handle_kill_actor,
+            "actor_out_of_scope": self.actor_manager.handle_actor_out_of_scope,
+            "actor_exiting": self.actor_manager.handle_actor_exiting,
+            "worker_died": self.actor_manager.handle_worker_died,
+            "owner_died": self.actor_manager.handle_owner_died,
+        }, {
+            "create_placement_group": self.placement_groups.handle_create_placement_group,
+            "get_placement_group": self.placement_groups.handle_get_placement_group,
+            "get_named_placement_group": self.placement_groups.handle_get_named_placement_group,
+            "list_placement_groups": self.placement_groups.handle_list_placement_groups,
+            "wait_placement_group_ready": self.placement_groups.handle_wait_placement_group_ready,
+            "held_bundles": self.placement_groups.handle_held_bundles,
+            "remove_placement_group": self.placement_groups.handle_remove_placement_group,
+        }, {
+            "register_job": self.kv.handle_register_job,
+            "list_driver_jobs": self.kv.handle_list_driver_jobs,
+            "kv_put": self.kv.handle_kv_put,
+            "kv_get": self.kv.handle_kv_get,
+            "kv_del": self.kv.handle_kv_del,
+            "user_kv_put": self.kv.handle_user_kv_put,
+            "user_kv_get": self.kv.handle_user_kv_get,
+            "user_kv_keys": self.kv.handle_user_kv_keys,
+            "user_kv_del": self.kv.handle_user_kv_del,
+            "job_submission_put": self.kv.handle_job_submission_put,
+            "job_submission_get": self.kv.handle_job_submission_get,
+            "job_submission_list": self.kv.handle_job_submission_list,
+            "job_submission_delete": self.kv.handle_job_submission_delete,
+        }, {
+            "report_demand": self.demand.handle_report_demand,
+            "request_resources": self.demand.handle_request_resources,
+            "get_cluster_load": self.demand.handle_get_cluster_load,
+        }, {
+            "add_task_events": self.task_events.handle_add_task_events,
+            "get_task_events": self.task_events.handle_get_task_events,
+            "worker_pids": self.task_events.handle_worker_pids,
+            "summarize_task_events": self.task_events.handle_summarize_task_events,
+        })
         endpoint.add_peer_closed_listener(self._peer_closed)
 
     def validate_state(self) -> None:

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import trio
 
 from ..messages import NodeRecord, ViewUpdate
-from ..rpc import Endpoint, PeerDisconnected
+from ..rpc import Endpoint, PeerDisconnected, add_handlers
 from .lease_manager import LeaseManager, LeaseStatistics
 from .memory_monitor import MemoryMonitor, MemoryMonitorStatistics
 from .object_manager import ObjectManager, packed_slice, unpack_object
@@ -70,12 +70,34 @@ class NodeManager:
         self.memory = MemoryMonitor(node_id=env.node_id, config=env.config, tracer=env.tracer,
                                     read_memory=env.read_memory, leases=self.leases,
                                     pool=self.pool)
-        for component in (self, self.pool, self.leases, self.objects, self.memory):
-            for attribute in dir(component):
-                if attribute.startswith("handle_"):
-                    method = attribute[len("handle_"):]
-                    assert method not in handlers, f"two handlers for {method!r}"
-                    handlers[method] = getattr(component, attribute)
+        # The messages a node manager answers, by component (every handle_*
+        # method must be here: tests/test_handler_tables.py).
+        add_handlers(handlers, {
+            "view_changed": self.handle_view_changed,
+            "get_node_stats": self.handle_get_node_stats,
+            "list_workers": self.handle_list_workers,
+        }, {
+            "register_worker": self.pool.handle_register_worker,
+            "kill_worker": self.pool.handle_kill_worker,
+        }, {
+            "request_lease": self.leases.handle_request_lease,
+            "cancel_lease_requests": self.leases.handle_cancel_lease_requests,
+            "worker_blocked": self.leases.handle_worker_blocked,
+            "worker_unblocked": self.leases.handle_worker_unblocked,
+            "return_lease": self.leases.handle_return_lease,
+            "prepare_bundles": self.leases.handle_prepare_bundles,
+            "commit_bundles": self.leases.handle_commit_bundles,
+            "cancel_bundles": self.leases.handle_cancel_bundles,
+            "drain": self.leases.handle_drain,
+        }, {
+            "pull_object": self.objects.handle_pull_object,
+            "share_object": self.objects.handle_share_object,
+            "read_object_chunk": self.objects.handle_read_object_chunk,
+            "free_objects": self.objects.handle_free_objects,
+            "owner_died": self.objects.handle_owner_died,
+        }, {
+            "worker_failure_cause": self.memory.handle_worker_failure_cause,
+        })
         endpoint.add_peer_closed_listener(self._peer_closed)
         # The version of the view this node holds (see gcs/node_table.py);
         # epoch 0 is no GCS's: the first update is a whole view.

@@ -49,7 +49,7 @@ from ..context import TaskContext, current_task, current_worker
 from ..ids import JobID, ObjectID, PlacementGroupID, TaskID
 from ..messages import ActorInfo, ActorSpec, PlacementGroupSpec
 from ..object_ref import ObjectRef
-from ..rpc import Endpoint, PeerDisconnected
+from ..rpc import Endpoint, PeerDisconnected, add_handlers
 from ..serialization import serialize
 from .actor_host import ActorHost, ActorHostStatistics
 from .actor_task_submitter import ActorState, ActorTaskSubmitter
@@ -75,19 +75,6 @@ from .thread_waits import ThreadWaits, ThreadWaitsStatistics
 logger = logging.getLogger("tray.worker")
 
 DRIVER, WORKER = "driver", "worker"
-
-# Each component class's handle_* methods, found once per class: dir() of
-# the 7 components of every worker was 1-2.5% of a simtest seed, which
-# starts dozens of workers. (Bounded by the component classes.)
-_handler_names_of: dict[type, tuple[str, ...]] = {}
-
-
-def _handler_names(kind: type) -> tuple[str, ...]:
-    names = _handler_names_of.get(kind)
-    if names is None:
-        names = tuple(name for name in dir(kind) if name.startswith("handle_"))
-        _handler_names_of[kind] = names
-    return names
 
 
 @dataclass(frozen=True)
@@ -201,12 +188,33 @@ class CoreWorker:
         self.thread_waits = ThreadWaits(
             address=address, references=references, getter=getter, inbox=self.inbox,
             store=env.object_store, nursery=nursery, make_condition=env.thread_condition)
-        for component in (self, references, submitter, getter, recovery, canceller, receiver,
-                          self.actor_host):
-            for attribute in _handler_names(type(component)):
-                method = attribute[len("handle_"):]
-                assert method not in handlers, f"two handlers for {method!r}"
-                handlers[method] = getattr(component, attribute)
+        # The messages a core worker answers, by component (every handle_*
+        # method must be here: tests/test_handler_tables.py).
+        add_handlers(handlers, {
+            "object_report": self.handle_object_report,
+            "flush_task_events": self.handle_flush_task_events,
+            "node_died": self.handle_node_died,
+        }, {
+            "add_location": references.handle_add_location,
+            "objects_here": references.handle_objects_here,
+            "add_borrower": references.handle_add_borrower,
+            "add_borrower_oneway": references.handle_add_borrower_oneway,
+            "remove_borrower": references.handle_remove_borrower,
+        }, {
+            "held_leases": submitter.handle_held_leases,
+            "object_status": getter.handle_object_status,
+            "recover_object": recovery.handle_recover_object,
+            "cancel_remote_task": canceller.handle_cancel_remote_task,
+        }, {
+            "push_task": receiver.handle_push_task,
+            "exit_if_idle": receiver.handle_exit_if_idle,
+            "cancel_task": receiver.handle_cancel_task,
+        }, {
+            "create_actor": self.actor_host.handle_create_actor,
+            "actor_call": self.actor_host.handle_actor_call,
+            "terminate_actor": self.actor_host.handle_terminate_actor,
+            "actor_floor": self.actor_host.handle_actor_floor,
+        })
         endpoint.add_peer_closed_listener(references.peer_gone)
 
     # ------------------------------------------------------------ lifecycle
