@@ -30,10 +30,10 @@ from .api import remote as remote
 from .api import shutdown as shutdown
 from .api import wait as wait
 from .core.object_ref import ObjectRef as ObjectRef
+from .version import __version__ as __version__
 
 ObjectID = ObjectRef  # Ray's old name for it, still exported by ray
 
-__version__ = "0.1.0"
 
 # Show public names in tracebacks and reprs (as trio does).
 for _name in ("ObjectRef", "ActorHandle", "ActorClass", "RemoteFunction", "TrayContext"):

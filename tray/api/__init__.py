@@ -21,6 +21,7 @@ The core (``tray/core``) knows nothing of this layer. One concern per file:
 
 from __future__ import annotations
 
+from ..core.object_ref import ObjectRef as ObjectRef
 from . import futures as _futures  # attaches ref.future() & co. to ObjectRef
 from .actor import ActorClass as ActorClass
 from .actor import ActorHandle as ActorHandle

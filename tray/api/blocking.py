@@ -72,19 +72,19 @@ def _outside_users_trio_run(worker):
             trio.lowlevel.current_root_task() is _root_task(worker.bridge.nursery):
         yield  # no run, or the simulator's own (its loop runs in this thread)
         return
-    state = _trio_run.GLOBAL_RUN_CONTEXT
-    saved = dict(vars(state))
+    run_state = _trio_run.GLOBAL_RUN_CONTEXT
+    saved = dict(vars(run_state))
     for name in saved:
-        delattr(state, name)
+        delattr(run_state, name)
     for name, value in state.runtime.run_context.items():
-        setattr(state, name, value)
+        setattr(run_state, name, value)
     try:
         yield
     finally:
-        for name in list(vars(state)):
-            delattr(state, name)
+        for name in list(vars(run_state)):
+            delattr(run_state, name)
         for name, value in saved.items():
-            setattr(state, name, value)
+            setattr(run_state, name, value)
 
 
 def _root_task(nursery):

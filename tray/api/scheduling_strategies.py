@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..core.ids import PlacementGroupID
+
 
 @dataclass(frozen=True)
 class NodeAffinitySchedulingStrategy:
@@ -29,9 +31,10 @@ class PlacementGroupSchedulingStrategy:
     placement_group_capture_child_tasks: bool | None = None
 
     def __post_init__(self) -> None:
-        from .placement_group import PlacementGroup
-
-        if not isinstance(self.placement_group, PlacementGroup):
+        # A PlacementGroup (``tray.api.placement_group``, which imports this
+        # module to run ``ready()`` in its group): an id and bundles.
+        if not isinstance(getattr(self.placement_group, "id", None), PlacementGroupID) or \
+                not hasattr(self.placement_group, "bundle_count"):
             raise ValueError(f"placement_group must be a PlacementGroup (from "
                              f"tray.util.placement_group()), got {self.placement_group!r}")
         index = self.placement_group_bundle_index

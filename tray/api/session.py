@@ -13,7 +13,9 @@ import sys
 import threading
 from collections.abc import Mapping
 
+from .. import runtime_env as runtime_envs
 from ..core.context import current_worker, get_worker, set_driver
+from ..version import __version__
 from . import options as opts
 from . import state
 from .blocking import block
@@ -30,6 +32,19 @@ AUTO_INIT_LOCK = threading.Lock()
 
 def register_backend(name: str, target: str) -> None:
     _backends[name] = target
+
+
+def _cluster_upload():
+    """``tray.runtime_env``'s uploads (``package_working_dir``) go to this
+    process's cluster."""
+    worker = ensure_worker()
+
+    def upload(key: str, data: bytes) -> None:
+        block(worker, worker.gcs_call, "kv_put", key, data, False)
+    return upload
+
+
+runtime_envs.set_cluster_uploader(_cluster_upload)
 
 # ============================================================ init/shutdown
 
@@ -52,7 +67,6 @@ class TrayContext(Mapping):
         self.address_info = address_info
         self.dashboard_url = address_info.get("webui_url")
         self.python_version = "{}.{}.{}".format(*sys.version_info[:3])
-        from .. import __version__
         self.tray_version = __version__
 
     def __getitem__(self, key):
@@ -127,8 +141,6 @@ def init(address: str | None = None, *, backend: str | None = None, num_cpus=Non
             namespace = job_config.ray_namespace
         if runtime_env is None:
             runtime_env = job_config.runtime_env or None
-    from .. import runtime_env as runtime_envs
-
     joined = address is None and backend == "local" and _address_from_environment()
     if joined:
         # As Ray's drivers join RAY_ADDRESS: a submitted job's driver joins

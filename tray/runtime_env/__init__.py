@@ -358,18 +358,27 @@ def package_working_dir(path, excludes: list[str] | tuple = (), *,
     ``max_size_bytes`` (default: ``TRAY_RUNTIME_ENV_MAX_PACKAGE_BYTES``, else
     100 MiB), naming its largest files."""
     package = pack_directory(path, excludes, max_size_bytes=max_size_bytes)
-    return upload_package(package, _cluster_upload())
+    return upload_package(package, cluster_uploader())
 
 
-def _cluster_upload():
-    from ..api.blocking import block
-    from ..api.session import ensure_worker
+def cluster_uploader():
+    """``upload(key, data)`` into the cluster this process is connected to
+    (starting the default one, as any first call of Ray's API does). The
+    API layer, which this package does not import, sets it when it loads
+    (``tray/api/session.py``)."""
+    return _cluster_uploader()
 
-    worker = ensure_worker()
 
-    def upload(key: str, data: bytes) -> None:
-        block(worker, worker.gcs_call, "kv_put", key, data, False)
-    return upload
+def _not_connected():
+    raise RuntimeError("tray.runtime_env needs tray's API loaded: import tray first")
+
+
+_cluster_uploader = _not_connected
+
+
+def set_cluster_uploader(make_upload) -> None:
+    global _cluster_uploader
+    _cluster_uploader = make_upload
 
 
 def current() -> dict:

@@ -14,7 +14,7 @@ import numbers
 from dataclasses import dataclass
 from typing import Any
 
-from ..tune.config import _check_int
+from ..tune.config import check_int
 
 PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 
@@ -38,7 +38,7 @@ class ScalingConfig:
     placement_strategy: str = "PACK"
 
     def __post_init__(self) -> None:
-        _check_int("ScalingConfig.num_workers", self.num_workers, 1)
+        check_int("ScalingConfig.num_workers", self.num_workers, 1)
         if not isinstance(self.use_gpu, bool):
             raise ValueError(f"ScalingConfig.use_gpu must be True or False, got "
                              f"{self.use_gpu!r}")
@@ -114,7 +114,7 @@ class CheckpointConfig:
     checkpoint_score_order: str = "max"
 
     def __post_init__(self) -> None:
-        _check_int("CheckpointConfig.num_to_keep", self.num_to_keep, 1, allow_none=True)
+        check_int("CheckpointConfig.num_to_keep", self.num_to_keep, 1, allow_none=True)
         if self.checkpoint_score_attribute is not None and \
                 not isinstance(self.checkpoint_score_attribute, str):
             raise ValueError(f"CheckpointConfig.checkpoint_score_attribute must be a metric "
@@ -132,7 +132,7 @@ class FailureConfig:
     max_failures: int = 0
 
     def __post_init__(self) -> None:
-        _check_int("FailureConfig.max_failures", self.max_failures, -1)
+        check_int("FailureConfig.max_failures", self.max_failures, -1)
 
 
 @dataclass

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 
-def _check_int(name: str, value: Any, minimum: int, allow_none: bool = False) -> None:
+def check_int(name: str, value: Any, minimum: int, allow_none: bool = False) -> None:
     if value is None and allow_none:
         return
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
@@ -32,8 +32,8 @@ class CheckpointConfig:
     checkpoint_at_end: bool | None = None
 
     def __post_init__(self) -> None:
-        _check_int("CheckpointConfig.num_to_keep", self.num_to_keep, 1, allow_none=True)
-        _check_int("CheckpointConfig.checkpoint_frequency", self.checkpoint_frequency, 0)
+        check_int("CheckpointConfig.num_to_keep", self.num_to_keep, 1, allow_none=True)
+        check_int("CheckpointConfig.checkpoint_frequency", self.checkpoint_frequency, 0)
         if self.checkpoint_score_order not in ("min", "max"):
             raise ValueError(f"CheckpointConfig.checkpoint_score_order must be 'min' or "
                              f"'max', got {self.checkpoint_score_order!r}")
@@ -48,7 +48,7 @@ class FailureConfig:
     fail_fast: bool | str = False
 
     def __post_init__(self) -> None:
-        _check_int("FailureConfig.max_failures", self.max_failures, -1)
+        check_int("FailureConfig.max_failures", self.max_failures, -1)
         if self.fail_fast not in (True, False, "raise"):
             raise ValueError(f"FailureConfig.fail_fast must be True, False or 'raise', got "
                              f"{self.fail_fast!r}")
@@ -109,11 +109,11 @@ class TuneConfig:
             raise ValueError(f"TuneConfig.mode must be 'min' or 'max', got {self.mode!r}")
         if self.metric is not None and not isinstance(self.metric, str):
             raise ValueError(f"TuneConfig.metric must be a string, got {self.metric!r}")
-        _check_int("TuneConfig.num_samples", self.num_samples, -1)
+        check_int("TuneConfig.num_samples", self.num_samples, -1)
         if self.num_samples == 0:
             raise ValueError("TuneConfig.num_samples must be positive (or -1: until the "
                              "time budget runs out)")
-        _check_int("TuneConfig.max_concurrent_trials", self.max_concurrent_trials, 1,
+        check_int("TuneConfig.max_concurrent_trials", self.max_concurrent_trials, 1,
                    allow_none=True)
         if self.time_budget_s is not None and not self.time_budget_s > 0:
             raise ValueError(f"TuneConfig.time_budget_s must be positive, got "

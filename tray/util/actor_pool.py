@@ -36,8 +36,8 @@ import dataclasses
 from collections.abc import Callable, Iterable
 from typing import Any
 
-import tray
-from tray import exceptions
+from .. import exceptions
+from ..api import ActorHandle, ObjectRef, get, wait
 
 __all__ = ["ActorPool", "ActorPoolStatistics"]
 
@@ -77,7 +77,7 @@ class ActorPool:
     """
 
     def __init__(self, actors: Iterable) -> None:
-        if isinstance(actors, tray.ActorHandle) or not isinstance(actors, Iterable):
+        if isinstance(actors, ActorHandle) or not isinstance(actors, Iterable):
             raise TypeError(f"ActorPool expects a list of actor handles, got "
                             f"{type(actors).__name__}")
         self._idle: list = []
@@ -93,7 +93,7 @@ class ActorPool:
 
     @staticmethod
     def _check_actor(actor) -> None:
-        if not isinstance(actor, tray.ActorHandle):
+        if not isinstance(actor, ActorHandle):
             raise TypeError(f"ActorPool takes actor handles (from ActorClass.remote()), got "
                             f"{type(actor).__name__}: {actor!r}")
 
@@ -172,7 +172,7 @@ class ActorPool:
         if isinstance(future, tuple):
             future = list(future)
         refs = future if isinstance(future, list) else [future]
-        if not refs or not all(isinstance(ref, tray.ObjectRef) for ref in refs):
+        if not refs or not all(isinstance(ref, ObjectRef) for ref in refs):
             self._idle.append(actor)
             raise TypeError(f"fn must return the ObjectRef of a call on the actor it is "
                             f"given (e.g. lambda actor, v: actor.method.remote(v)), "
@@ -239,7 +239,7 @@ class ActorPool:
     def _wait(calls: list, timeout) -> list:
         """The first of ``calls`` to end within ``timeout`` (or none)."""
         markers = [call.marker for call in calls]
-        ready, _ = tray.wait(markers, num_returns=1, timeout=timeout)
+        ready, _ = wait(markers, num_returns=1, timeout=timeout)
         ready = set(ready)
         return [call for call in calls if call.marker in ready]
 
@@ -256,7 +256,7 @@ class ActorPool:
         del self._calls[call.index]
         alive = True
         try:
-            return tray.get(call.future)
+            return get(call.future)
         except exceptions.ActorDiedError:
             alive = False  # a dead actor must not be picked again
             raise
@@ -278,7 +278,7 @@ class ActorPool:
             self._draining.remove(call)
             alive = True
             try:
-                tray.get(call.future)
+                get(call.future)
             except exceptions.ActorDiedError:
                 alive = False
             except Exception:  # noqa: BLE001 - the given-up call's own result is dropped
@@ -288,7 +288,7 @@ class ActorPool:
     @staticmethod
     def _wait_all_ready(calls: list) -> list:
         markers = [call.marker for call in calls]
-        ready, _ = tray.wait(markers, num_returns=len(markers), timeout=0)
+        ready, _ = wait(markers, num_returns=len(markers), timeout=0)
         ready = set(ready)
         return [call for call in calls if call.marker in ready]
 

@@ -363,11 +363,12 @@ def collect(address: str | None = None) -> dict:
     (``address=None``, either backend, the simulator too) or from outside
     the cluster (``address`` as in ``tray.util.state``). This process's own
     values are flushed first."""
-    from .state import _Client, list_workers
+    from .state import list_workers
+    from .state._client import Client
 
     if address is None:
         flush()
-    client = _Client(address)
+    client = Client(address)
     addresses = [w.address for w in list_workers(address=address, detail=True,
                                                   limit=10**9) if w.address]
     if client.worker is not None and client.worker.address not in addresses:

@@ -45,7 +45,7 @@ from joblib._parallel_backends import AutoBatchingMixin, ParallelBackendBase, Se
 import tray
 from tray import exceptions
 
-from ..multiprocessing._remote_errors import RemoteError, capture
+from ..multiprocessing.remote_errors import RemoteError, capture
 
 __all__ = ["TrayBackend", "RayBackend"]
 

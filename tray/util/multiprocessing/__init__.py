@@ -6,7 +6,7 @@ tray actors anywhere in the cluster (see ``pool.py`` for how it differs)."""
 
 from multiprocessing import JoinableQueue as JoinableQueue
 
-from ._remote_errors import RemoteTraceback as RemoteTraceback
+from .remote_errors import RemoteTraceback as RemoteTraceback
 from .pool import AsyncResult as AsyncResult
 from .pool import IMapIterator as IMapIterator
 from .pool import Pool as Pool

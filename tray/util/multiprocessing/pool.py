@@ -54,7 +54,7 @@ from collections.abc import Callable, Iterable
 import tray
 from tray import exceptions
 
-from ._remote_errors import RemoteError, capture
+from .remote_errors import RemoteError, capture
 
 logger = logging.getLogger("tray.util.multiprocessing")
 
