@@ -1,24 +1,46 @@
-"""Canary: the private trio hooks the simulator relies on still exist and
-still make runs repeatable (ARCHITECTURE.md, "Determinism")."""
+"""Canary: the private trio hooks tray relies on still exist and
+still make runs repeatable (ARCHITECTURE.md, "Determinism"). Every private
+name tray touches is listed in ``tray._trio_private.PRIVATE_NAMES``."""
 
+import importlib
+
+import pytest
 import trio
-import trio._core._run as trio_run
 
 import tray
 import tray.simtest
-from tray.backends.sim.cluster import _GuestTicks  # noqa: F401  (must import)
+from tray import _trio_private
 
 
-def test_deterministic_scheduling_hooks_exist():
-    assert hasattr(trio_run, "_ALLOW_DETERMINISTIC_SCHEDULING")
-    assert hasattr(trio_run, "_r")
-    assert hasattr(trio_run._r, "seed") and hasattr(trio_run._r, "shuffle")
+def _resolve(dotted: str):
+    """The object at ``dotted``: its longest importable module prefix, then
+    attributes."""
+    parts = dotted.split(".")
+    for split in range(len(parts), 0, -1):
+        try:
+            found = importlib.import_module(".".join(parts[:split]))
+        except ImportError:
+            continue
+        for attribute in parts[split:]:
+            found = getattr(found, attribute)
+        return found
+    raise ImportError(dotted)
 
 
-def test_guest_state_has_the_fields_the_simulator_drives_its_ticks_with():
-    # _GuestTicks sends the run generator its I/O events itself.
-    for field in ("runner", "unrolled_run_gen", "unrolled_run_next_send"):
-        assert field in trio_run.GuestState.__annotations__, field
+@pytest.mark.parametrize("dotted", _trio_private.PRIVATE_NAMES)
+def test_each_private_trio_name_tray_uses_still_exists(dotted):
+    assert dotted.startswith("trio."), dotted
+    _resolve(dotted)
+
+
+def test_the_walk_fails_on_a_name_trio_lacks():
+    with pytest.raises(AttributeError):
+        _resolve("trio._core._run.GuestState.no_such_field")
+
+
+def test_deterministic_scheduling_rng_still_seeds_and_shuffles():
+    rng = _resolve("trio._core._run._r")
+    assert hasattr(rng, "seed") and hasattr(rng, "shuffle")
 
 
 def _scheduling_order(seed: int) -> list[int]:
@@ -33,14 +55,12 @@ def _scheduling_order(seed: int) -> list[int]:
             for i in range(20):
                 nursery.start_soon(child, i)
 
-    saved = trio_run._ALLOW_DETERMINISTIC_SCHEDULING, trio_run._r.getstate()
-    trio_run._ALLOW_DETERMINISTIC_SCHEDULING = True
-    trio_run._r.seed(seed)
+    saved = _trio_private.scheduling_state()
+    _trio_private.schedule_deterministically(seed)
     try:
         trio.run(main)
     finally:
-        trio_run._ALLOW_DETERMINISTIC_SCHEDULING = saved[0]
-        trio_run._r.setstate(saved[1])
+        _trio_private.restore_scheduling(saved)
     return order
 
 

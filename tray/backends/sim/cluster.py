@@ -19,9 +19,13 @@ import traceback
 import greenback
 import outcome
 import trio
-import trio._core._run as trio_run
-from sniffio import thread_local as sniffio_library
 
+from ... import _trio_private
+from ..._trio_private import (
+    ENTRY_QUEUE_TASK_CODE,
+    entry_queue_callbacks,
+    entry_queue_has_idempotent,
+)
 from ...core import config as config_module
 from ...core.context import current_worker
 from ...core.gcs.gcs_server import GcsServer
@@ -120,57 +124,6 @@ class _DriverExceptionHidden(Exception):
     traceback: what chains to it holds nothing."""
 
 
-class _GuestTicks:
-    """trio's guest run, one tick per call of ``tick()``, for the host loop.
-
-    trio's own guest tick (``GuestState.guest_tick``) is written for a host
-    event loop in another library: each tick wraps what it sends and what
-    the I/O poll returned in ``outcome`` objects, and queues the next tick
-    through ``run_sync_soon`` for the host to pop (~5% of a 3-node sim of
-    trivial tasks went to that wrapping and queueing). Here the host loop
-    is ``SimCluster._pump``, in the same thread, calling ticks back to back;
-    this sends the run generator what trio's tick would, in the same order
-    (the run's steps, then the I/O poll whose result the next tick gets),
-    so a seed's schedule and digest are what they were. The clock never
-    asks for a positive timeout (``VirtualClock.deadline_to_sleep_time``),
-    so trio's other branch, polling in a thread, is never needed. This
-    relies on the private ``GuestState`` fields ``runner`` and
-    ``unrolled_run_gen``; trio's version is pinned and a canary test
-    watches them."""
-
-    def __init__(self, guest_state, done_callback) -> None:
-        self._run = guest_state.unrolled_run_gen
-        self._runner = guest_state.runner
-        self._done = done_callback
-        self._events = guest_state.unrolled_run_next_send.unwrap()  # the start-up poll's
-        self._poll_error: BaseException | None = None  # the I/O poll raised: thrown in next
-        self.finished = False
-
-    def tick(self) -> None:
-        prev_library, sniffio_library.name = sniffio_library.name, "trio"
-        try:
-            if self._poll_error is None:
-                self._run.send(self._events)
-            else:
-                error, self._poll_error = self._poll_error, None
-                self._run.throw(error)
-        except StopIteration:
-            self.finished = True
-            assert self._runner.main_task_outcome is not None
-            self._done(self._runner.main_task_outcome)
-            return
-        except trio.TrioInternalError as error:
-            self.finished = True
-            self._done(outcome.Error(error))
-            return
-        finally:
-            sniffio_library.name = prev_library
-        try:
-            self._events = self._runner.io_manager.get_events(0)
-        except BaseException as error:  # noqa: BLE001 - handed to the run, as trio's tick does
-            self._poll_error = error
-
-
 class VirtualClock(trio.abc.Clock):
     """Virtual time that jumps straight to the next deadline when no task
     can run, as ``MockClock(autojump_threshold=0)`` does, one guest tick
@@ -217,84 +170,6 @@ class VirtualClock(trio.abc.Clock):
         if seconds < 0:
             raise ValueError("time can't go backwards")
         self._now_s += seconds
-
-
-class _QuietIOManager:
-    """trio's I/O manager, minus the epoll call of every guest tick while
-    there is nothing it could report.
-
-    In a simulation the only file descriptor trio watches is its wake-up
-    socket, which only ``run_sync_soon`` (the driver's calls) writes, right
-    after queueing the call. Each guest tick polls for I/O with a zero
-    timeout: while the entry queue is empty (and nothing else is watched)
-    that poll can find nothing, so it is skipped (a syscall per tick, ~6%
-    of a 3-node sim's samples). Everything else is trio's own manager."""
-
-    def __init__(self, inner, entry_queue) -> None:
-        self._inner = inner
-        self._entry_queue = entry_queue
-
-    def process_events(self, events) -> None:
-        if events:
-            self._inner.process_events(events)
-
-    def get_events(self, timeout: float):
-        entry = self._entry_queue
-        if timeout == 0 and not entry.queue and not entry.idempotent_queue and \
-                len(self._inner._registered) <= 1:
-            return []
-        return self._inner.get_events(timeout)
-
-    def __getattr__(self, name: str):
-        return getattr(self._inner, name)
-
-
-class _DictInstruments(dict):
-    """trio's instrument table as a plain dict.
-
-    trio's ``Instruments`` is a ``UserDict``: the run loop's checks ``hook
-    in runner.instruments`` (two per task step, one per reschedule, spawn,
-    exit and per tick: ~50 per simulated task) each call its Python
-    ``__contains__`` (~1% of the instructions of a 3-node sim of trivial
-    tasks, cachegrind). A dict answers ``in`` in C. trio's own methods do
-    the rest (they reach the table as ``self.data``, which is this dict);
-    the contents are trio's, carried over.
-
-    The change tracker's ``before_task_step`` (every task step of a run
-    that checks invariants) is called straight when it is that hook's only
-    instrument: trio's ``call`` copies the hook's table and looks the method
-    up per call (1.8% of a simtest seed); an exception disables it as
-    trio's would."""
-
-    def __init__(self, instruments) -> None:
-        super().__init__(instruments.data)
-        self.step_tracker: _ChangeTracker | None = None
-
-    @property
-    def data(self) -> dict:
-        return self
-
-    add_instrument = trio._core._instrumentation.Instruments.add_instrument
-    remove_instrument = trio._core._instrumentation.Instruments.remove_instrument
-    _call_each = trio._core._instrumentation.Instruments.call
-
-    def call(self, hookname: str, *args) -> None:
-        tracker = self.step_tracker
-        if tracker is not None and hookname == "before_task_step":
-            hooked = self[hookname]
-            if len(hooked) == 1 and tracker in hooked:
-                try:
-                    tracker.before_task_step(*args)
-                except BaseException:
-                    self.remove_instrument(tracker)
-                    _INSTRUMENT_LOGGER.exception(
-                        "Exception raised when calling %r on instrument %r. Instrument has "
-                        "been disabled.", hookname, tracker)
-                return
-        self._call_each(hookname, *args)
-
-
-_INSTRUMENT_LOGGER = trio._core._instrumentation.INSTRUMENT_LOGGER
 
 
 class _HostInbox:
@@ -414,7 +289,7 @@ class _ChangeTracker(trio.abc.Instrument):
             if code is _INBOX_CODE:
                 self._queued_step(self.cluster._inbox.queue)
                 return
-            if code is _ENTRY_QUEUE_CODE:
+            if code is ENTRY_QUEUE_TASK_CODE:
                 self._entry_queue_step()
                 return
             process = _process_of_nursery(task)
@@ -432,10 +307,10 @@ class _ChangeTracker(trio.abc.Instrument):
         process it may change (the driver's queued calls: the driver);
         any other callback may change anything."""
         entry = self.cluster._entry_queue
-        if entry.idempotent_queue:
+        if entry_queue_has_idempotent(entry):
             self.cluster._all_changed = True
             return
-        self._queued_step([sync_fn for sync_fn, _ in entry.queue])
+        self._queued_step(entry_queue_callbacks(entry))
 
     def _queued_step(self, callbacks) -> None:
         """A step that runs ``callbacks`` (the inbox's, or the entry queue's)."""
@@ -449,9 +324,6 @@ class _ChangeTracker(trio.abc.Instrument):
                 self.cluster._changed_processes.append(process)
 
 
-# The coroutine code of trio's entry queue task (the one system task that
-# runs what was queued from outside the run).
-_ENTRY_QUEUE_CODE = trio._core._entry_queue.EntryQueue.task.__code__
 _INBOX_CODE = _HostInbox.run.__code__
 
 
@@ -560,26 +432,22 @@ class SimCluster:
     # ----------------------------------------------------------- host loop
 
     def start(self) -> None:
-        self._scheduler_state = (trio_run._ALLOW_DETERMINISTIC_SCHEDULING, trio_run._r.getstate())
-        trio_run._ALLOW_DETERMINISTIC_SCHEDULING = True
-        trio_run._r.seed(f"{self.seed}:trio")
+        self._scheduler_state = _trio_private.scheduling_state()
+        _trio_private.schedule_deterministically(f"{self.seed}:trio")
         trio.lowlevel.start_guest_run(
             self._main, run_sync_soon_threadsafe=self._host_queue.append,
             done_callback=self._done, clock=self.clock, host_uses_signal_set_wakeup_fd=True)
-        guest_state = self._host_queue.popleft().__self__  # trio's first guest tick's
-        runner = guest_state.runner
-        self._ticker = _GuestTicks(guest_state, self._done)
-        runner.io_manager = _QuietIOManager(runner.io_manager, runner.entry_queue)
-        runner.instruments = _DictInstruments(runner.instruments)
-        self._entry_queue = runner.entry_queue
-        self.network.drive_deliveries(runner.reschedule)
-        self._inbox.reschedule = self._timers.reschedule = runner.reschedule
+        guest = _trio_private.take_over_guest_run(self._host_queue.popleft(), self._done)
+        self._ticker = guest.ticks
+        self._entry_queue = guest.entry_queue
+        self.network.drive_deliveries(guest.reschedule)
+        self._inbox.reschedule = self._timers.reschedule = guest.reschedule
         network, timers = self.network, self._timers
         self.clock.next_delivery_s = lambda: min(network.next_delivery_s(), timers.next_s())
         if self.validate_every_steps:
             tracker = _ChangeTracker(self)
-            runner.instruments.add_instrument(tracker)
-            runner.instruments.step_tracker = tracker
+            guest.instruments.add_instrument(tracker)
+            guest.instruments.step_tracker = tracker
         _install_patches()
         self._gc_was_enabled = gc.isenabled()
         gc.collect()
@@ -639,6 +507,7 @@ class SimCluster:
         # per simulated task.)
         clock, network, timers = self.clock, self.network, self._timers
         inbox_queue, entry = self._inbox.queue, self._entry_queue
+        entry_queue_pending = _trio_private.entry_queue_pending
         host_queue, due, sleeping = self._host_queue, network._due, timers.heap
         while not condition():
             if self._finished is not None:
@@ -646,9 +515,9 @@ class SimCluster:
                 raise TrayError(f"the simulated cluster stopped during {what}")
             if host_queue or ticker.finished:
                 # trio handed the host a callback: it wants to poll in a
-                # thread, which this loop never does (see _GuestTicks).
+                # thread, which this loop never does (see GuestTicks).
                 raise TrayError(f"the simulation stalled during {what}")
-            if inbox_queue or entry.queue or entry.idempotent_queue:
+            if inbox_queue or entry_queue_pending(entry):
                 clock.next_deadline_s = None  # the driver's work runs first, now
             else:
                 clock.jump_to_next_deadline()
@@ -751,15 +620,14 @@ class SimCluster:
                 # already raising): abandon it as trio does a finished one,
                 # so this process can start another cluster, not fail every
                 # later one with "run() from inside a run()".
-                trio_run.GLOBAL_RUN_CONTEXT.__dict__.clear()
+                _trio_private.abandon_run()
             self.trace.close()
             _active["cluster"] = None
             _remove_patches()
             if getattr(self, "_gc_was_enabled", False):
                 gc.enable()
             if self._scheduler_state is not None:
-                trio_run._ALLOW_DETERMINISTIC_SCHEDULING = self._scheduler_state[0]
-                trio_run._r.setstate(self._scheduler_state[1])
+                _trio_private.restore_scheduling(self._scheduler_state)
                 self._scheduler_state = None
         self._raise_if_failed()
 
@@ -1242,7 +1110,7 @@ class SimRuntime:
                      "node_id": cluster.node_ids()[0]}
         # The guest run's state in this thread between steps, for a call
         # from inside another trio run here (api._outside_users_trio_run).
-        self.run_context = dict(vars(trio_run.GLOBAL_RUN_CONTEXT))
+        self.run_context = _trio_private.run_context_snapshot()
         self._thread = threading.get_ident()
 
     def run(self, async_fn, *args):
