@@ -56,11 +56,11 @@ def test_a_shutdown_that_cannot_finish_leaves_no_run_behind(monkeypatch):
     # guest run installed, and every later tray.init(backend="sim") in the
     # process failed with "Attempted to call run() from inside a run()" (one
     # failing test became 245 errors in CI).
-    from tray.backends.sim import cluster as sim_cluster
+    from tray.backends.sim import patches as sim_patches
     from tray.exceptions import TrayError
 
     tray.init(backend="sim", seed=1)
-    cluster = sim_cluster._active["cluster"]
+    cluster = sim_patches._active["cluster"]
 
     def stalled(condition, what):
         raise TrayError(f"the simulation stalled during {what}")

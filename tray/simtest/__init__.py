@@ -8,7 +8,7 @@ from __future__ import annotations
 
 
 def _clusters() -> dict:
-    from ..backends.sim.cluster import _active
+    from ..backends.sim.patches import _active
 
     return _active
 

@@ -9,14 +9,11 @@ import heapq
 import logging
 import math
 import operator
-import os
 import random
 import sys
 import threading
-import time
 import traceback
 
-import greenback
 import outcome
 import trio
 
@@ -30,20 +27,26 @@ from ...core import config as config_module
 from ...core.context import current_worker
 from ...core.gcs.gcs_server import GcsServer
 from ...core.ids import NodeID
-from ...core.interfaces import ProcessEnv, ProcessExit
+from ...core.interfaces import ProcessEnv
 from ...core.node.node_manager import NodeManager
 from ...core.trace import Trace
 from ...core.worker.core_worker import DRIVER, WORKER, CoreWorker
 from ...exceptions import TrayError
-from ...runtime_env.worker_environ import SimWorkerEnv, WorkerEnviron
+from ...runtime_env.worker_environ import SimWorkerEnv
 from ...transports.sim import SimNetwork
+from .patches import (
+    SimulatedProcessExit,
+    _active,
+    _environ_snapshot,
+    _in_trio,
+    _install_patches,
+    _remove_patches,
+)
 from .stores import MemoryObjectStore, MemoryStorage, SimulatedMemory
 from .task_cost import TaskCostModel
 
 logger = logging.getLogger("tray.sim")
 
-# Virtual wall-clock time starts here (2026-01-01 UTC) in simulated user code.
-SIM_EPOCH_S = 1_767_225_600.0
 # A blocking call waiting longer than this in virtual time is a hang.
 HANG_TIMEOUT_S = 24 * 3600.0
 # The cyclic garbage collector is off during a run (when it runs would
@@ -65,7 +68,6 @@ DEFAULT_NODE_MEMORY_BYTES = 8 * 1024**3
 # Each simulated machine's physical memory (what the memory monitor watches).
 DEFAULT_MACHINE_MEMORY_BYTES = 16 * 1024**3
 
-_active: dict = {"cluster": None, "last": None}
 # The simulated process whose code a trio task runs (set when the process
 # starts; the tasks it spawns inherit it), for validating only what changed.
 _current_process: contextvars.ContextVar = contextvars.ContextVar("tray_sim_process",
@@ -101,11 +103,6 @@ class SimulationTimeLimit(BaseException):
     time (set by a harness: a program that polls forever is a hang no single
     blocking call shows). A BaseException, as KeyboardInterrupt: an
     ``except Exception`` in the program must not swallow it and poll on."""
-
-
-class SimulatedProcessExit(ProcessExit):
-    """Raised by ``os._exit`` in simulated user code: ends that simulated
-    process, not the real one."""
 
 
 class _DriverExceptionHidden(Exception):
@@ -1091,14 +1088,6 @@ class SimCluster:
         return self.trace.digest()
 
 
-def _in_trio() -> bool:
-    try:
-        trio.lowlevel.current_task()
-    except RuntimeError:
-        return False
-    return True
-
-
 class SimRuntime:
     """What ``tray.init(backend="sim")`` hands the API layer."""
 
@@ -1161,97 +1150,3 @@ def start(*, address=None, num_cpus=None, num_gpus=None, resources=None, seed: i
                          validate_every_steps=validate_every_steps, task_cost_s=task_cost_s)
     cluster.start()
     return SimRuntime(cluster)
-
-
-# ============================================== time and exit in user code
-# Simulated user code sees virtual time: time.sleep and time.time follow
-# the cluster's clock inside simulated tasks and actors, os._exit ends
-# the simulated worker, and os.environ is the worker's own
-# (tray.runtime_env.worker_environ). Outside simulated code (the real process's other
-# threads, the test runner) they behave as usual; the driver's own
-# time.sleep advances the simulation.
-
-_real = {"sleep": time.sleep, "time": time.time, "_exit": os._exit, "environ": os.environ,
-         "trio_sleep": trio.sleep}
-
-
-async def _sim_trio_sleep(seconds: float) -> None:
-    """trio.sleep while a simulated cluster runs: a positive, finite sleep
-    in its run parks in the cluster's timers (``_Timers``); anything else
-    is trio's own."""
-    cluster = _active["cluster"]
-    if cluster is not None and 0 < seconds < math.inf and _in_trio() and \
-            trio.lowlevel.current_clock() is cluster.clock:
-        await cluster._timers.sleep_until(cluster.clock.current_time() + seconds)
-        return
-    await _real["trio_sleep"](seconds)
-
-
-_environ_cache: dict = {"raw": None, "decoded": None}
-
-
-def _environ_snapshot():
-    """The real os.environ as a plain dict, for a new simulated worker to
-    copy. Decoding every entry of os.environ cost ~100 us per worker (~1.6%
-    of a chaos seed, which starts dozens); the decoded copy is reused while
-    the raw table is what it was (a dict comparison of bytes, in C), so a
-    change the driver makes is seen by the workers started after it."""
-    real = _real["environ"]
-    raw = getattr(real, "_data", None)
-    if not isinstance(raw, dict):
-        return real
-    if _environ_cache["raw"] != raw:
-        _environ_cache["raw"] = dict(raw)
-        _environ_cache["decoded"] = dict(real)
-    return _environ_cache["decoded"]
-
-
-def _environ_view() -> dict | None:
-    """The os.environ of the simulated worker running now (None: the real one)."""
-    cluster = _active["cluster"]
-    worker = current_worker.get(None)
-    if cluster is None or worker is None:
-        return None
-    environ = cluster.worker_environs.get(worker.address)
-    return None if environ is None else environ.environ
-
-
-def _sim_sleep(seconds: float) -> None:
-    cluster = _active["cluster"]
-    if cluster is not None:
-        if current_worker.get(None) is not None:
-            greenback.await_(trio.sleep(seconds))
-            return
-        if threading.current_thread() is threading.main_thread():
-            cluster.run(trio.sleep, seconds)
-            return
-    _real["sleep"](seconds)
-
-
-def _sim_time() -> float:
-    cluster = _active["cluster"]
-    if cluster is not None and current_worker.get(None) is not None:
-        return SIM_EPOCH_S + cluster.clock.current_time()
-    return _real["time"]()
-
-
-def _sim_exit(code: int) -> None:
-    if _active["cluster"] is not None and current_worker.get(None) is not None:
-        raise SimulatedProcessExit(code)
-    _real["_exit"](code)
-
-
-def _install_patches() -> None:
-    time.sleep = _sim_sleep
-    time.time = _sim_time
-    trio.sleep = _sim_trio_sleep
-    os._exit = _sim_exit
-    os.environ = WorkerEnviron(_real["environ"], _environ_view)  # noqa: B003 - a view, by design
-
-
-def _remove_patches() -> None:
-    time.sleep = _real["sleep"]
-    time.time = _real["time"]
-    trio.sleep = _real["trio_sleep"]
-    os._exit = _real["_exit"]
-    os.environ = _real["environ"]  # noqa: B003 - the real one back
