@@ -34,6 +34,7 @@ from ...core.worker.core_worker import DRIVER, WORKER, CoreWorker
 from ...exceptions import TrayError
 from ...runtime_env.worker_environ import SimWorkerEnv
 from ...transports.sim import SimNetwork
+from .memory import DEFAULT_MACHINE_MEMORY_BYTES, MemoryAPI, SimulatedMemory
 from .patches import (
     SimulatedProcessExit,
     _active,
@@ -42,7 +43,7 @@ from .patches import (
     _install_patches,
     _remove_patches,
 )
-from .stores import MemoryObjectStore, MemoryStorage, SimulatedMemory
+from .stores import MemoryObjectStore, MemoryStorage
 from .task_cost import TaskCostModel
 
 logger = logging.getLogger("tray.sim")
@@ -65,8 +66,6 @@ DEFAULT_OBJECT_STORE_BYTES = 2 * 1024**3
 # Every simulated node has this much schedulable "memory", as Ray gives each
 # node a memory resource by default.
 DEFAULT_NODE_MEMORY_BYTES = 8 * 1024**3
-# Each simulated machine's physical memory (what the memory monitor watches).
-DEFAULT_MACHINE_MEMORY_BYTES = 16 * 1024**3
 
 # The simulated process whose code a trio task runs (set when the process
 # starts; the tasks it spawns inherit it), for validating only what changed.
@@ -366,7 +365,7 @@ class SimSpawner:
         self.cluster.kill_process(f"n{self.node_index}/worker-{worker_id_hex[:12]}")
 
 
-class SimCluster:
+class SimCluster(MemoryAPI):
     def __init__(self, *, seed: int, num_nodes: int, num_cpus: float, num_gpus: float,
                  resources: dict, config=None, object_store_memory: int | None = None,
                  worker_start_delay_s: float = 0.005, validate_every_steps: int = 0,
@@ -1043,44 +1042,6 @@ class SimCluster:
 
     def _machines(self, node_ids: list[str]) -> list[str]:
         return [f"n{self._index_of(node_id)}" for node_id in node_ids]
-
-    # ---------------------------------------------------------------- memory
-
-    def set_memory_usage(self, node_id: str, used_bytes: int) -> None:
-        """Memory used on a node's machine besides what simulated processes
-        allocated (as other programs use a real machine's)."""
-        if used_bytes < 0:
-            raise ValueError(f"used_bytes must be non-negative, got {used_bytes}")
-        index = self._index_of(node_id)
-
-        def apply() -> None:
-            self.trace.record("fault", "set_memory_usage", node=node_id, used_bytes=used_bytes)
-            self.memory[index].background_bytes = used_bytes
-
-        self._apply("set_memory_usage", apply)
-
-    def memory_usage(self, node_id: str):
-        """The node's machine memory now (``MemorySnapshot``)."""
-        return self.memory[self._index_of(node_id)].snapshot()
-
-    def allocate_memory(self, size_bytes: int) -> None:
-        """Called from a simulated task or actor: its worker process now
-        holds ``size_bytes`` more of its machine's memory, until it frees it
-        (``free_memory``) or ends."""
-        worker = current_worker.get(None)
-        process = self.processes.get(getattr(worker, "address", ""))
-        if worker is None or process is None or process.node_index is None or \
-                process.component is not worker:
-            raise TrayError("allocate_memory() is called from inside a simulated task or "
-                            "actor")
-        self.memory[process.node_index].allocate(process.address, size_bytes)
-
-    def free_memory(self, size_bytes: int | None = None) -> None:
-        """Give back memory the calling task's worker allocated (all: None)."""
-        worker = current_worker.get(None)
-        process = self.processes.get(getattr(worker, "address", ""))
-        if process is not None and process.node_index is not None:
-            self.memory[process.node_index].free(process.address, size_bytes)
 
     # ------------------------------------------------------------ inspection
 

@@ -1,18 +1,16 @@
 """The simulator's node object store: in-process bytes with the same
-capacity accounting as the shared-memory store; and each simulated
-machine's memory, which the memory monitor reads. (Its GCS storage is
+capacity accounting as the shared-memory store. (Its GCS storage is
 ``backends.storage.MemoryStorage``: it outlives a simulated GCS crash, as
-Redis does.)"""
+Redis does; each simulated machine's memory is in memory.py.)"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ...core.interfaces import MemorySnapshot
 from ...exceptions import ObjectStoreFullError
 from ..storage import MemoryStorage
 
-__all__ = ["MemoryObjectStore", "MemoryStorage", "ObjectStoreStatistics", "SimulatedMemory"]
+__all__ = ["MemoryObjectStore", "MemoryStorage", "ObjectStoreStatistics"]
 
 
 @dataclass(frozen=True)
@@ -89,33 +87,3 @@ class MemoryObjectStore:
                                      capacity_bytes=self.capacity_bytes,
                                      object_ids=tuple(sorted(self._objects)))
 
-
-class SimulatedMemory:
-    """A simulated machine's memory, as its node's memory monitor reads it:
-    a background use (set by a test, as other programs on a real machine)
-    plus what each simulated process on it allocated (freed when the
-    process ends, as a killed process gives its memory back)."""
-
-    def __init__(self, total_bytes: int) -> None:
-        self.total_bytes = total_bytes
-        self.background_bytes = 0
-        self._allocated: dict[str, int] = {}  # process address -> bytes
-
-    def allocate(self, address: str, size_bytes: int) -> None:
-        if size_bytes < 0:
-            raise ValueError(f"size_bytes must be non-negative, got {size_bytes}")
-        self._allocated[address] = self._allocated.get(address, 0) + size_bytes
-
-    def free(self, address: str, size_bytes: int | None = None) -> None:
-        """Free ``size_bytes`` of what ``address`` allocated (all of it: None)."""
-        held = self._allocated.pop(address, 0)
-        if size_bytes is not None and held > size_bytes:
-            self._allocated[address] = held - size_bytes
-
-    def allocated_by(self, address: str) -> int:
-        return self._allocated.get(address, 0)
-
-    def snapshot(self) -> MemorySnapshot:
-        used = self.background_bytes + sum(self._allocated.values())
-        return MemorySnapshot(used_bytes=min(used, self.total_bytes),
-                              total_bytes=self.total_bytes)
