@@ -16,7 +16,7 @@ import trio
 
 import tray
 import tray.simtest
-from tray.backends.sim.cluster import SimulationInvariantError
+from tray.backends.sim.validation import SimulationInvariantError
 from tray.core.interfaces import ConnectionClosed, NullTracer
 from tray.core.trace import HASH_BATCH_EVENTS, Trace
 from tray.transports.sim import SimNetwork
@@ -439,7 +439,7 @@ def test_an_id_field_is_its_hex_string_whatever_its_type():
 
 def test_instruments_work_on_the_simulators_dict_instrument_table():
     # The simulator swaps trio's UserDict instrument table for a dict
-    # (_DictInstruments): trio's add/remove/call must still work on it.
+    # (tray._trio_private.DictInstruments): trio's add/remove/call must still work on it.
     class Steps(trio.abc.Instrument):
         def __init__(self) -> None:
             self.steps = 0

@@ -3,26 +3,18 @@
 from __future__ import annotations
 
 import collections
-import contextvars
 import gc
 import heapq
 import logging
 import math
-import operator
 import random
 import sys
 import threading
-import traceback
 
 import outcome
 import trio
 
 from ... import _trio_private
-from ..._trio_private import (
-    ENTRY_QUEUE_TASK_CODE,
-    entry_queue_callbacks,
-    entry_queue_has_idempotent,
-)
 from ...core import config as config_module
 from ...core.context import current_worker
 from ...core.gcs.gcs_server import GcsServer
@@ -45,6 +37,12 @@ from .patches import (
 )
 from .stores import MemoryObjectStore, MemoryStorage
 from .task_cost import TaskCostModel
+from .validation import (
+    InvariantChecks,
+    SimulationInvariantError,
+    _ChangeTracker,
+    _current_process,
+)
 
 logger = logging.getLogger("tray.sim")
 
@@ -67,10 +65,6 @@ DEFAULT_OBJECT_STORE_BYTES = 2 * 1024**3
 # node a memory resource by default.
 DEFAULT_NODE_MEMORY_BYTES = 8 * 1024**3
 
-# The simulated process whose code a trio task runs (set when the process
-# starts; the tasks it spawns inherit it), for validating only what changed.
-_current_process: contextvars.ContextVar = contextvars.ContextVar("tray_sim_process",
-                                                                  default=None)
 # When this process starts a simulated cluster that checks invariants
 # (simtest's sweeps: a cluster per seed) with modules imported since it last
 # did (the first time; and after a seed imported a library lazily: pandas,
@@ -84,17 +78,6 @@ _current_process: contextvars.ContextVar = contextvars.ContextVar("tray_sim_proc
 # everything else), a set bounded by the imports; a plain
 # tray.init(backend="sim") program does not pay it.
 _heap_frozen = {"modules": 0}
-
-
-class SimulationInvariantError(TrayError):
-    """A component's ``validate_state()`` failed after a simulated step: the
-    state broke at that step (the seed replays it)."""
-
-    def __init__(self, message: str, *, address: str, step: int, virtual_time_s: float) -> None:
-        super().__init__(message)
-        self.address = address
-        self.step = step
-        self.virtual_time_s = virtual_time_s
 
 
 class SimulationTimeLimit(BaseException):
@@ -255,90 +238,6 @@ class _Timers:
                 self.reschedule(task)
 
 
-class _ChangeTracker(trio.abc.Instrument):
-    """Marks the simulated process whose task takes a step as changed, so
-    that checking invariants after every step (simtest's
-    ``validate_every_steps=1``) checks only the components that ran: a
-    component's state changes only in its own process's tasks (messages
-    arrive as copies), except where the cluster calls into it directly,
-    which marks it too. A step outside any process (the driver's calls
-    arriving, faults, chaos tasks) marks them all. Installed only while
-    validating: it costs a call per task step.
-
-    A task belongs to the process whose nursery it lives in. Most inherit
-    that from the task that started them (``_current_process`` in their
-    context), but a task started *into* a process's nursery from outside it
-    does not: the driver's tasks that its thread queues (``call_soon``: the
-    entry queue's system task starts them), a connection's clean-up after a
-    fault closed it. Each such task is looked up once by its nursery's
-    owner and remembered in its own context (and so in those it starts).
-    Counted as "outside every process" instead, each of their steps made
-    every process be checked."""
-
-    def __init__(self, cluster: SimCluster) -> None:
-        self.cluster = cluster
-
-    def before_task_step(self, task) -> None:
-        process = task.context.get(_current_process)
-        if process is None:
-            code = task.coro.cr_code
-            if code is _INBOX_CODE:
-                self._queued_step(self.cluster._inbox.queue)
-                return
-            if code is ENTRY_QUEUE_TASK_CODE:
-                self._entry_queue_step()
-                return
-            process = _process_of_nursery(task)
-            if process is None:
-                self.cluster._all_changed = True
-                return
-            task.context.run(_current_process.set, process)
-        if not process.changed:
-            process.changed = True
-            self.cluster._changed_processes.append(process)
-
-    def _entry_queue_step(self) -> None:
-        """The step of trio's entry queue task runs the callbacks queued
-        from outside the run (``SimCluster.call_soon``): each says which
-        process it may change (the driver's queued calls: the driver);
-        any other callback may change anything."""
-        entry = self.cluster._entry_queue
-        if entry_queue_has_idempotent(entry):
-            self.cluster._all_changed = True
-            return
-        self._queued_step(entry_queue_callbacks(entry))
-
-    def _queued_step(self, callbacks) -> None:
-        """A step that runs ``callbacks`` (the inbox's, or the entry queue's)."""
-        for sync_fn in callbacks:
-            process = getattr(sync_fn, "changes_process", None)
-            if process is None:
-                self.cluster._all_changed = True
-                return
-            if not process.changed:
-                process.changed = True
-                self.cluster._changed_processes.append(process)
-
-
-_INBOX_CODE = _HostInbox.run.__code__
-
-
-_address_of = operator.attrgetter("address")
-
-
-def _process_of_nursery(task) -> SimProcess | None:
-    """The simulated process whose nursery ``task`` (or an ancestor of it)
-    lives in: the nearest enclosing task that knows its process."""
-    nursery = task.parent_nursery
-    while nursery is not None:
-        parent = nursery.parent_task
-        process = parent.context.get(_current_process)
-        if process is not None:
-            return process
-        nursery = parent.parent_nursery
-    return None
-
-
 class SimProcess:
     def __init__(self, name: str, address: str, node_index: int | None) -> None:
         self.name = name
@@ -365,7 +264,7 @@ class SimSpawner:
         self.cluster.kill_process(f"n{self.node_index}/worker-{worker_id_hex[:12]}")
 
 
-class SimCluster(MemoryAPI):
+class SimCluster(MemoryAPI, InvariantChecks):
     def __init__(self, *, seed: int, num_nodes: int, num_cpus: float, num_gpus: float,
                  resources: dict, config=None, object_store_memory: int | None = None,
                  worker_start_delay_s: float = 0.005, validate_every_steps: int = 0,
@@ -550,43 +449,6 @@ class SimCluster(MemoryAPI):
         self.driver.spawn(runner)
         self._pump(lambda: bool(box), getattr(async_fn, "__name__", "a call"))
         return box[0].unwrap()
-
-    def validate_components(self, changed_only: bool = False) -> None:
-        """Run ``validate_state()`` of every live process's component (only
-        of those that ran since the last check: ``changed_only``); the
-        first broken invariant raises SimulationInvariantError (once: the run
-        is then over, and shutting it down checks nothing more)."""
-        if self.invariant_failure is not None:
-            return
-        changed = self._changed_processes
-        if not changed_only or self._all_changed:
-            to_check = [process for _, process in sorted(self.processes.items())]
-        elif len(changed) == 1:  # the common step: one process ran
-            to_check = changed[:]
-        else:
-            # (By address, in the order they ran where a restarted process
-            # shares its predecessor's.)
-            to_check = sorted(changed, key=_address_of)
-        self._all_changed = False
-        changed.clear()
-        for process in to_check:
-            process.changed = False
-            if not process.alive:
-                continue
-            validate = getattr(process.component, "validate_state", None)
-            if validate is None:
-                continue
-            address = process.address
-            try:
-                validate()
-            except AssertionError as error:
-                where = traceback.extract_tb(error.__traceback__)[-1]
-                self.invariant_failure = SimulationInvariantError(
-                    f"an invariant of {address} broke at step {self._ticks} (virtual time "
-                    f"{self.clock.current_time():.6f} s): {where.filename.rsplit('/', 1)[-1]}:"
-                    f"{where.lineno} `{where.line}` {error}", address=address,
-                    step=self._ticks, virtual_time_s=self.clock.current_time())
-                raise self.invariant_failure from error
 
     def call_soon(self, fn, process: SimProcess | None = None) -> None:
         """Run ``fn`` in the trio run soon; callable from the driver's thread.
