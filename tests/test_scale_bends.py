@@ -388,12 +388,12 @@ def test_the_simulator_collects_young_generations_often_and_the_heap_seldom(monk
     # FULL_GC_EVERY-th is full, at ticks the seed alone decides.
     import gc
 
-    import tray.backends.sim.cluster as sim_cluster
+    import tray.backends.sim.engine as sim_engine
 
     # (Often enough that 400 tasks see several periods: since a get of many
     # refs takes no task per ref, they take ~1,500 ticks, not 2,000+.)
-    monkeypatch.setattr(sim_cluster, "GC_EVERY_TICKS", 250)
-    monkeypatch.setattr(sim_cluster, "FULL_GC_EVERY", 4)
+    monkeypatch.setattr(sim_engine, "GC_EVERY_TICKS", 250)
+    monkeypatch.setattr(sim_engine, "FULL_GC_EVERY", 4)
 
     @tray.remote
     def square(x):

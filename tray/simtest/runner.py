@@ -196,10 +196,10 @@ def run_seed(seed: int, workload: str = "mixed", faults: str = "chaos", *,
     started = time.perf_counter()
     # A blocking call in the driver that waits this long in virtual time is
     # a hang (the simulator's default, a day, costs minutes of heartbeats).
-    from ..backends.sim import cluster as sim_cluster
+    from ..backends.sim import engine as sim_engine
 
-    saved_hang_timeout_s = sim_cluster.HANG_TIMEOUT_S
-    sim_cluster.HANG_TIMEOUT_S = HANG_S
+    saved_hang_timeout_s = sim_engine.HANG_TIMEOUT_S
+    sim_engine.HANG_TIMEOUT_S = HANG_S
     log = _SeedLog()
     try:
         result = _run_seed(seed, workload, faults, trace_path, config, started,
@@ -208,7 +208,7 @@ def run_seed(seed: int, workload: str = "mixed", faults: str = "chaos", *,
         return result
     finally:
         log.close()
-        sim_cluster.HANG_TIMEOUT_S = saved_hang_timeout_s
+        sim_engine.HANG_TIMEOUT_S = saved_hang_timeout_s
 
 
 class _SeedLog(logging.Handler):
@@ -235,7 +235,7 @@ class _SeedLog(logging.Handler):
 
 def _run_seed(seed, workload, faults, trace_path, config, started,
               validate_every_steps) -> SeedResult:
-    from ..backends.sim.cluster import SimulationTimeLimit
+    from ..backends.sim.engine import SimulationTimeLimit
     from . import cluster as current_cluster
 
     ledger = remote_code.reset_ledger()
