@@ -268,7 +268,7 @@ def test_a_request_waits_behind_deeper_ones_at_most_a_bound():
         manager = lease_manager.LeaseManager(
             node_id="n" * 32, address="node", endpoint=None, nursery=None,
             tracer=NullTracer(), config=Config(), resources={"CPU": 1}, rng=random.Random(0),
-            pool=None, refresh_view=None, gcs_address="gcs")
+            pool=None, refresh_view=None, gcs_address="gcs", note_infeasible=None)
         manager.available["CPU"] = 0.0  # the one CPU is leased
 
         def ask(owner: str, depth: int):

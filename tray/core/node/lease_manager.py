@@ -32,18 +32,14 @@ Cancelling a bundle (the group was removed) kills the workers leased in it
 and gives its resources back. Every heartbeat the node asks the GCS which of
 its bundles it should still hold (``held_bundles``) and releases the rest.
 
-Demand, for the autoscaler: every heartbeat period the node tells the GCS
-(``report_demand``, only when it changed, and again every
-``DEMAND_REFRESH_PERIODS`` so a restarted GCS relearns it) the shapes of
-what waits here: queued requests by resource shape, the actors whose
-creation waits here, and the shapes it answered "infeasible" to within the
-last retry period (an owner asks again every ``infeasible_retry_period_s``,
-so an infeasible task is demand that never reaches a queue). When a node
-joins the view, requests queued here that do not fit this node's free
-resources now but fit the new node's are answered with a spillback to it,
-as Ray's raylet spills queued work to nodes that became available; every
-heartbeat the same is done for requests queued longer than a period,
-towards any node whose last reported free resources hold them. Without it,
+What waits here is reported to the GCS for the autoscaler by
+``demand_reporter`` (a request answered "infeasible" is noted there,
+``note_infeasible``: it reaches no queue). When a node joins the view,
+requests queued here that do not fit this node's free resources now but fit
+the new node's are answered with a spillback to it, as Ray's raylet spills
+queued work to nodes that became available; every heartbeat the same is
+done for requests queued longer than a period, towards any node whose last
+reported free resources hold them. Without it,
 work queued before the autoscaler added a node would wait for this node's
 leases to end while the new node sat idle (and an actor whose node filled
 up with a placement group's bundles would wait for the group to go)."""
@@ -67,30 +63,11 @@ logger = logging.getLogger("tray.node")
 # first (``_in_grant_order``).
 DEPTH_FIRST_MAX_WAIT_S = 1.0
 
-# The demand report holds at most this many distinct shapes (the most
-# requested first); further shapes are counted in ``shapes_dropped``.
-DEMAND_SHAPES_MAX = 256
-# Distinct (owner, shape) pairs remembered as infeasible; the oldest go first.
-INFEASIBLE_KEYS_MAX = 1024
-# A node re-sends an unchanged demand report every this many heartbeats.
-DEMAND_REFRESH_PERIODS = 10
-
 
 def shape_key(resources: dict) -> tuple:
     """A resource shape as a sorted, hashable tuple."""
     return tuple(sorted((name, float(amount)) for name, amount in resources.items()
                         if amount))
-
-
-@dataclass(frozen=True)
-class NodeDemand:
-    """What waits on one node, as the node reports it to the GCS."""
-    node_id: str
-    shapes: tuple  # (shape_key, count), most requested first
-    actors_waiting: tuple  # ids of actors whose creation waits in this node's queue
-    leases: int  # leases held (running work)
-    bundles: int  # placement-group bundles reserved
-    shapes_dropped: int = 0  # requests left out past DEMAND_SHAPES_MAX shapes
 
 
 @dataclass
@@ -166,7 +143,7 @@ class LeaseStatistics:
 class LeaseManager:
     def __init__(self, *, node_id: str, address: str, endpoint: Endpoint,
                  nursery: trio.Nursery, tracer, config, resources: dict, rng,
-                 pool: WorkerPool, refresh_view, gcs_address: str) -> None:
+                 pool: WorkerPool, refresh_view, gcs_address: str, note_infeasible) -> None:
         self._gcs_address = gcs_address
         self._node_id = node_id
         self._trace_name = node_id[:8]
@@ -178,6 +155,9 @@ class LeaseManager:
         self._pool = pool
         # refresh_view(): ask the GCS for the cluster view now (async).
         self._refresh_view = refresh_view
+        # note_infeasible(request): a request was answered "infeasible"
+        # (DemandReporter.note_infeasible: demand no queue shows).
+        self._note_infeasible = note_infeasible
         self.total = scheduling.normalize_resources(resources)
         self.available = dict(self.total)
         self.gpus = scheduling.GpuAllocator(int(self.total.get("GPU", 0)))
@@ -197,14 +177,8 @@ class LeaseManager:
         # Placement-group bundles reserved here: (pg id, index) -> Bundle.
         self.bundles: dict[tuple, Bundle] = {}
         self._reconciling_bundles = False
-        # (owner, shape_key) -> times infeasible requests came (bounded).
-        # (owner, shape_key) -> [retry window index, requests in it, in the one
-        # before]: an owner asks again once per window for each pending task.
-        self._infeasible: dict[tuple, list] = {}
-        self._demand_sent: NodeDemand | None = None
         # The autoscaler is removing this node: it takes no new work.
         self.draining = False
-        self._demand_periods = 0
 
     def statistics(self) -> LeaseStatistics:
         return LeaseStatistics(
@@ -273,9 +247,6 @@ class LeaseManager:
             assert not waiter.event.is_set(), waiter.request
         depths = [waiter.request.depth for waiter in self.waiting]
         assert depths == sorted(depths, reverse=True), depths  # deeper first
-        assert len(self._infeasible) <= INFEASIBLE_KEYS_MAX, len(self._infeasible)
-        for window, current, previous in self._infeasible.values():
-            assert window >= 0 and current >= 1 and previous >= 0, (window, current, previous)
 
     # ------------------------------------------------------------------ view
 
@@ -714,53 +685,7 @@ class LeaseManager:
                 self._release_bundle(key)
         self._dispatch()
 
-    # ---------------------------------------------------------------- demand
-
-    def _window(self) -> int:
-        return int(trio.current_time() / self._config.infeasible_retry_period_s)
-
-    def _note_infeasible(self, request: LeaseRequest) -> None:
-        if request.strategy.kind == "NODE_AFFINITY" and not request.strategy.soft:
-            return  # pinned to a node: no new node can serve it
-        key = (request.owner, shape_key(request.resources))
-        window = self._window()
-        entry = self._infeasible.pop(key, None)
-        if entry is None or entry[0] < window - 1:
-            entry = [window, 0, 0]
-        elif entry[0] == window - 1:
-            entry = [window, 0, entry[1]]
-        entry[1] += 1
-        self._infeasible[key] = entry  # (re)inserted last: the oldest key is first
-        while len(self._infeasible) > INFEASIBLE_KEYS_MAX:
-            del self._infeasible[next(iter(self._infeasible))]
-
-    def demand(self) -> NodeDemand:
-        """What waits on this node now (see the module header)."""
-        counts: dict[tuple, int] = {}
-        actors = []
-        for waiter in self.waiting:
-            if waiter.request.strategy.kind == "PLACEMENT_GROUP":
-                continue  # its bundle is reserved: no new node would serve it
-            if waiter.request.for_actor is not None:
-                actors.append(waiter.request.for_actor)
-            key = shape_key(waiter.request.resources)
-            counts[key] = counts.get(key, 0) + 1
-        window = self._window()
-        for (owner, key), (seen, current, previous) in list(self._infeasible.items()):
-            if seen == window:
-                recent = max(current, previous)  # this window may have just begun
-            elif seen == window - 1:
-                recent = current
-            else:
-                del self._infeasible[(owner, key)]
-                continue
-            counts[key] = counts.get(key, 0) + recent
-        ranked = sorted(counts.items(), key=lambda item: (-item[1], item[0]))
-        kept = ranked[:DEMAND_SHAPES_MAX]
-        dropped = sum(count for _, count in ranked[DEMAND_SHAPES_MAX:])
-        return NodeDemand(self._node_id, tuple(kept), tuple(sorted(actors)),
-                          leases=len(self.leases), bundles=len(self.bundles),
-                          shapes_dropped=dropped)
+    # ----------------------------------------------------------------- drain
 
     def handle_drain(self, conn) -> bool:
         """The autoscaler wants to remove this node: agree, and take no more
@@ -772,23 +697,13 @@ class LeaseManager:
         self._tracer.record(self._trace_name, "node_draining")
         return True
 
-    def _report_demand(self) -> None:
-        demand = self.demand()
-        self._demand_periods += 1
-        if demand == self._demand_sent and self._demand_periods < DEMAND_REFRESH_PERIODS:
-            return
-        self._demand_sent = demand
-        self._demand_periods = 0
-        self._nursery.start_soon(self._endpoint.notify, self._gcs_address, "report_demand",
-                                 demand)
-
     # ------------------------------------------------------------ reconcile
 
     def reconcile(self) -> None:
         """Ask the owners of leases granted over connections that broke since
         whether they hold them; those not held are reclaimed. Ask the GCS
-        which bundles this node should still hold. Report demand."""
-        self._report_demand()
+        which bundles this node should still hold. (The heartbeat reports
+        the demand just before: ``DemandReporter.report``.)"""
         if self.waiting:
             self._respill(sorted(self.view), waited_s=self._config.heartbeat_period_s)
         self._reconcile_bundles()

@@ -4,6 +4,7 @@ A facade over the node's components, each with one concern:
 
   ``worker_pool``     the node's worker processes (start, hand out, reap)
   ``lease_manager``   the node's resources and the leases that hold them
+  ``demand_reporter`` what waits here, reported to the GCS for the autoscaler
   ``object_manager``  moving objects between nodes and freeing them
   ``memory_monitor``  killing a worker when the machine runs low on memory
 
@@ -26,6 +27,7 @@ import trio
 
 from ..messages import NodeRecord, ViewUpdate
 from ..rpc import Endpoint, PeerDisconnected, add_handlers
+from .demand_reporter import DemandReporter, DemandReporterStatistics
 from .lease_manager import LeaseManager, LeaseStatistics
 from .memory_monitor import MemoryMonitor, MemoryMonitorStatistics
 from .object_manager import ObjectManager, packed_slice, unpack_object
@@ -43,6 +45,7 @@ class NodeManagerStatistics:
     leases: LeaseStatistics
     pulls_in_progress: int
     memory: MemoryMonitorStatistics | None = None
+    demand: DemandReporterStatistics | None = None
 
 
 class NodeManager:
@@ -62,7 +65,11 @@ class NodeManager:
         self.leases = LeaseManager(
             node_id=env.node_id, address=env.address, endpoint=endpoint, nursery=nursery,
             tracer=env.tracer, config=env.config, resources=env.resources, rng=env.rng,
-            pool=self.pool, refresh_view=self._refresh_view, gcs_address=env.gcs_address)
+            pool=self.pool, refresh_view=self._refresh_view, gcs_address=env.gcs_address,
+            note_infeasible=lambda request: self.demand.note_infeasible(request))
+        self.demand = DemandReporter(node_id=env.node_id, endpoint=endpoint, nursery=nursery,
+                                     config=env.config, gcs_address=env.gcs_address,
+                                     leases=self.leases)
         self.pool.release_leases_of = self.leases.release_leases_of
         self.objects = ObjectManager(node_id=env.node_id, address=env.address,
                                      endpoint=endpoint, tracer=env.tracer, config=env.config,
@@ -132,7 +139,7 @@ class NodeManager:
     def statistics(self) -> NodeManagerStatistics:
         return NodeManagerStatistics(self.node_id, self.pool.statistics(),
                                      self.leases.statistics(), self.objects.pulls_in_progress(),
-                                     self.memory.statistics())
+                                     self.memory.statistics(), self.demand.statistics())
 
     def validate_state(self) -> None:
         """Check every component's invariants (the simulator calls this
@@ -140,6 +147,7 @@ class NodeManager:
         self.pool.validate_state()
         self.leases.validate_state()
         self.memory.validate_state()
+        self.demand.validate_state()
 
     def worker_process_exited(self, worker_id: str, exit_code: int) -> None:
         """The spawner saw a worker process end (a backend calls this)."""
@@ -179,6 +187,7 @@ class NodeManager:
         while True:
             await trio.sleep(self.config.heartbeat_period_s)
             self.pool.reap_idle()
+            self.demand.report()
             self.leases.reconcile()
             self.objects.reconcile()
             try:
