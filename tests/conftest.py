@@ -119,11 +119,11 @@ def _shutdown_leftover_cluster():
     yield
     if tray.is_initialized():
         tray.shutdown()
-    import trio._core._run as trio_run
+    from tray import _trio_private
 
-    if hasattr(trio_run.GLOBAL_RUN_CONTEXT, "runner"):
+    if _trio_private.has_run():
         # A trio run (a simulated cluster's) left behind: every later
         # simulated cluster in this process would fail to start ("run() from
         # inside a run()"). Blame this test, and let the next ones run.
-        trio_run.GLOBAL_RUN_CONTEXT.__dict__.clear()
+        _trio_private.abandon_run()
         pytest.fail("the test left a trio run behind in this thread")

@@ -20,7 +20,9 @@ name it reaches to ``PRIVATE_NAMES``."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import sys
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -52,6 +54,8 @@ PRIVATE_NAMES: tuple[str, ...] = (
     "trio._core._run.TheIOManager.get_events",
     "trio._core._run.TheIOManager.process_events",
     "trio._core._run.TheIOManager._registered",
+    # A forked child's own epoll instance (Linux's I/O manager only).
+    "trio._core._run.TheIOManager._epoll",
     # The entry queue (what run_sync_soon queues).
     "trio._core._entry_queue.EntryQueue.task",
     "trio._core._entry_queue.EntryQueue.queue",
@@ -105,6 +109,46 @@ def abandon_run() -> None:
     that the thread can start another instead of failing with "run() from
     inside a run()"."""
     trio_run.GLOBAL_RUN_CONTEXT.__dict__.clear()
+
+
+def has_run() -> bool:
+    """Whether this thread has a trio run's state (a run in progress, or one
+    left behind by a run that never finished)."""
+    return hasattr(trio_run.GLOBAL_RUN_CONTEXT, "runner")
+
+
+@contextlib.contextmanager
+def run_state_replaced(replacement: dict):
+    """For the block's duration, this thread's trio run state is
+    ``replacement`` (a ``run_context_snapshot()`` of another run, or {} for
+    none); the thread's own is put back after. The API's blocking calls use
+    it when the user's code runs inside a trio run of its own (asyncio.run on
+    trio-asyncio's loop, a user's trio.run): see tray/api/blocking.py."""
+    run_state = trio_run.GLOBAL_RUN_CONTEXT
+    saved = dict(vars(run_state))
+    for name in saved:
+        delattr(run_state, name)
+    for name, value in replacement.items():
+        setattr(run_state, name, value)
+    try:
+        yield
+    finally:
+        for name in list(vars(run_state)):
+            delattr(run_state, name)
+        for name, value in saved.items():
+            setattr(run_state, name, value)
+
+
+def current_epoll():
+    """The epoll object of this thread's trio run (its I/O manager's), or
+    None where the thread runs no trio loop. A trio whose Linux I/O manager
+    lost its ``_epoll`` raises: the canary test names it first."""
+    run_state = trio_run.GLOBAL_RUN_CONTEXT
+    if not hasattr(run_state, "runner"):
+        return None
+    if not sys.platform.startswith("linux"):
+        return None  # not the epoll I/O manager
+    return run_state.runner.io_manager._epoll
 
 
 # ======================================================= driving a guest run

@@ -14,8 +14,8 @@ import contextlib
 import greenback
 import sniffio
 import trio
-import trio._core._run as _trio_run
 
+from .. import _trio_private
 from ..core.context import get_worker
 from . import state
 
@@ -63,28 +63,17 @@ def _outside_users_trio_run(worker):
     ``trio.run``. A blocking call from there must not look like code on a
     trio loop: the local backend's ``trio.from_thread`` would refuse it, and
     the simulator's steps, which run in this thread, would clobber that
-    run's state. So the thread's trio run state (``GLOBAL_RUN_CONTEXT``, a
-    private name of trio's, as the simulator uses others) is set aside for
-    the call and put back after. In its place goes the runtime's own
-    (``run_context``): the simulator's guest run, whose state trio-asyncio
-    set aside in turn when it switched to its loop's greenlet."""
+    run's state. So the thread's trio run state is set aside for the call
+    and put back after (``_trio_private.run_state_replaced``). In its place
+    goes the runtime's own (``run_context``): the simulator's guest run,
+    whose state trio-asyncio set aside in turn when it switched to its
+    loop's greenlet."""
     if not trio.lowlevel.in_trio_run() or \
             trio.lowlevel.current_root_task() is _root_task(worker.bridge.nursery):
         yield  # no run, or the simulator's own (its loop runs in this thread)
         return
-    run_state = _trio_run.GLOBAL_RUN_CONTEXT
-    saved = dict(vars(run_state))
-    for name in saved:
-        delattr(run_state, name)
-    for name, value in state.runtime.run_context.items():
-        setattr(run_state, name, value)
-    try:
+    with _trio_private.run_state_replaced(state.runtime.run_context):
         yield
-    finally:
-        for name in list(vars(run_state)):
-            delattr(run_state, name)
-        for name, value in saved.items():
-            setattr(run_state, name, value)
 
 
 def _root_task(nursery):

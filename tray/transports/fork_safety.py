@@ -20,6 +20,8 @@ import os
 import select
 import weakref
 
+from .. import _trio_private
+
 _forked_child = False
 # Every socket the transport opened and has not closed (WeakSet: a trio socket
 # that is garbage collected has been closed).
@@ -60,11 +62,8 @@ def _give_trio_loop_its_own_epoll() -> None:
     with the parent; trio registers fds with EPOLLONESHOT, so one epoll_wait
     in the child would take events the parent is waiting for. Point the
     child's epoll descriptor at a new, empty instance."""
-    try:
-        from trio._core._run import GLOBAL_RUN_CONTEXT
-
-        epoll = GLOBAL_RUN_CONTEXT.runner.io_manager._epoll
-    except AttributeError:  # no trio loop in this thread, or not the epoll backend
+    epoll = _trio_private.current_epoll()
+    if epoll is None:  # no trio loop in this thread, or not the epoll backend
         return
     fresh = select.epoll()
     try:

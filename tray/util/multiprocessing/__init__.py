@@ -6,12 +6,12 @@ tray actors anywhere in the cluster (see ``pool.py`` for how it differs)."""
 
 from multiprocessing import JoinableQueue as JoinableQueue
 
-from .remote_errors import RemoteTraceback as RemoteTraceback
 from .pool import AsyncResult as AsyncResult
 from .pool import IMapIterator as IMapIterator
 from .pool import Pool as Pool
 from .pool import PoolStatistics as PoolStatistics
 from .pool import TimeoutError as TimeoutError  # noqa: A004 - the stdlib's, as Ray exports it
+from .remote_errors import RemoteTraceback as RemoteTraceback
 
 __all__ = ["Pool", "AsyncResult", "IMapIterator", "PoolStatistics", "RemoteTraceback",
            "TimeoutError", "JoinableQueue"]
