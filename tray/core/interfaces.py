@@ -127,6 +127,18 @@ class Tracer(Protocol):
     def record(self, component: str, event: str, **fields: Any) -> None: ...
 
 
+class AsyncioLoops(Protocol):
+    """How a worker runs async actors' methods: an asyncio event loop on its
+    trio loop (trio-asyncio on both backends: tray/backends/asyncio_loops.py),
+    which the core does not import."""
+
+    def open_loop(self) -> Any:
+        """An async context manager: the loop, for as long as it is open."""
+
+    def run_aio_future(self, future: Any) -> Awaitable[Any]:
+        """Await an asyncio future (a method's task) from trio."""
+
+
 class NullTracer:
     def record(self, component: str, event: str, **fields: Any) -> None:
         pass
@@ -188,6 +200,12 @@ class ProcessEnv:
     # Workers: await run_sync_in_thread(fn, concurrency_group) runs a threaded
     # actor's synchronous method in a thread (None: inline, as the simulator).
     run_sync_in_thread: Callable | None = None
+    # Workers: the asyncio loop async actors' methods run on. None: no async
+    # actor can start here.
+    asyncio_loops: AsyncioLoops | None = None
+    # Workers: run the process's exit handlers (Python's atexit) when its
+    # actor exits. None where processes share one interpreter (the simulator).
+    run_exit_handlers: Callable[[], None] | None = None
     # Node managers: where the node keeps things, how long to wait for a GCS
     # started beside it, and how many workers to start at once.
     node_location: NodeLocation = field(default_factory=NodeLocation)

@@ -34,6 +34,7 @@ from ...core.config import DEFAULT_CONFIG
 from ...core.context import current_worker
 from ...core.interfaces import NullTracer, ProcessEnv
 from ...exceptions import TrayError
+from ..environ import with_task_events_setting
 from .gpus import detect_gpu_count
 from .memory import config_from_environ, machine_memory_bytes
 from .session import Session, free_port, read_current_cluster
@@ -99,7 +100,8 @@ class LocalRuntime:
         env = ProcessEnv(
             address=self.driver_address,
             transport=TcpTransport(self.token), rng=random.Random(),
-            tracer=NullTracer(), config=config_from_environ(DEFAULT_CONFIG),
+            tracer=NullTracer(),
+            config=with_task_events_setting(config_from_environ(DEFAULT_CONFIG)),
             node_id=self.node_info["node_id"],
             object_store=ShmObjectStore(self.node_info["store_directory"],
                                         self.node_info["object_store_bytes"],

@@ -7,6 +7,7 @@ goes away."""
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextvars
 import gc
 import json
@@ -32,6 +33,8 @@ from ...runtime_env import context as runtime_env_context
 from ...runtime_env import setup as runtime_env_setup
 from ...transports.fork_safety import inert_after_fork
 from ...transports.tcp import TcpTransport
+from ..asyncio_loops import TRIO_ASYNCIO
+from ..environ import with_task_events_setting
 from . import _thread_condition
 from .memory import config_from_environ
 from .session import Session, free_port
@@ -209,12 +212,14 @@ async def run_worker(args) -> None:
     inert_after_fork(store, "put", "delete")
     env = ProcessEnv(
         address=address, transport=TcpTransport(session.token()), rng=random.Random(),
-        tracer=NullTracer(), config=config_from_environ(DEFAULT_CONFIG), node_id=args.node_id,
+        tracer=NullTracer(), config=with_task_events_setting(config_from_environ(DEFAULT_CONFIG)),
+        node_id=args.node_id,
         object_store=store,
         gcs_address=args.gcs, node_manager_address=args.node_manager,
         exit_process=lambda: os._exit(1),
         before_task=lambda gpu_ids, spec: _before_task(gpu_ids, spec, args, cache_dir),
-        run_sync_in_thread=_run_sync_in_thread, thread_condition=_thread_condition)
+        run_sync_in_thread=_run_sync_in_thread, thread_condition=_thread_condition,
+        asyncio_loops=TRIO_ASYNCIO, run_exit_handlers=atexit._run_exitfuncs)
     async with trio.open_nursery() as nursery:
         worker = CoreWorker(env, WORKER, nursery, worker_id=args.worker_id)
         current_worker.set(worker)

@@ -27,6 +27,7 @@ from ...core.worker.core_worker import CoreWorker
 from ...exceptions import TrayError
 from ...runtime_env.worker_environ import SimWorkerEnv
 from ...transports.sim import SimNetwork
+from ..environ import with_task_events_setting
 from .engine import GuestRunEngine, VirtualClock, _HostInbox, _Timers
 from .faults import FaultAPI
 from .memory import DEFAULT_MACHINE_MEMORY_BYTES, MemoryAPI, SimulatedMemory
@@ -55,7 +56,7 @@ class SimCluster(GuestRunEngine, ProcessAssembly, FaultAPI, MemoryAPI, Invariant
         self.seed = seed
         self.num_nodes = num_nodes
         self.task_costs = TaskCostModel(seed, task_cost_s)
-        self.config = config or config_module.DEFAULT_CONFIG
+        self.config = with_task_events_setting(config or config_module.DEFAULT_CONFIG)
         self.clock = VirtualClock()
         # Virtual time past which any blocking call of the program raises
         # SimulationTimeLimit (a harness's bound on the whole program).

@@ -17,6 +17,7 @@ from ...core.interfaces import ProcessEnv
 from ...core.node.node_manager import NodeManager
 from ...core.worker.core_worker import DRIVER, WORKER, CoreWorker
 from ...runtime_env.worker_environ import SimWorkerEnv
+from ..asyncio_loops import TRIO_ASYNCIO
 from . import engine
 from .memory import DEFAULT_MACHINE_MEMORY_BYTES, SimulatedMemory
 from .patches import SimulatedProcessExit, _environ_snapshot
@@ -93,7 +94,7 @@ class ProcessAssembly:
             node_id=node_id, gcs_address=self.gcs_address,
             object_store=self.stores[node_index] if node_index is not None else None,
             node_manager_address=f"n{node_index}/raylet" if node_index is not None else "",
-            **hooks)
+            asyncio_loops=TRIO_ASYNCIO, **hooks)
 
     async def _start_process(self, name: str, address: str, node_index: int | None, main):
         process = SimProcess(name, address, node_index)

@@ -63,7 +63,6 @@ answered within ``GRACEFUL_EXIT_TIMEOUT_S`` (a method that never returns)."""
 
 from __future__ import annotations
 
-import atexit
 import heapq
 import inspect
 import logging
@@ -211,11 +210,12 @@ class ActorHost:
     def __init__(self, *, name: str, worker_id: str, tracer, config,
                  functions: FunctionTable, receiver: TaskReceiver, nursery: trio.Nursery,
                  run_sync_in_thread=None, gcs=None, exit_process=None,
-                 run_atexit: bool = False) -> None:
+                 asyncio_loops=None, run_exit_handlers=None) -> None:
         self._nursery = nursery
         self._gcs = gcs
         self._exit_process = exit_process
-        self._run_atexit = run_atexit
+        self._asyncio_loops = asyncio_loops
+        self._run_exit_handlers = run_exit_handlers
         # Why the hosted actor is ending (None while it is not); then it
         # takes no new call.
         self.exiting: str | None = None
@@ -306,7 +306,8 @@ class ActorHost:
         self._groups = {name: trio.Semaphore(limit)
                         for name, limit in sorted(actor.concurrency_groups.items())}
         if self.is_async and self.asyncio_loop is None:
-            self.asyncio_loop = await self._nursery.start(_run_asyncio_loop)
+            self.asyncio_loop = await self._nursery.start(_run_asyncio_loop,
+                                                          self._asyncio_loops)
         instance_box = []
 
         async def construct():
@@ -491,9 +492,9 @@ class ActorHost:
 
     async def _exit_soon(self) -> None:
         await trio.sleep(EXIT_GRACE_S)
-        if self._run_atexit:
+        if self._run_exit_handlers is not None:
             try:
-                atexit._run_exitfuncs()
+                self._run_exit_handlers()
             except Exception:  # noqa: BLE001 - a handler's error must not keep the actor up
                 logger.exception("an atexit handler of actor %s failed", self.actor_id)
         if self._exit_process is not None:
@@ -673,7 +674,7 @@ class ActorHost:
             if self.asyncio_loop is None:
                 return method
             loop = self.asyncio_loop
-            from trio_asyncio import run_aio_future  # (imported with the loop)
+            run_aio_future = self._asyncio_loops.run_aio_future
 
             async def on_asyncio(*args, **kwargs):
                 # A blocking call inside (tray.get, as Ray allows in async
@@ -721,12 +722,12 @@ class ActorHost:
             queue.waiters[first].set()
 
 
-async def _run_asyncio_loop(task_status=trio.TASK_STATUS_IGNORED) -> None:
-    """An asyncio event loop on this trio loop, for as long as the process.
-    (trio-asyncio, and asyncio with it, are imported here, by the first async
-    actor: ~30 ms that every node and worker process paid at its start.)"""
-    import trio_asyncio
-
-    async with trio_asyncio.open_loop() as loop:
+async def _run_asyncio_loop(loops, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    """An asyncio event loop on this trio loop, for as long as the process
+    (``ProcessEnv.asyncio_loops``: opened by the first async actor)."""
+    if loops is None:
+        raise exceptions.TrayError("this worker has no asyncio loop for async actors "
+                                   "(its backend gave none: ProcessEnv.asyncio_loops)")
+    async with loops.open_loop() as loop:
         task_status.started(loop)
         await trio.sleep_forever()

@@ -172,10 +172,8 @@ class CoreWorker:
                                     name=name, worker_id=worker_id, tracer=tracer,
                                     config=config, functions=functions, receiver=receiver,
                                     gcs=gcs, exit_process=env.exit_process,
-                                    # Real processes (threads for methods) run atexit
-                                    # handlers when the actor exits; simulated ones share
-                                    # the host interpreter's.
-                                    run_atexit=env.run_sync_in_thread is not None)
+                                    asyncio_loops=env.asyncio_loops,
+                                    run_exit_handlers=env.run_exit_handlers)
         self.submission = TaskSubmission(
             address=address, name=name, worker=self, tracer=tracer, bridge=bridge,
             inbox=self.inbox, references=references, task_manager=task_manager,

@@ -34,7 +34,7 @@ the GCS moves the stamps onto its own clock (off by the message's latency,
 milliseconds on one machine). The core reads no wall clock, so turning the
 GCS's clock into dates is the state API's business, outside the core.
 
-Off switch: ``Config(task_events_enabled=False)`` or ``TRAY_TASK_EVENTS=0``
+Off switch: ``Config(task_events_enabled=False)`` (the backends set it from ``TRAY_TASK_EVENTS=0``)
 in the environment of the processes (set before ``tray.init``): nothing is
 recorded or sent, and the state API says so instead of listing no tasks."""
 
@@ -138,8 +138,7 @@ class TaskEventBufferStatistics:
 
 
 def events_enabled(config) -> bool:
-    return bool(getattr(config, "task_events_enabled", True)) and \
-        os.environ.get("TRAY_TASK_EVENTS", "1") != "0"
+    return bool(getattr(config, "task_events_enabled", True))
 
 
 # At most this many task attempts per message to the GCS. A driver's sync
