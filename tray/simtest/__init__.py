@@ -2,9 +2,12 @@
 
 ``trace_digest()`` is the digest of the running (or last) simulated run's
 event trace; the same program and seed give the same digest in any process.
-``cluster()`` is the running simulated cluster."""
+``cluster()`` is the running simulated cluster. ``story(id)`` tells what
+happened to one task or object in that run, from its trace."""
 
 from __future__ import annotations
+
+import os
 
 
 def _clusters() -> dict:
@@ -33,4 +36,31 @@ def trace_digest() -> str:
     return last.digest()
 
 
-__all__ = ["cluster", "trace_digest"]
+def story(what, events=None) -> list[dict]:
+    """What happened to one task or object in a simulated run, as dask's
+    ``story(key)`` tells it: the events of the run's trace that name it,
+    oldest first, with what befell the workers that ran it (their kills and
+    deaths, their nodes' crashes). ``what``: its hex id, a prefix of one, or
+    an ``ObjectRef`` or id; an object's story holds the story of the task
+    that made it. ``events``: a trace (event dicts, or the path of the JSON
+    lines ``tray simtest replay --trace`` wrote); by default the current, or
+    most recently shut down, simulated run's (its last events only, when
+    the run recorded more than its trace keeps). Each event is a dict of
+    ``t`` (virtual seconds), ``component``, ``event`` and its fields;
+    ``tray.simtest.stories.format_story`` makes lines of them. Reading a
+    story leaves the run's digest as it was."""
+    from ..exceptions import TrayError
+    from .stories import read_trace, story_of
+
+    if events is None:
+        last = _clusters()["cluster"] or _clusters()["last"]
+        if last is None:
+            raise TrayError("no simulated run has happened in this process: pass the "
+                            "events of a trace")
+        events = list(last.trace.events)
+    elif isinstance(events, (str, os.PathLike)):
+        events = read_trace(events)
+    return story_of(what, events)
+
+
+__all__ = ["cluster", "story", "trace_digest"]

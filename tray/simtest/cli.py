@@ -6,7 +6,8 @@ virtual time simulated, seeds per minute. Each failure prints the invariant,
 the seed, the fault schedule and the one command that replays it. A share
 of the seeds (``--determinism-every``) runs twice and must give the same
 digest. ``replay`` runs one seed and prints its digest, which equals the
-digest ``run`` printed for it, in any process."""
+digest ``run`` printed for it, in any process; ``--story ID`` prints what
+happened to one task or object in it."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import time
 
 from . import faults as faults_module
 from . import runner, workloads
+from .stories import hex_of
 
 DEFAULT_SEEDS = "0:200"
 DEFAULT_WORKLOAD = "mixed"
@@ -38,6 +40,13 @@ def _seed_range(text: str) -> range:
     return range(start, stop)
 
 
+def _story_id(text: str) -> str:
+    try:
+        return hex_of(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
 def add_arguments(parser: argparse.ArgumentParser, *, replay: bool) -> None:
     parser.add_argument("--workload", default=DEFAULT_WORKLOAD,
                         choices=sorted(workloads.WORKLOADS), help="the program to run")
@@ -51,6 +60,11 @@ def add_arguments(parser: argparse.ArgumentParser, *, replay: bool) -> None:
                             help="write the run's timeline here as a Chrome trace (Perfetto, "
                                  "chrome://tracing): tasks per worker per node in virtual "
                                  "time, every injected fault, the failing invariant")
+        parser.add_argument("--story", metavar="ID", action="append", default=[],
+                            type=_story_id,
+                            help="after the run, print the story of this task or object "
+                                 "(its hex id or a prefix of one): every event of the trace "
+                                 "that names it (repeatable)")
     else:
         parser.add_argument("--seeds", type=_seed_range, default=_seed_range(DEFAULT_SEEDS),
                             help=f"START:STOP or COUNT (default {DEFAULT_SEEDS})")
@@ -243,8 +257,21 @@ def replay(args) -> int:
         print(f"trace written to {args.trace}")
     if timeline:
         print(f"timeline written to {timeline} (open it in https://ui.perfetto.dev)")
+    for what in getattr(args, "story", []):
+        _print_story(what)
     print(f"trace digest: {result.digest}")
     return 0 if result.ok else 1
+
+
+def _print_story(what: str) -> None:
+    """The story of one task or object of the run that just ended."""
+    from . import story
+    from .stories import format_story
+
+    told = story(what)
+    print(f"the story of {what} ({len(told)} events):")
+    for line in format_story(told) or ["(no event of the trace names it)"]:
+        print("    " + line)
 
 
 def _write_timeline(trace_path: str, timeline_path: str, result) -> None:

@@ -52,6 +52,7 @@ from .checks import (
 from .introspection import leaks, wait_for_graph
 from .invariants import InvariantViolation
 from .model import Program
+from .stories import failure_story
 
 LIVENESS_S = 120.0  # virtual seconds for all outstanding work once faults stop
 QUIESCE_S = 10.0  # virtual seconds for frees, lease returns and orphan reclaims to settle
@@ -85,6 +86,11 @@ class SeedResult:
     wall_s: float = 0.0
     num_nodes: int = 0
     log: list = field(default_factory=list)  # the cluster's last warnings (LOG_LINES)
+    # The story of the task or object the failure names (stories.failure_story):
+    # its id as named, its length in events, and its last events as lines.
+    story_of: str = ""
+    story_events: int = 0
+    story: list = field(default_factory=list)
 
     def replay_command(self) -> str:
         return (f"tray simtest replay --seed {self.seed} --workload {self.workload} "
@@ -97,19 +103,28 @@ class SeedResult:
     def failure_dict(self) -> dict:
         return {"seed": self.seed, "workload": self.workload, "faults": self.faults,
                 "invariant": self.invariant, "message": self.message, "digest": self.digest,
-                "schedule": self.schedule, "log": self.log, "replay": self.replay_command()}
+                "schedule": self.schedule, "log": self.log, "story_of": self.story_of,
+                "story": self.story, "replay": self.replay_command()}
 
     def report(self) -> str:
         lines = [f"FAILED seed {self.seed} (workload {self.workload}, faults {self.faults}): "
                  f"invariant {self.invariant!r} broke",
                  *("    " + line for line in self.message.splitlines()[:60]),
                  f"  fault schedule: {'; '.join(self.schedule) or '(no faults)'}",
+                 *([f"  the story of {self.story_of} ({self._story_size()}):"]
+                   if self.story else []),
+                 *("    " + line for line in self.story),
                  *([f"  the cluster's last {len(self.log)} warnings:"] if self.log else []),
                  *("    " + line for line in self.log),
                  f"  digest: {self.digest}",
                  f"  replay: {self.replay_command()}",
                  f"     or: {self.nox_command()}"]
         return "\n".join(lines)
+
+    def _story_size(self) -> str:
+        if len(self.story) == self.story_events:
+            return f"its {self.story_events} events in the trace"
+        return f"the last {len(self.story)} of its {self.story_events} events in the trace"
 
 
 # ================================================================ the run
@@ -336,6 +351,9 @@ def _run_seed(seed, workload, faults, trace_path, config, started,
                         wall_s=time.perf_counter() - started, num_nodes=shape["num_nodes"])
     if failure is not None:
         result.invariant, result.message = failure.invariant, failure.message
+        # Read from the trace after the digest was taken: a story adds nothing to it.
+        result.story_of, result.story_events, result.story = failure_story(
+            failure.message, cluster.trace.events)
     return result
 
 
