@@ -43,11 +43,7 @@ _DEFAULT = object()
 def _in_simulator() -> bool:
     import tray.simtest
 
-    try:
-        tray.simtest.cluster()
-    except tray.exceptions.TrayError:
-        return False
-    return True
+    return tray.simtest.is_simulated()
 
 
 def _require_sync(what: str) -> None:

@@ -3,11 +3,15 @@
 ``trace_digest()`` is the digest of the running (or last) simulated run's
 event trace; the same program and seed give the same digest in any process.
 ``cluster()`` is the running simulated cluster. ``story(id)`` tells what
-happened to one task or object in that run, from its trace."""
+happened to one task or object in that run, from its trace.
+
+Libraries (tray's and users') ask ``is_simulated()`` whether they run in a
+simulated cluster, and draw randomness that a seed replays from ``rng(name)``."""
 
 from __future__ import annotations
 
 import os
+import random
 
 
 def _clusters() -> dict:
@@ -24,6 +28,25 @@ def cluster():
     if running is None:
         raise TrayError("no simulated cluster is running: call tray.init(backend='sim') first")
     return running
+
+
+def is_simulated() -> bool:
+    """Whether this process runs a simulated cluster
+    (``tray.init(backend="sim")``): its driver, every worker and every task
+    run here, on virtual time."""
+    return _clusters()["cluster"] is not None
+
+
+def rng(name: str) -> random.Random:
+    """A random generator for ``name``: in a simulated cluster seeded from
+    the cluster's seed and ``name`` (the same seed draws the same numbers, in
+    any process), elsewhere from the operating system. Give each use a name
+    of its own (``"mylib:shuffle:3"``): two uses of one name draw the same
+    numbers."""
+    running = _clusters()["cluster"]
+    if running is None:
+        return random.Random()
+    return random.Random(f"{running.seed}:{name}")
 
 
 def trace_digest() -> str:
