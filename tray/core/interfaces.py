@@ -1,13 +1,13 @@
 """The narrow interfaces through which the core reaches the world.
 
 The core never opens a socket, starts a thread or process, reads the wall
-clock or draws global randomness (ARCHITECTURE.md, "The rule"). Backends hand
+clock or draws global randomness (docs/architecture.md, "The rules"). Backends hand
 it implementations of these protocols instead: real ones (TCP, shared
 memory, subprocesses, Redis) or simulated ones (virtual network, in-process
 bytes, trio task groups, memory that survives a simulated GCS crash).
 
 Time is trio's clock (``trio.current_time``/``trio.sleep``): the real clock
-in real processes, the simulator's ``VirtualClock`` (tray/backends/sim/cluster.py),
+in real processes, the simulator's ``VirtualClock`` (tray/backends/sim/engine.py),
 which jumps to the next deadline whenever no simulated task can run.
 """
 
