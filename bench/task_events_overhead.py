@@ -39,6 +39,7 @@ from tray.core.gcs.task_event_table import TaskEventTable
 from tray.core.interfaces import NullTracer
 from tray.core.scheduling import Strategy
 from tray.core.task_spec import TaskSpec
+from tray.core.task_status import TaskStatus
 from tray.core.worker.task_events import TaskEventBuffer
 
 
@@ -62,14 +63,14 @@ async def _in_process(count: int) -> dict:
     for first in range(0, count, 1000):
         started = time.process_time()
         for spec in specs[first:first + 1000]:
-            owner.task_state(spec, "PENDING_ARGS_AVAIL", info=True)
-            owner.task_state(spec, "PENDING_NODE_ASSIGNMENT")
-            owner.task_state(spec, "SUBMITTED_TO_WORKER")
+            owner.task_state(spec, TaskStatus.PENDING_ARGS_AVAIL, info=True)
+            owner.task_state(spec, TaskStatus.PENDING_NODE_ASSIGNMENT)
+            owner.task_state(spec, TaskStatus.SUBMITTED_TO_WORKER)
             record = executor.started(spec)
             now = trio.current_time()
             executor.ended(record, [("task:fetch_args", now, now), ("task:execute", now, now),
                                     ("task:store_outputs", now, now)])
-            owner.task_state(spec, "FINISHED")
+            owner.task_state(spec, TaskStatus.FINISHED)
         recorded = time.process_time()
         # A table per flush: the GCS's garbage collection over its 100,000
         # rows is the GCS process's cost, not the tasks' (it is not measured).

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import pytest
 
+from tray.core.node.worker_pool import WorkerState
 from tray.simtest import runner
 
 PINNED = [
@@ -201,12 +202,12 @@ def test_a_registration_sent_again_leaves_a_leased_worker_leased():
         leased = []
         while not leased:
             tray.wait([ref], timeout=0.1)
-            leased = [w for w in node.pool.workers.values() if w.state == "leased"]
+            leased = [w for w in node.pool.workers.values() if w.state == WorkerState.LEASED]
         worker = leased[0]
         cluster.call_soon(lambda: node.pool.handle_register_worker(None, worker.worker_id,
                                                                    worker.address))
         tray.wait([ref], timeout=0.1)
-        assert worker.state == "leased" and worker.worker_id not in node.pool.idle
+        assert worker.state == WorkerState.LEASED and worker.worker_id not in node.pool.idle
         assert tray.get(ref) == "done"
     finally:
         tray.shutdown()
@@ -318,12 +319,13 @@ def test_an_idle_worker_that_owns_objects_is_not_reaped():
         del results
         sim.advance(2.0)  # idle for ten timeouts
         states = {worker_id: pool.workers[worker_id].state for worker_id in owners}
-        assert [states[owner] for owner in owners] == ["idle", "idle", "dead", "dead"], states
+        assert [states[owner] for owner in owners] == [WorkerState.IDLE, WorkerState.IDLE,
+                                                  WorkerState.DEAD, WorkerState.DEAD], states
         assert tray.get(first[0]) == tray.get(second[0]) == "kept"
         del first  # its owner owns nothing now: it goes (one idle worker is kept)
         sim.advance(2.0)
-        assert pool.workers[owners[0]].state == "dead"
-        assert pool.workers[owners[1]].state == "idle"
+        assert pool.workers[owners[0]].state == WorkerState.DEAD
+        assert pool.workers[owners[1]].state == WorkerState.IDLE
         assert tray.get(second[0]) == "kept"
     finally:
         tray.shutdown()

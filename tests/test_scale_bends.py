@@ -15,7 +15,8 @@ import tray
 from tray.core.config import Config
 from tray.core.gcs.actor_manager import ActorManager
 from tray.core.messages import ALIVE, DEAD
-from tray.core.node.worker_pool import WorkerPool
+from tray.core.node.worker_pool import WorkerPool, WorkerState
+from tray.core.task_status import TaskStatus
 from tray.core.worker.task_events import TaskEventBuffer
 from tray.simtest import cluster as current_cluster
 from tray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -161,15 +162,15 @@ def test_task_event_flusher_sleeps_while_the_buffer_is_empty(monkeypatch):
             nursery.start_soon(buffer.run)
             await real_sleep(100.0)
             assert sleeps == [] and endpoint.sent == []  # idle: no wake-up at all
-            buffer.task_state(_Spec(1), "PENDING_ARGS_AVAIL")
-            buffer.task_state(_Spec(2), "PENDING_ARGS_AVAIL")
+            buffer.task_state(_Spec(1), TaskStatus.PENDING_ARGS_AVAIL)
+            buffer.task_state(_Spec(2), TaskStatus.PENDING_ARGS_AVAIL)
             await real_sleep(0.5)
-            buffer.task_state(_Spec(3), "PENDING_ARGS_AVAIL")  # joins the same batch
+            buffer.task_state(_Spec(3), TaskStatus.PENDING_ARGS_AVAIL)  # joins the same batch
             await real_sleep(10.0)
             assert sleeps == [1.0]
             assert [(t, ids) for t, _, ids in endpoint.sent] == \
                 [(101.0, [(bytes([i]) * 16).hex() for i in (1, 2, 3)])]
-            buffer.task_state(_Spec(4), "PENDING_ARGS_AVAIL")  # a new first record
+            buffer.task_state(_Spec(4), TaskStatus.PENDING_ARGS_AVAIL)  # a new first record
             await real_sleep(10.0)
             assert len(sleeps) == 2 and len(endpoint.sent) == 2
             assert endpoint.sent[1][0] == 111.5  # one period after record 4 (t=110.5)
@@ -193,7 +194,7 @@ def test_a_flush_sends_its_records_in_bounded_messages_and_leaves_later_ones(mon
     async def notify(address, method, batch):  # (a send that does not yield)
         await sending(address, method, batch)
         if len(endpoint.sent) == 1:
-            buffer.task_state(_Spec(250), "PENDING_ARGS_AVAIL")  # arrives mid-flush
+            buffer.task_state(_Spec(250), TaskStatus.PENDING_ARGS_AVAIL)  # arrives mid-flush
 
     endpoint.notify = notify
     seen_between: set = set()  # how many batches had gone when another task ran
@@ -205,7 +206,7 @@ def test_a_flush_sends_its_records_in_bounded_messages_and_leaves_later_ones(mon
 
     async def main():
         for index in range(200):
-            buffer.task_state(_Spec(index), "PENDING_ARGS_AVAIL")
+            buffer.task_state(_Spec(index), TaskStatus.PENDING_ARGS_AVAIL)
         buffer._has_events = trio.Event()  # (as the flusher's loop does before a flush)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(other_task)
@@ -268,7 +269,7 @@ def test_a_node_forgets_its_oldest_dead_workers(monkeypatch):
             current_cluster().advance(1.0)
         pool = current_cluster().processes["n0/raylet"].component.pool
         pool.validate_state()
-        dead = [w for w in pool.workers.values() if w.state == "dead"]
+        dead = [w for w in pool.workers.values() if w.state == WorkerState.DEAD]
         assert len(dead) == 5, len(dead)
         assert pool.started >= 12  # twelve actors, each a worker of its own
         assert tray.get(Counter.remote().add.remote()) == 1

@@ -14,6 +14,7 @@ import outcome
 import trio
 
 from ...core.ids import NodeID
+from ...core.node.worker_pool import WorkerState
 from ...exceptions import TrayError
 from .patches import _in_trio
 from .stores import MemoryObjectStore
@@ -51,7 +52,7 @@ class FaultAPI:
             if process is None or process.component is None or not process.alive:
                 continue
             found += [w.worker_id for w in process.component.pool.workers.values()
-                      if w.state in ("idle", "leased", "actor")]
+                      if w.state in (WorkerState.IDLE, WorkerState.LEASED, WorkerState.ACTOR)]
         return sorted(found)
 
     def worker_of(self, actor) -> str | None:

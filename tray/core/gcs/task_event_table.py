@@ -25,12 +25,8 @@ from collections import OrderedDict
 
 import trio
 
+from ..task_status import STATUS_ORDER
 from ..worker.task_events import INFO_FIELDS
-
-# Ray's states in the order a task goes through them; a row's state is the
-# furthest of its events.
-STATE_ORDER = {"PENDING_ARGS_AVAIL": 0, "PENDING_NODE_ASSIGNMENT": 1,
-               "SUBMITTED_TO_WORKER": 2, "RUNNING": 3, "FINISHED": 4, "FAILED": 5}
 
 # Workers whose pids are kept (list_workers shows the others without).
 WORKER_PIDS_MAX = 10_000
@@ -73,7 +69,7 @@ class TaskEventTable:
             if row is None:
                 continue  # evicted since
             assert (row["task_id"], row["attempt_number"]) == key, key
-            assert row["state"] in STATE_ORDER, row["state"]
+            assert row["state"] in STATUS_ORDER, row["state"]
         self._merged_since_check = set()
 
     def handle_add_task_events(self, conn, batch) -> None:
@@ -114,7 +110,7 @@ class TaskEventTable:
                 if value is not None:
                     row[name] = value
         if known:
-            row["state"] = max(known, key=STATE_ORDER.__getitem__)
+            row["state"] = max(known, key=STATUS_ORDER.__getitem__)
         if node_id is not None:
             row["node_id"], row["worker_id"], row["worker_pid"] = node_id, worker_id, \
                 worker_pid

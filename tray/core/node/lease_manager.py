@@ -55,7 +55,7 @@ import trio
 from .. import scheduling
 from ..messages import Infeasible, LeaseGranted, LeaseRequest, LeaseWithdrawn, Spillback
 from ..rpc import Endpoint, PeerDisconnected
-from .worker_pool import WorkerPool
+from .worker_pool import WorkerPool, WorkerState
 
 logger = logging.getLogger("tray.node")
 
@@ -206,7 +206,8 @@ class LeaseManager:
             if lease.worker_id:
                 worker = self._pool.workers.get(lease.worker_id)
                 assert worker is not None, (lease_id, lease.worker_id)
-                assert worker.state == ("actor" if lease.for_actor else "leased"), \
+                assert worker.state == (WorkerState.ACTOR if lease.for_actor
+                                        else WorkerState.LEASED), \
                     (lease_id, worker.state)
                 assert worker.lease_id == lease_id, (lease_id, worker.lease_id)
             assert lease_id in self._leases_by_owner.get(lease.owner, ()), lease_id
@@ -241,7 +242,7 @@ class LeaseManager:
             "an owner's lease index holds a lease that is gone"
         assert all(self._leases_by_owner.values()), "an owner with no leases is indexed"
         for worker_id, worker in self._pool.workers.items():
-            if worker.state in ("leased", "actor"):
+            if worker.state in (WorkerState.LEASED, WorkerState.ACTOR):
                 assert worker_id in leased_workers, f"worker {worker_id} is busy without a lease"
         for waiter in self.waiting:
             assert not waiter.event.is_set(), waiter.request
@@ -385,7 +386,7 @@ class LeaseManager:
         lease.conn = conn
         self._grants += 1
         lease.granted = self._grants
-        worker.state = "actor" if lease.for_actor else "leased"
+        worker.state = WorkerState.ACTOR if lease.for_actor else WorkerState.LEASED
         worker.lease_id = lease.lease_id
         self._tracer.record(self._trace_name, "lease_granted", lease=lease.lease_id,
                             worker=worker.worker_id)

@@ -225,7 +225,7 @@ class NodeManager:
     def handle_list_workers(self, conn) -> list[dict]:
         """This node's worker processes (``tray.util.state.list_workers``)."""
         return [{"worker_id": worker.worker_id, "address": worker.address,
-                 "state": worker.state, "lease_id": worker.lease_id}
+                 "state": worker.state.value, "lease_id": worker.lease_id}
                 for _, worker in sorted(self.pool.workers.items())]
 
     def _peer_closed(self, address: str) -> None:

@@ -1,7 +1,8 @@
 """A node's worker processes: started on demand, handed out idle, reaped.
 
 A worker is started through the backend's ``Spawner`` (a subprocess, or a
-simulated process) and registers when ready. Each worker is in one state:
+simulated process) and registers when ready. Each worker is in one state
+(a ``WorkerState``):
 
   starting -> idle <-> leased      (runs normal tasks for one owner at a time)
                    \\-> actor       (hosts one actor until it dies)
@@ -34,6 +35,7 @@ actor (its owner or its actor must learn of it)."""
 
 from __future__ import annotations
 
+import enum
 import json
 import logging
 from collections import deque
@@ -59,11 +61,21 @@ DEAD_WORKERS_KEPT = 1024
 ENV_VARS_CACHE_MAX = 1024
 
 
+class WorkerState(enum.StrEnum):
+    """Where a worker process is in its life (the text is what the state
+    API's ``list_workers`` shows: it travels as ``.value``)."""
+    STARTING = "starting"  # its process is starting; it has not registered yet
+    IDLE = "idle"  # registered, in the idle list, waiting for a lease
+    LEASED = "leased"  # runs normal tasks for one lease holder
+    ACTOR = "actor"  # hosts one actor until it dies
+    DEAD = "dead"  # its process is gone (listed until DEAD_WORKERS_KEPT newer deaths)
+
+
 @dataclass
 class WorkerInfo:
     worker_id: str
     address: str = ""
-    state: str = "starting"  # starting | idle | leased | actor | dead
+    state: WorkerState = WorkerState.STARTING
     lease_id: int = 0
     # Set by its first lease: True once it ran work with GPUs, False once
     # it ran CPU-only work; None while it has run nothing.
@@ -129,31 +141,34 @@ class WorkerPool:
         self._env_vars: dict[str, dict] = {}
 
     def statistics(self) -> WorkerPoolStatistics:
-        counts = {state: 0 for state in ("starting", "idle", "leased", "actor", "dead")}
+        counts = dict.fromkeys(WorkerState, 0)
         for worker in self.workers.values():
             counts[worker.state] += 1
         busy = tuple(sorted(w.worker_id for w in self.workers.values()
-                            if w.state in ("leased", "actor")))
-        return WorkerPoolStatistics(busy_workers=busy, started=self.started, **counts)
+                            if w.state in (WorkerState.LEASED, WorkerState.ACTOR)))
+        return WorkerPoolStatistics(
+            starting=counts[WorkerState.STARTING], idle=counts[WorkerState.IDLE],
+            leased=counts[WorkerState.LEASED], actor=counts[WorkerState.ACTOR],
+            dead=counts[WorkerState.DEAD], busy_workers=busy, started=self.started)
 
     def validate_state(self) -> None:
         assert len(self.idle) == len(set(self.idle)), "a worker is idle twice"
         for worker_id in self.idle:
-            assert self.workers[worker_id].state == "idle", worker_id
+            assert self.workers[worker_id].state == WorkerState.IDLE, worker_id
         idle = set(self.idle)
         for worker_id, worker in self.workers.items():
             assert worker.worker_id == worker_id, worker_id
-            if worker.state == "idle":
+            if worker.state == WorkerState.IDLE:
                 assert worker_id in idle, f"idle worker {worker_id} is not in the idle list"
         assert self.live_count() <= self._config.workers_per_node_max, self.live_count()
-        live = [w for w in self.workers.values() if w.state != "dead"]
+        live = [w for w in self.workers.values() if w.state != WorkerState.DEAD]
         assert self._live == len(live), (self._live, len(live))
         assert len(self._dead) == len(self.workers) - len(live) <= DEAD_WORKERS_KEPT
         assert list(self._starting) == [w.worker_id for w in self.workers.values()
-                                        if w.state == "starting"], self._starting
+                                        if w.state == WorkerState.STARTING], self._starting
         for address, worker_id in self._by_address.items():
             worker = self.workers[worker_id]
-            assert worker.address == address and worker.state != "dead", worker_id
+            assert worker.address == address and worker.state != WorkerState.DEAD, worker_id
 
     def live_count(self) -> int:
         return self._live
@@ -164,15 +179,15 @@ class WorkerPool:
 
     def handle_register_worker(self, conn, worker_id: str, address: str) -> dict:
         worker = self.workers.get(worker_id)
-        if worker is None or worker.state == "dead":
+        if worker is None or worker.state == WorkerState.DEAD:
             raise ValueError(f"unknown worker {worker_id}")
-        if worker.state != "starting":
+        if worker.state != WorkerState.STARTING:
             # Registered already: the reply was lost in a reset and the
             # worker asked again. It may be leased by now (simtest chaos
             # seed 235 found it made idle under its lease).
             return {"node_id": self._node_id}
         worker.address = address
-        worker.state = "idle"
+        worker.state = WorkerState.IDLE
         del self._starting[worker_id]
         self._by_address[address] = worker_id
         self.idle.append(worker_id)
@@ -239,7 +254,8 @@ class WorkerPool:
         def fits(worker: WorkerInfo) -> bool:
             # A prestarted worker takes an env only if the env sets no
             # variables: those are in a worker's environment from its start.
-            return worker.state == "idle" and (worker.gpu is None or worker.gpu == gpu) and \
+            return worker.state == WorkerState.IDLE and \
+                (worker.gpu is None or worker.gpu == gpu) and \
                 (worker.runtime_env_hash == runtime_env_hash or
                  (worker.runtime_env_hash is None and not env_vars))
 
@@ -303,7 +319,7 @@ class WorkerPool:
                 may_exit = not isinstance(error, PeerDisconnected)
             finally:
                 self._asked_to_exit.discard(worker_id)
-            if may_exit and worker.state == "idle" and worker_id in self.idle and \
+            if may_exit and worker.state == WorkerState.IDLE and worker_id in self.idle and \
                     self.idle_since.get(worker_id) == since:
                 self._spawner.kill_worker(worker_id)
                 self.worker_died(worker, "idle, of another kind (GPU or CPU-only, or another "
@@ -320,9 +336,9 @@ class WorkerPool:
         """The lease on ``worker_id`` was returned: the worker goes back to the
         idle pool, or, returned as broken, is killed."""
         worker = self.workers.get(worker_id)
-        if worker is not None and worker.state in ("leased", "actor"):
+        if worker is not None and worker.state in (WorkerState.LEASED, WorkerState.ACTOR):
             if worker_ok and not for_actor:
-                worker.state = "idle"
+                worker.state = WorkerState.IDLE
                 self.idle.append(worker.worker_id)
                 self.idle_since[worker.worker_id] = trio.current_time()
                 self._wake_waiters(worker)
@@ -333,9 +349,9 @@ class WorkerPool:
     def worker_process_exited(self, worker_id: str, exit_code: int) -> None:
         """The spawner saw a worker process end (a backend calls this)."""
         worker = self.workers.get(worker_id)
-        if worker is None or worker.state == "dead":
+        if worker is None or worker.state == WorkerState.DEAD:
             return
-        if worker.state == "starting":
+        if worker.state == WorkerState.STARTING:
             why = f"worker {worker_id[:8]} exited with code {exit_code} before registering"
             if exit_code >= 0:
                 # A start that failed by itself (a bad interpreter, an import
@@ -373,8 +389,8 @@ class WorkerPool:
 
     def worker_died(self, worker: WorkerInfo, reason: str) -> None:
         previous = worker.state
-        worker.state = "dead"
-        if previous != "dead":
+        worker.state = WorkerState.DEAD
+        if previous != WorkerState.DEAD:
             self._live -= 1
             self._dead.append(worker.worker_id)
             while len(self._dead) > DEAD_WORKERS_KEPT:
@@ -390,7 +406,7 @@ class WorkerPool:
         logger.debug("worker %s died: %s", worker.worker_id[:8], reason)
         self.release_leases_of(worker.worker_id)
         self._wake_waiters()  # below the cap again: a waiting lease may start a worker
-        if previous in ("leased", "actor"):
+        if previous in (WorkerState.LEASED, WorkerState.ACTOR):
             self._nursery.start_soon(self._report_worker_death, worker.worker_id, reason)
 
     async def _report_worker_death(self, worker_id: str, reason: str) -> None:
@@ -422,7 +438,7 @@ class WorkerPool:
 
     def handle_kill_worker(self, conn, worker_id: str) -> None:
         worker = self.workers.get(worker_id)
-        if worker is None or worker.state == "dead":
+        if worker is None or worker.state == WorkerState.DEAD:
             return
         self._spawner.kill_worker(worker_id)
         self.worker_died(worker, "killed")
@@ -452,7 +468,7 @@ class WorkerPool:
             may_exit = not isinstance(error, PeerDisconnected)
         finally:
             self._asked_to_exit.discard(worker.worker_id)
-        if worker.state != "idle" or self.idle_since.get(worker.worker_id) != since:
+        if worker.state != WorkerState.IDLE or self.idle_since.get(worker.worker_id) != since:
             return  # leased meanwhile (perhaps idle again since), or dead
         if may_exit:
             self._spawner.kill_worker(worker.worker_id)
@@ -464,5 +480,5 @@ class WorkerPool:
 
     def kill_all(self) -> None:
         for worker in sorted(self.workers.values(), key=lambda w: w.worker_id):
-            if worker.state != "dead":
+            if worker.state != WorkerState.DEAD:
                 self._spawner.kill_worker(worker.worker_id)

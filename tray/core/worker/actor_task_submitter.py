@@ -92,19 +92,14 @@ from ..ids import TaskID
 from ..messages import ALIVE, DEAD, ActorInfo, ActorSpec
 from ..rpc import Endpoint, HandshakeBroken, PeerDisconnected
 from ..serialization import deserialize
+from ..task_status import TaskStatus
 from .dependency_resolver import DependencyResolver
 from .function_table import FunctionTable
 from .gcs_client import GcsClient
 from .loop_bridge import LoopBridge
 from .outbox import Outbox
 from .reference_counter import ReferenceCounter, actor_handle_id
-from .task_manager import (
-    PENDING_NODE_ASSIGNMENT,
-    SUBMITTED_TO_WORKER,
-    PendingTask,
-    TaskManager,
-    spend_retry,
-)
+from .task_manager import PendingTask, TaskManager, spend_retry
 
 # How long a call that found nothing listening at its actor's address waits
 # for the GCS to report the next incarnation before it fails as a call cut
@@ -305,8 +300,8 @@ class ActorTaskSubmitter:
         state.told(info.incarnation, spec.floor)
         task.unanswered_incarnation = info.incarnation
         self._sent_at_once += 1
-        self._task_manager.set_state(task, PENDING_NODE_ASSIGNMENT)
-        self._task_manager.set_state(task, SUBMITTED_TO_WORKER)
+        self._task_manager.set_state(task, TaskStatus.PENDING_NODE_ASSIGNMENT)
+        self._task_manager.set_state(task, TaskStatus.SUBMITTED_TO_WORKER)
         return True
 
     def _on_reply(self, task: PendingTask, state: ActorState, info: ActorInfo, ok: bool,
@@ -370,7 +365,7 @@ class ActorTaskSubmitter:
         # into all the same: later calls must not go to a dead incarnation)
         while cut_off_from is not None or not task.done:
             if cut_off_from is None:
-                self._task_manager.set_state(task, PENDING_NODE_ASSIGNMENT)
+                self._task_manager.set_state(task, TaskStatus.PENDING_NODE_ASSIGNMENT)
                 info = await self.actor_info(state)
                 if info.state == DEAD:
                     self._task_manager.fail(task, actor_died_error(info, spec.name))
@@ -394,7 +389,7 @@ class ActorTaskSubmitter:
                     return None
                 spec.floor = state.floor()
                 state.told(info.incarnation, spec.floor)
-                self._task_manager.set_state(task, SUBMITTED_TO_WORKER)
+                self._task_manager.set_state(task, TaskStatus.SUBMITTED_TO_WORKER)
                 self._sent_by_task += 1
                 task.unanswered_incarnation = info.incarnation
                 try:
@@ -625,11 +620,11 @@ class ActorTaskSubmitter:
                 if not ended and self._events is not None and info.state in (ALIVE, DEAD):
                     ended = True
                     if info.state == ALIVE:
-                        self._events.task_state(actor.creation, "FINISHED",
+                        self._events.task_state(actor.creation, TaskStatus.FINISHED,
                                                 actor_id=actor.actor_id)
                     else:
                         self._events.task_state(
-                            actor.creation, "FAILED", actor_id=actor.actor_id,
+                            actor.creation, TaskStatus.FAILED, actor_id=actor.actor_id,
                             error=exceptions.ActorDiedError(
                                 f"the actor {actor.actor_id} died before it was alive"))
                 if info.state == DEAD or info.max_restarts == 0 or \

@@ -51,6 +51,7 @@ from ..messages import ActorInfo, ActorSpec, PlacementGroupSpec
 from ..object_ref import ObjectRef
 from ..rpc import Endpoint, PeerDisconnected, add_handlers
 from ..serialization import serialize
+from ..task_status import TaskStatus
 from .actor_host import ActorHost, ActorHostStatistics
 from .actor_task_submitter import ActorState, ActorTaskSubmitter
 from .cancellation import TaskCanceller
@@ -410,7 +411,7 @@ class CoreWorker:
     async def register_actor(self, actor: ActorSpec, holds: list) -> ActorInfo | None:
         # Until the GCS hears of it, the state API shows the actor as
         # DEPENDENCIES_UNREADY from this record of its constructor call.
-        self.task_events.task_state(actor.creation, "PENDING_ARGS_AVAIL", info=True,
+        self.task_events.task_state(actor.creation, TaskStatus.PENDING_ARGS_AVAIL, info=True,
                                     actor_id=actor.actor_id)
         return await self.actor_submitter.register(actor, holds)
 

@@ -52,17 +52,12 @@ from ..messages import (
 )
 from ..rpc import Endpoint, PeerDisconnected
 from ..task_spec import TaskSpec
+from ..task_status import TaskStatus
 from .dependency_resolver import DependencyResolver
 from .function_table import FunctionTable
 from .gcs_client import GcsClient
 from .outbox import Outbox
-from .task_manager import (
-    PENDING_NODE_ASSIGNMENT,
-    SUBMITTED_TO_WORKER,
-    PendingTask,
-    TaskManager,
-    spend_retry,
-)
+from .task_manager import PendingTask, TaskManager, spend_retry
 
 logger = logging.getLogger("tray.worker")
 
@@ -177,7 +172,8 @@ class NormalTaskSubmitter:
                                       lease.idle_since + self._lease_idle_keep_s), key
             for task in queue.tasks:
                 assert not task.done, task.spec.name
-                assert task.state == PENDING_NODE_ASSIGNMENT, (task.spec.name, task.state)
+                assert task.state == TaskStatus.PENDING_NODE_ASSIGNMENT, \
+                    (task.spec.name, task.state)
                 assert task.pushed_to is None, task.spec.name
                 assert class_key(task.spec) == key, task.spec.name
             assert sum(queue.asking.values()) <= queue.pending_requests, key
@@ -203,7 +199,7 @@ class NormalTaskSubmitter:
     def enqueue(self, task: PendingTask) -> None:
         key = class_key(task.spec)
         queue = self.queues.setdefault(key, ClassQueue())
-        self._task_manager.set_state(task, PENDING_NODE_ASSIGNMENT)
+        self._task_manager.set_state(task, TaskStatus.PENDING_NODE_ASSIGNMENT)
         queue.tasks.append(task)
         self._pump(key, queue)
 
@@ -468,7 +464,7 @@ class NormalTaskSubmitter:
 
         if not connection.start_call("push_task", task.spec, lease.gpu_ids, on_reply=on_reply):
             return False
-        self._task_manager.set_state(task, SUBMITTED_TO_WORKER)
+        self._task_manager.set_state(task, TaskStatus.SUBMITTED_TO_WORKER)
         task.pushed_to = lease.worker_address
         return True
 
@@ -481,7 +477,7 @@ class NormalTaskSubmitter:
             lease.busy = False
             self._pump(key, queue)
             return
-        self._task_manager.set_state(task, SUBMITTED_TO_WORKER)
+        self._task_manager.set_state(task, TaskStatus.SUBMITTED_TO_WORKER)
         task.pushed_to = lease.worker_address
         try:
             reply = await self._endpoint.call(lease.worker_address, "push_task", spec,
@@ -531,7 +527,7 @@ class NormalTaskSubmitter:
             spend_retry(task)
             self._tracer.record(self._name, "task_retry", task=spec.task_id,
                                 attempt=spec.attempt, reason="exception")
-            self._task_manager.set_state(task, PENDING_NODE_ASSIGNMENT)
+            self._task_manager.set_state(task, TaskStatus.PENDING_NODE_ASSIGNMENT)
             queue.tasks.append(task)
             self._pump(key, queue)
             return

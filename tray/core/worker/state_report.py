@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 
+from ..task_status import TaskStatus
 from .reference_counter import is_actor_handle
 
 # Entries one process reports at most (the rest are counted).
@@ -51,9 +52,9 @@ def object_report(*, references, task_manager, store, node_id: str, mode: str,
                 size = len(data) + sum(len(buffer) for buffer in buffers)
         task = task_manager.get(object_id.task_id())
         if task is not None:
-            status = task.state
+            status = task.state.value  # (the text: the report is pickled)
         else:
-            status = "FINISHED" if entry.ready else "PENDING"
+            status = TaskStatus.FINISHED.value if entry.ready else "PENDING"
         rows.append({
             "object_id": object_id.hex(), "object_size": size,
             "reference_type": _reference_type(entry), "owned": entry.owned,

@@ -46,6 +46,8 @@ from dataclasses import dataclass, field
 
 import trio
 
+from ..task_status import TaskStatus
+
 # Ray's names for why a task failed (its ErrorType), by tray's exception.
 _ERROR_TYPES = {
     "TaskCancelledError": "TASK_CANCELLED",
@@ -101,7 +103,7 @@ class TaskAttemptEvents:
     task_id: bytes  # (hex when it travels)
     attempt: int
     info: tuple | None = None  # what the task is: task_info's INFO_FIELDS
-    states: dict = field(default_factory=dict)  # state -> time it was entered
+    states: dict = field(default_factory=dict)  # TaskStatus's text -> time it was entered
     node_id: str | None = None  # where it ran (the executor's records)
     worker_id: str | None = None
     worker_pid: int | None = None
@@ -191,7 +193,7 @@ class TaskEventBuffer:
 
     # ------------------------------------------------------------ the owner
 
-    def task_state(self, spec, state: str, *, error: BaseException | None = None,
+    def task_state(self, spec, state: TaskStatus, *, error: BaseException | None = None,
                    info: bool = False, actor_id: str | None = None) -> None:
         """The owner saw ``spec``'s current attempt enter ``state`` (``actor_id``:
         the actor whose constructor ``spec`` is)."""
@@ -200,13 +202,14 @@ class TaskEventBuffer:
         record = self._record_of(spec.task_id, spec.attempt)
         if record is None:
             return
-        record.states.setdefault(state, trio.current_time())
+        # The text, not the member: a member pickles as a reference to its class.
+        record.states.setdefault(state.value, trio.current_time())
         if info or record.info is None:
             record.info = task_info(spec, actor_id)
         if error is not None:
             record.error_type = error_type_of(error)
             record.error_message = error_message_of(error)
-        elif state == "FAILED" and record.error_type is None:
+        elif state == TaskStatus.FAILED and record.error_type is None:
             # It ran and returned an error (the executor's events say which).
             record.error_type = "TASK_EXECUTION_EXCEPTION"
 
@@ -221,7 +224,7 @@ class TaskEventBuffer:
         record = self._record_of(spec.task_id, spec.attempt)
         if record is None:
             return None
-        record.states.setdefault("RUNNING", trio.current_time())
+        record.states.setdefault(TaskStatus.RUNNING.value, trio.current_time())
         record.node_id, record.worker_id, record.worker_pid = \
             self._node_id, self._worker_id, self._pid
         if record.info is None:
@@ -243,8 +246,8 @@ class TaskEventBuffer:
             if not self._events:
                 self._has_events.set()
             self._events[(record.task_id, record.attempt)] = record
-        state = "FINISHED" if error is None and error_type is None else "FAILED"
-        record.states.setdefault(state, trio.current_time())
+        state = TaskStatus.FINISHED if error is None and error_type is None else TaskStatus.FAILED
+        record.states.setdefault(state.value, trio.current_time())
         record.spans.extend(spans[:SPANS_MAX - len(record.spans)])
         if error is not None:
             record.error_type = error_type or error_type_of(error)

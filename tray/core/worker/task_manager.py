@@ -1,8 +1,8 @@
 """The owner's table of tasks: pending ones, and the lineage of finished ones.
 
 A task (or actor call) this process submitted is *pending* from
-``.remote()`` until its outcome is recorded. Its state is one field, with
-Ray's names:
+``.remote()`` until its outcome is recorded. Its state is one field, a
+``TaskStatus`` (Ray's names, ``task_status.py``):
 
   PENDING_ARGS_AVAIL       waiting for its by-reference arguments
   PENDING_NODE_ASSIGNMENT  queued for a lease (an actor call: waiting for
@@ -40,17 +40,16 @@ from ..ids import ObjectID, TaskID
 from ..messages import FailedResult, InlineResult, StoredResult
 from ..serialization import SerializedObject, deserialize, serialize_error
 from ..task_spec import TaskSpec
+from ..task_status import TaskStatus
 from .outbox import Outbox
 from .reference_counter import ReferenceCounter
 from .task_events import TaskEventBuffer
 
-PENDING_ARGS_AVAIL = "PENDING_ARGS_AVAIL"
-PENDING_NODE_ASSIGNMENT = "PENDING_NODE_ASSIGNMENT"
-SUBMITTED_TO_WORKER = "SUBMITTED_TO_WORKER"
-FINISHED, FAILED = "FINISHED", "FAILED"
-TASK_STATES = (PENDING_ARGS_AVAIL, PENDING_NODE_ASSIGNMENT, SUBMITTED_TO_WORKER, FINISHED,
-               FAILED)
-_UNFINISHED_STATES = frozenset({PENDING_ARGS_AVAIL, PENDING_NODE_ASSIGNMENT, SUBMITTED_TO_WORKER})
+# The states an owner's task goes through (RUNNING is the executor's).
+OWNER_STATES = (TaskStatus.PENDING_ARGS_AVAIL, TaskStatus.PENDING_NODE_ASSIGNMENT,
+                TaskStatus.SUBMITTED_TO_WORKER, TaskStatus.FINISHED, TaskStatus.FAILED)
+_UNFINISHED_STATES = frozenset({TaskStatus.PENDING_ARGS_AVAIL, TaskStatus.PENDING_NODE_ASSIGNMENT,
+                                TaskStatus.SUBMITTED_TO_WORKER})
 
 
 @dataclass
@@ -58,7 +57,7 @@ class PendingTask:
     spec: TaskSpec
     retries_left: int  # -1: unlimited
     arg_refs: tuple  # oids whose submitted count this task holds
-    state: str = PENDING_ARGS_AVAIL
+    state: TaskStatus = TaskStatus.PENDING_ARGS_AVAIL
     cancelled: bool = False  # cancel() was called: never retried
     pushed_to: str | None = None  # the worker running it (normal tasks, while submitted)
     oom_retries: int = 0  # runs the memory monitor killed (their budget is task_oom_retries)
@@ -73,7 +72,7 @@ class PendingTask:
 
     @property
     def done(self) -> bool:
-        return self.state in (FINISHED, FAILED)
+        return self.state in (TaskStatus.FINISHED, TaskStatus.FAILED)
 
 
 @dataclass(frozen=True)
@@ -84,7 +83,7 @@ class PendingTaskSummary:
     actor_id: str | None
     seq: int
     pushed_to: str | None  # the worker running it, if it was pushed
-    state: str
+    state: TaskStatus
 
 
 @dataclass(frozen=True)
@@ -142,7 +141,7 @@ class TaskManager:
             state = task.state
             if state not in _UNFINISHED_STATES or task_id.binary() != task.spec.task_id \
                     or task.retries_left < -1 or (task.pushed_to is not None and (
-                        state != SUBMITTED_TO_WORKER or task.spec.actor_id is not None)):
+                        state != TaskStatus.SUBMITTED_TO_WORKER or task.spec.actor_id is not None)):
                 self._validate_task(task_id, task)
             held += task.arg_refs
         for oid, count in Counter(held).items():  # (counted in C)
@@ -177,11 +176,11 @@ class TaskManager:
     @staticmethod
     def _validate_task(task_id: TaskID, task: PendingTask) -> None:
         assert not task.done, task.spec.name
-        assert task.state in TASK_STATES, (task.spec.name, task.state)
+        assert task.state in OWNER_STATES, (task.spec.name, task.state)
         assert task_id.binary() == task.spec.task_id, task.spec.name
         # Only a normal task in a worker's hands says which worker.
         if task.pushed_to is not None:
-            assert task.state == SUBMITTED_TO_WORKER, (task.spec.name, task.state)
+            assert task.state == TaskStatus.SUBMITTED_TO_WORKER, (task.spec.name, task.state)
             assert task.spec.actor_id is None, task.spec.name
         assert task.retries_left >= -1, (task.spec.name, task.retries_left)
 
@@ -227,9 +226,9 @@ class TaskManager:
         cause = getattr(error, "cause", None)
         return isinstance(cause, tuple(policy))
 
-    def set_state(self, task: PendingTask, state: str) -> None:
+    def set_state(self, task: PendingTask, state: TaskStatus) -> None:
         assert not task.done, (task.spec.name, task.state, state)
-        assert state in (PENDING_ARGS_AVAIL, PENDING_NODE_ASSIGNMENT, SUBMITTED_TO_WORKER), state
+        assert state in _UNFINISHED_STATES, state
         task.state = state
         if self._events is not None:
             self._events.task_state(task.spec, state)
@@ -256,8 +255,8 @@ class TaskManager:
         if task.done:
             return
         task.pushed_to = None
-        task.state = FAILED if any(isinstance(result, FailedResult) for result in results) \
-            else FINISHED
+        task.state = TaskStatus.FAILED \
+            if any(isinstance(result, FailedResult) for result in results) else TaskStatus.FINISHED
         spec = task.spec
         task_id = TaskID(spec.task_id)
         self.tasks.pop(task_id, None)
@@ -285,7 +284,7 @@ class TaskManager:
             references.mark_ready(oid, entry)
             references.maybe_release(oid, entry)
         released = task.arg_refs
-        if spec.actor_id is not None and task.state == FAILED and \
+        if spec.actor_id is not None and task.state == TaskStatus.FAILED and \
                 task.unanswered_incarnation is not None and self.args_to_release is not None:
             released = self.args_to_release(task)
         for oid in released:
@@ -295,12 +294,12 @@ class TaskManager:
                 references.maybe_release(oid, entry)
         self.forget_lineage(task_id)
         if self._events is not None:
-            if cause is None and task.state == FAILED:
+            if cause is None and task.state == TaskStatus.FAILED:
                 cause = _error_of(results)
             self._events.task_state(spec, task.state,
                                     error=cause if isinstance(cause, BaseException) else None)
         self._tracer.record(self._name, "task_finished", task=task_id,
-                            ok=task.state == FINISHED)
+                            ok=task.state == TaskStatus.FINISHED)
 
     def _keep_lineage(self, task_id: TaskID, task: PendingTask) -> None:
         earlier = self.lineage.pop(task_id, None)  # a re-run: now the newest

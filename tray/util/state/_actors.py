@@ -6,6 +6,7 @@ events).
 
 from __future__ import annotations
 
+from ...core.task_status import TaskStatus
 from ._client import Client, job_hex, to_epoch_ms
 from ._query import check_query, finish
 from ._records import ActorState
@@ -43,7 +44,7 @@ def _actor_records(client: Client, actor_id: str | None = None) -> list[ActorSta
     # Actors whose owners still wait for their constructors' arguments:
     # the GCS has not heard of them yet (Ray registers them first).
     for actor, creation in sorted(creations.items()):
-        if actor in known or creation["state"] != "PENDING_ARGS_AVAIL":
+        if actor in known or creation["state"] != TaskStatus.PENDING_ARGS_AVAIL:
             continue
         class_name = (creation["name"] or "").removesuffix(".__init__")
         records.append(ActorState(

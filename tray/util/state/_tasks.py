@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import warnings
 
+from ...core.task_status import STATUS_ORDER, TaskStatus
 from ._client import Client, job_hex, to_epoch_ms
 from ._query import DEFAULT_LIMIT, check_query, finish, normal
 from ._records import TaskState
@@ -29,22 +30,18 @@ def _task_reply(client: Client, task_id: str | None = None, filters: list = (),
                            limit if all_there else None)
 
 
-_STATE_RANK = {"PENDING_ARGS_AVAIL": 0, "PENDING_NODE_ASSIGNMENT": 1,
-               "SUBMITTED_TO_WORKER": 2, "RUNNING": 3, "FINISHED": 4, "FAILED": 5}
-
-
 def _task_record(row: dict, now: float) -> TaskState:
     # In the order a task goes through its states, with times made
     # non-decreasing: the owner's and the executor's clocks agree only to
     # within a message's latency, and a fast task's RUNNING could otherwise
     # come after its end.
     events = []
-    for state, at in sorted(row["events"].items(), key=lambda item: _STATE_RANK[item[0]]):
+    for state, at in sorted(row["events"].items(), key=lambda item: STATUS_ORDER[item[0]]):
         events.append((state, max(at, events[-1][1]) if events else at))
     times = dict(events)
-    start = times.get("RUNNING")
-    end = times.get("FAILED", times.get("FINISHED")) \
-        if row["state"] in ("FINISHED", "FAILED") else None
+    start = times.get(TaskStatus.RUNNING)
+    end = times.get(TaskStatus.FAILED, times.get(TaskStatus.FINISHED)) \
+        if row["state"] in (TaskStatus.FINISHED, TaskStatus.FAILED) else None
     created = events[0][1] if events else None
     return TaskState(
         task_id=row["task_id"], attempt_number=row["attempt_number"],
