@@ -50,6 +50,7 @@ import inspect
 import logging
 from collections import OrderedDict, deque
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import trio
 
@@ -153,6 +154,29 @@ class Deferred:
             self._connection._deliver(kind, call_id, ok, value)
 
 
+@dataclass(frozen=True)
+class ConnectionStatistics:
+    peer: str
+    closed: bool
+    calls_pending: int  # requests sent and not answered yet
+    reliable_sent_upto: int  # the highest reliable seq sent on it (-1: none)
+
+
+@dataclass(frozen=True)
+class EndpointStatistics:
+    connections_out: int  # one per peer address this process connected to
+    connections_in: int  # accepted from peers
+    connecting: int  # addresses a connection is being opened to now
+    calls_pending: int  # requests in flight, over every connection
+    unacked: int  # reliable messages not acknowledged yet, all destinations
+    unacked_destinations: int
+    reliable_seq: int  # the last reliable sequence number given
+    reliable_dropped: int  # reliable messages given up on (limit, replaced receiver)
+    senders_known: int  # senders whose last reliable seq is kept (RECEIVED_SENDERS_MAX)
+    ack_waiters: int  # call_reliable calls waiting for their acknowledgement
+    peers_unreachable: int  # destinations found gone whose messages are kept a while
+
+
 class Connection:
     def __init__(self, stream: Stream, handlers: dict[str, Callable], nursery: trio.Nursery,
                  peer: str, pending_calls_max: int, on_close: Callable | None = None,
@@ -175,6 +199,22 @@ class Connection:
         # method -> (its handler, whether it is an async def); bounded by the
         # handlers' names.
         self._async_methods: dict[str, tuple] = {}
+
+    def statistics(self) -> ConnectionStatistics:
+        return ConnectionStatistics(peer=self.peer, closed=self.closed,
+                                    calls_pending=len(self._pending),
+                                    reliable_sent_upto=self.reliable_sent_upto)
+
+    def validate_state(self) -> None:
+        """The calls in flight: within their bound, numbered below the next
+        id, none left once closed. O(1)."""
+        pending = self._pending
+        assert len(pending) <= self._pending_calls_max, (self.peer, len(pending))
+        # (Call ids grow and the dict keeps insertion order: its last is its largest.)
+        assert not pending or next(reversed(pending)) < self._next_call_id, self.peer
+        # (Closing settles every call in flight, and no call starts after.)
+        assert not (self.closed and pending), self.peer
+        assert self._ack_upto >= -1, (self.peer, self._ack_upto)
 
     async def call(self, method: str, *args):
         if self.closed:
@@ -415,6 +455,56 @@ class Endpoint:
         # seq -> [acknowledged?, event] of the messages ``call_reliable``
         # waits on (each is in an ``_unacked`` queue, so as bounded).
         self._ack_waiters: dict[int, list] = {}
+
+    def statistics(self) -> EndpointStatistics:
+        """Counts over the connections and the reliable queues: O(connections
+        + destinations)."""
+        inbound = [connection for connections in self._inbound.values()
+                   for connection in connections]
+        pending = sum(len(connection._pending) for connection in self._connections.values())
+        pending += sum(len(connection._pending) for connection in inbound)
+        return EndpointStatistics(
+            connections_out=len(self._connections), connections_in=len(inbound),
+            connecting=len(self._connecting), calls_pending=pending,
+            unacked=self.unacked_count(), unacked_destinations=len(self._unacked),
+            reliable_seq=self._reliable_seq, reliable_dropped=self.reliable_dropped,
+            senders_known=len(self._received), ack_waiters=len(self._ack_waiters),
+            peers_unreachable=len(self._unreachable_since))
+
+    def validate_state(self) -> None:
+        """The connection tables (each open, under its peer), each
+        connection's own invariants, the reliable queues' bounds and order.
+        O(connections + destinations); the queued messages are walked only
+        while a ``call_reliable`` waits (then O(unacked))."""
+        for address, connection in self._connections.items():
+            assert connection.peer == address, (address, connection.peer)
+            # (A connection that closes leaves the table in its on_close.)
+            assert not connection.closed, address
+            connection.validate_state()
+        for peer, connections in self._inbound.items():
+            assert connections, peer
+            for connection in connections:
+                assert connection.peer == peer, (peer, connection.peer)
+                assert not connection.closed, peer
+                connection.validate_state()
+        for address, event in self._connecting.items():
+            # (The opener forgets it before it sets it.)
+            assert not event.is_set(), address
+        unacked_max = self.env.config.reliable_unacked_max
+        for address, queue in self._unacked.items():
+            assert len(queue) <= unacked_max, (address, len(queue))
+            # Sequence numbers are queued in the order they are given.
+            assert not queue or 0 < queue[0][0] <= queue[-1][0] <= self._reliable_seq, \
+                address
+        assert len(self._received) <= RECEIVED_SENDERS_MAX, len(self._received)
+        assert self.reliable_dropped >= 0, self.reliable_dropped
+        waiting = [seq for seq, waiter in self._ack_waiters.items() if not waiter[1].is_set()]
+        if waiting:
+            queued = {entry[0] for queue in self._unacked.values() for entry in queue}
+            for seq in waiting:
+                # A message is settled (acknowledged or given up) as it
+                # leaves its queue: one still waited on is queued.
+                assert seq in queued, seq
 
     def add_peer_closed_listener(self, listener: Callable[[str], None]) -> None:
         """Call ``listener(address)`` when a peer process is gone for good

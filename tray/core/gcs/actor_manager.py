@@ -42,6 +42,7 @@ from __future__ import annotations
 import enum
 import logging
 import pickle
+from dataclasses import dataclass
 
 import trio
 
@@ -78,6 +79,20 @@ GRACEFUL_EXIT_TIMEOUT_S = 30.0
 
 OUT_OF_SCOPE = ("all references to the actor were removed: every handle to it went out of "
                 "scope and no call to it was pending")
+
+
+@dataclass(frozen=True)
+class ActorManagerStatistics:
+    actors: int  # every actor of the cluster's life, dead ones included
+    pending: int  # PENDING_CREATION
+    alive: int
+    restarting: int
+    dead: int
+    named: int  # names registered (a dead actor's name stays until reused)
+    creating: int  # creation tasks sent to leased workers, not answered yet
+    granting: int  # leases granted for actors still being created
+    nodes_with_placements: int  # nodes with actor placements not yet in heartbeats
+    waiters: int  # actors someone long-polls (wait_actor_ready)
 
 
 class _Creation(enum.Enum):
@@ -154,7 +169,20 @@ class ActorManager:
             namespace, _, name = key.partition("/")
             self.names[(namespace, name)] = value.decode()
 
+    def statistics(self) -> ActorManagerStatistics:
+        """Walks the actors to count their states: O(actors)."""
+        states = {PENDING_CREATION: 0, ALIVE: 0, RESTARTING: 0, DEAD: 0}
+        for actor in self.actors.values():
+            states[actor.state] += 1
+        return ActorManagerStatistics(
+            actors=len(self.actors), pending=states[PENDING_CREATION], alive=states[ALIVE],
+            restarting=states[RESTARTING], dead=states[DEAD], named=len(self.names),
+            creating=len(self._creating), granting=len(self.granting),
+            nodes_with_placements=len(self.placements), waiters=len(self.actor_changed))
+
     def validate_state(self) -> None:
+        """Every actor's record and its entries in the indexes, both ways;
+        the creations under way. O(actors)."""
         for actor_id, actor in self.actors.items():
             assert actor.actor_id == actor_id, actor_id
             assert actor.version == ActorRecord.VERSION, (actor_id, actor.version)
@@ -171,16 +199,41 @@ class ActorManager:
         for (namespace, name), actor_id in self.names.items():
             assert actor_id in self.actors, (namespace, name)
             assert self.actors[actor_id].spec.name == name, (namespace, name)
+        # Each index: every actor under its key (walking the actors), and as
+        # many entries as that (so none under a wrong key).
+        grouped = 0
         for actor_id, actor in self.actors.items():
             assert actor_id in self._by_owner.get(actor.spec.owner_address, ()), actor_id
+            group = actor.spec.strategy.placement_group_id
+            if group is not None:
+                grouped += 1
+                assert actor_id in self._by_group.get(group, ()), actor_id
             placed = self._placed.get(actor_id)
             if actor.state in (ALIVE, PENDING_CREATION):
                 assert placed == (actor.worker_id, actor.node_id), (actor_id, placed)
             else:
                 assert placed is None, (actor_id, placed)
-        for worker_id, actor_ids in self._by_worker.items():
-            for actor_id in actor_ids:
-                assert self._placed[actor_id][0] == worker_id, (actor_id, worker_id)
+        assert sum(map(len, self._by_owner.values())) == len(self.actors), "_by_owner"
+        assert sum(map(len, self._by_group.values())) == grouped, "_by_group"
+        on_workers = on_nodes = 0
+        for actor_id, (worker_id, node_id) in self._placed.items():
+            if worker_id is not None:
+                on_workers += 1
+                assert actor_id in self._by_worker[worker_id], (actor_id, worker_id)
+            if node_id is not None:
+                on_nodes += 1
+                assert actor_id in self._by_node[node_id], (actor_id, node_id)
+        assert all(self._by_worker.values()), "an empty entry in _by_worker"
+        assert all(self._by_node.values()), "an empty entry in _by_node"
+        assert sum(map(len, self._by_worker.values())) == on_workers, "_by_worker"
+        assert sum(map(len, self._by_node.values())) == on_nodes, "_by_node"
+        for actor_id, times in self.state_times.items():
+            assert actor_id in self.actors, actor_id
+            assert 0 < len(times) <= STATE_TIMES_MAX, (actor_id, len(times))
+        for actor_id, event in self.actor_changed.items():
+            assert actor_id in self.actors, actor_id
+            # (A change pops the event before it sets it.)
+            assert not event.is_set(), actor_id
         creating = [creation.actor_id for creation in self._creating.values()]
         assert len(creating) == len(set(creating)), "an actor created in two workers"
         for worker_id, creation in self._creating.items():

@@ -65,6 +65,12 @@ class ClusterLoad:
     shapes_dropped: int = 0
 
 
+@dataclass(frozen=True)
+class DemandTableStatistics:
+    reports: int  # nodes whose last demand report is kept
+    requested_bundles: int  # bundles of the standing request_resources
+
+
 class DemandTable:
     def __init__(self, *, nodes, actors=None, placement_groups=None, tracer=None) -> None:
         self._nodes = nodes
@@ -75,9 +81,17 @@ class DemandTable:
         self.reports: dict = {}
         self.requested: tuple = ()
 
+    def statistics(self) -> DemandTableStatistics:
+        return DemandTableStatistics(reports=len(self.reports),
+                                     requested_bundles=len(self.requested))
+
     def validate_state(self) -> None:
+        """Each report under its node, of a node the table knows; the
+        standing request within its bound. O(reports): one per node."""
         for node_id, report in self.reports.items():
             assert report.node_id == node_id, node_id
+            # (A dead node's report stays until the autoscaler next reads.)
+            assert node_id in self._nodes.nodes, node_id
         assert len(self.requested) <= REQUESTED_BUNDLES_MAX, len(self.requested)
 
     def handle_report_demand(self, conn, demand) -> None:

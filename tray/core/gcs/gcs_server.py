@@ -20,18 +20,30 @@ owned go with it, and every node is told to free the objects it owned."""
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 import trio
 
-from ..rpc import Endpoint, add_handlers
-from .actor_manager import ActorManager
-from .demand import DemandTable
-from .kv_store import KvStore
-from .node_table import NodeTable
-from .placement_group_manager import PlacementGroupManager
-from .task_event_table import TaskEventTable
+from ..rpc import Endpoint, EndpointStatistics, add_handlers
+from .actor_manager import ActorManager, ActorManagerStatistics
+from .demand import DemandTable, DemandTableStatistics
+from .kv_store import KvStore, KvStoreStatistics
+from .node_table import NodeTable, NodeTableStatistics
+from .placement_group_manager import PlacementGroupManager, PlacementGroupStatistics
+from .task_event_table import TaskEventTable, TaskEventTableStatistics
 
 logger = logging.getLogger("tray.gcs")
+
+
+@dataclass(frozen=True)
+class GcsStatistics:
+    nodes: NodeTableStatistics
+    actors: ActorManagerStatistics
+    placement_groups: PlacementGroupStatistics
+    kv: KvStoreStatistics
+    demand: DemandTableStatistics
+    task_events: TaskEventTableStatistics
+    endpoint: EndpointStatistics
 
 
 class GcsServer:
@@ -116,6 +128,13 @@ class GcsServer:
         })
         endpoint.add_peer_closed_listener(self._peer_closed)
 
+    def statistics(self) -> GcsStatistics:
+        return GcsStatistics(
+            nodes=self.node_table.statistics(), actors=self.actor_manager.statistics(),
+            placement_groups=self.placement_groups.statistics(), kv=self.kv.statistics(),
+            demand=self.demand.statistics(), task_events=self.task_events.statistics(),
+            endpoint=self.endpoint.statistics())
+
     def validate_state(self) -> None:
         """Check every table's invariants (the simulator calls this after
         every step of a simtest run)."""
@@ -124,6 +143,8 @@ class GcsServer:
         self.placement_groups.validate_state()
         self.task_events.validate_state()
         self.demand.validate_state()
+        self.kv.validate_state()
+        self.endpoint.validate_state()
 
     async def run(self) -> None:
         await self.endpoint.serve()

@@ -17,6 +17,8 @@ deletes records (the job manager bounds how many there are)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 T_KV, T_JOBS, T_JOB_SUBMISSIONS = "kv", "jobs", "job_submissions"
 T_JOBS_ENDED = "jobs_ended"  # job number -> b"" once its driver went away
 # Users' keys (``tray.experimental.internal_kv``, Ray's internal KV: Serve
@@ -28,6 +30,14 @@ T_USER_KV = "user_kv"
 
 def _user_key(namespace: bytes, key: bytes) -> str:
     return f"{namespace.hex()}:{key.hex()}"
+
+
+@dataclass(frozen=True)
+class KvStoreStatistics:
+    user_keys: int  # users' keys held (internal_kv), against user_kv_keys_max
+    jobs: int  # jobs registered by drivers since the cluster began
+    running_jobs: int  # of those, jobs whose driver has not gone away
+    drivers: int  # drivers with a running job
 
 
 class KvStore:
@@ -46,6 +56,29 @@ class KvStore:
         for key, driver in jobs:
             if storage.get(T_JOBS_ENDED, key) is None:
                 self._running_jobs.setdefault(driver.decode(), []).append(key)
+
+    def statistics(self) -> KvStoreStatistics:
+        """Counts kept in memory (the tables themselves are in ``Storage``,
+        which may be Redis: read none of it here)."""
+        return KvStoreStatistics(
+            user_keys=self._user_keys, jobs=self._job_count,
+            running_jobs=sum(len(keys) for keys in self._running_jobs.values()),
+            drivers=len(self._running_jobs))
+
+    def validate_state(self) -> None:
+        """The in-memory counts and the running-jobs index (no ``Storage``
+        read: it may be Redis). Walks the index: O(running jobs)."""
+        assert self._user_keys >= 0, self._user_keys
+        if self._config is not None:
+            assert self._user_keys <= self._config.user_kv_keys_max, self._user_keys
+        assert self._job_count >= 0, self._job_count
+        seen: set[str] = set()
+        for driver, keys in self._running_jobs.items():
+            assert keys, f"driver {driver} indexed with no running job"
+            for key in keys:
+                assert key not in seen, f"job {key} indexed under two drivers"
+                seen.add(key)
+                assert 1 <= int(key) <= self._job_count, (driver, key, self._job_count)
 
     def handle_register_job(self, conn, driver_address: str) -> int:
         self._job_count += 1

@@ -45,6 +45,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import pickle
+from dataclasses import dataclass
 
 import trio
 
@@ -59,6 +60,16 @@ T_GCS_META = "gcs_meta"
 # ms against a 0.5 s heartbeat: starting 1,000 simulated nodes cost 55 s of
 # CPU in O(n^2) pushes of one change each).
 VIEW_PUSH_COALESCE_S = 0.01
+
+
+@dataclass(frozen=True)
+class NodeTableStatistics:
+    nodes: int  # every node that ever registered, dead ones included
+    alive: int
+    addresses: int  # addresses nodes registered at
+    view_version: int  # the view's version (bumped by every change of a row)
+    nodes_sent_a_view: int  # live nodes whose view version is known (pushes go to them)
+    push_scheduled: bool  # a coalesced push of membership changes is on its way
 
 
 class NodeTable:
@@ -104,10 +115,22 @@ class NodeTable:
         storage.put(T_GCS_META, "incarnation", str(incarnation).encode())
         return incarnation
 
+    def statistics(self) -> NodeTableStatistics:
+        """Walks the nodes to count the live ones: O(nodes)."""
+        return NodeTableStatistics(
+            nodes=len(self.nodes), alive=sum(node.alive for node in self.nodes.values()),
+            addresses=len(self._at_address), view_version=self.version,
+            nodes_sent_a_view=len(self._sent), push_scheduled=self._push_scheduled)
+
     def validate_state(self) -> None:
+        """The nodes, the address index, the view's versions: O(nodes)."""
         for node_id, node in self.nodes.items():
             assert node.node_id == node_id, node_id
             assert node_id in self._at_address[node.address], node_id
+        for address, node_ids in self._at_address.items():
+            assert node_ids, address
+            for node_id in node_ids:
+                assert self.nodes[node_id].address == address, (node_id, address)
         for node_id in self.heartbeat_at:
             assert node_id in self.nodes, node_id
         assert self._changed.keys() == self.nodes.keys(), "a node without a view version"
@@ -116,6 +139,8 @@ class NodeTable:
         assert not versions or versions[-1] == self.version, (versions[-1], self.version)
         for node_id, version in self._sent.items():
             assert node_id in self.nodes and 0 <= version <= self.version, (node_id, version)
+            # (A node is forgotten here when it dies: pushes go to live ones.)
+            assert self.nodes[node_id].alive, node_id
 
     def _touch(self, node_id: str) -> None:
         """The node's row in the view changed: a new version, the node last

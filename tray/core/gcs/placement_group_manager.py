@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import logging
 import pickle
+from dataclasses import dataclass
 
 import trio
 
@@ -50,6 +51,18 @@ from .node_table import NodeTable
 logger = logging.getLogger("tray.gcs")
 
 T_GROUPS, T_GROUP_NAMES = "placement_groups", "placement_group_names"
+
+
+@dataclass(frozen=True)
+class PlacementGroupStatistics:
+    groups: int  # every group of the cluster's life, removed ones included
+    pending: int
+    created: int
+    rescheduling: int
+    removed: int
+    named: int
+    bundles_preparing: int  # (group, bundle, node) reservations under way
+    waiters: int  # groups someone long-polls (wait_placement_group_ready)
 
 
 class PlacementGroupManager:
@@ -76,7 +89,20 @@ class PlacementGroupManager:
             namespace, _, name = key.partition("/")
             self.names[(namespace, name)] = value.decode()
 
+    def statistics(self) -> PlacementGroupStatistics:
+        """Walks the groups to count their states: O(groups)."""
+        states = {PG_PENDING: 0, PG_CREATED: 0, PG_RESCHEDULING: 0, PG_REMOVED: 0}
+        for group in self.groups.values():
+            states[group.state] += 1
+        return PlacementGroupStatistics(
+            groups=len(self.groups), pending=states[PG_PENDING], created=states[PG_CREATED],
+            rescheduling=states[PG_RESCHEDULING], removed=states[PG_REMOVED],
+            named=len(self.names), bundles_preparing=len(self.preparing),
+            waiters=len(self.changed))
+
     def validate_state(self) -> None:
+        """Every group's record, its name, its reservations under way and
+        its waiters. O(groups + bundles)."""
         for pg_id, group in self.groups.items():
             assert group.pg_id == pg_id, pg_id
             assert group.version == PlacementGroupRecord.VERSION, (pg_id, group.version)
@@ -90,6 +116,13 @@ class PlacementGroupManager:
                 assert not group.bundle_nodes, pg_id
         for (namespace, name), pg_id in self.names.items():
             assert pg_id in self.groups, (namespace, name)
+        for pg_id, index, node_id in self.preparing:
+            assert pg_id in self.groups, (pg_id, index, node_id)
+            assert 0 <= index < len(self.groups[pg_id].spec.bundles), (pg_id, index)
+        for pg_id, event in self.changed.items():
+            assert pg_id in self.groups, pg_id
+            # (A change pops the event before it sets it.)
+            assert not event.is_set(), pg_id
 
     def _save(self, group: PlacementGroupRecord) -> None:
         self._storage.put(T_GROUPS, group.pg_id, pickle.dumps(group, protocol=5))

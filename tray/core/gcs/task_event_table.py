@@ -22,6 +22,7 @@ them into dates."""
 from __future__ import annotations
 
 from collections import OrderedDict
+from dataclasses import dataclass
 
 import trio
 
@@ -35,6 +36,15 @@ WORKER_PIDS_MAX = 10_000
 _EMPTY_ROW = {"task_id": None, "attempt_number": None, "state": None, "events": None,
               "node_id": None, "worker_id": None, "worker_pid": None, "error_type": None,
               "error_message": None, "spans": None, **dict.fromkeys(INFO_FIELDS)}
+
+
+@dataclass(frozen=True)
+class TaskEventTableStatistics:
+    rows: int  # task attempts kept, at most task_events_gcs_max
+    dropped_here: int  # rows evicted for newer ones
+    dropped_at_sources: int  # attempts the senders' full buffers dropped
+    batches: int  # batches merged since the GCS started
+    worker_pids: int  # workers whose pid is known (at most WORKER_PIDS_MAX)
 
 
 class TaskEventTable:
@@ -60,9 +70,22 @@ class TaskEventTable:
         # more keys than rows.
         self._merged_since_check: set[tuple[str, int]] | None = None
 
+    def statistics(self) -> TaskEventTableStatistics:
+        return TaskEventTableStatistics(
+            rows=len(self.rows), dropped_here=self.dropped_here,
+            dropped_at_sources=self.dropped_at_sources, batches=self.batches,
+            worker_pids=len(self.worker_pids))
+
     def validate_state(self) -> None:
+        """The bounds, and the rows merged into since the last check (only
+        ``_merge`` changes a row): O(rows merged since). The one exception
+        to a check changing nothing: it resets that set of keys, which is
+        the checks' own bookkeeping."""
         rows = self.rows
         assert len(rows) <= self._max, len(rows)
+        assert len(self.worker_pids) <= WORKER_PIDS_MAX, len(self.worker_pids)
+        assert self.dropped_here >= 0, self.dropped_here
+        assert self.dropped_at_sources >= 0, self.dropped_at_sources
         merged = self._merged_since_check
         for key in rows if merged is None else merged:
             row = rows.get(key)
