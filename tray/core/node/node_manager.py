@@ -26,11 +26,11 @@ from dataclasses import dataclass
 import trio
 
 from ..messages import NodeRecord, ViewUpdate
-from ..rpc import Endpoint, PeerDisconnected, add_handlers
+from ..rpc import Endpoint, EndpointStatistics, PeerDisconnected, add_handlers
 from .demand_reporter import DemandReporter, DemandReporterStatistics
 from .lease_manager import LeaseManager, LeaseStatistics
 from .memory_monitor import MemoryMonitor, MemoryMonitorStatistics
-from .object_manager import ObjectManager, packed_slice, unpack_object
+from .object_manager import ObjectManager, ObjectManagerStatistics, packed_slice, unpack_object
 from .worker_pool import WorkerPool, WorkerPoolStatistics
 
 logger = logging.getLogger("tray.node")
@@ -46,6 +46,8 @@ class NodeManagerStatistics:
     pulls_in_progress: int
     memory: MemoryMonitorStatistics | None = None
     demand: DemandReporterStatistics | None = None
+    objects: ObjectManagerStatistics | None = None
+    endpoint: EndpointStatistics | None = None
 
 
 class NodeManager:
@@ -139,7 +141,8 @@ class NodeManager:
     def statistics(self) -> NodeManagerStatistics:
         return NodeManagerStatistics(self.node_id, self.pool.statistics(),
                                      self.leases.statistics(), self.objects.pulls_in_progress(),
-                                     self.memory.statistics(), self.demand.statistics())
+                                     self.memory.statistics(), self.demand.statistics(),
+                                     self.objects.statistics(), self.endpoint.statistics())
 
     def validate_state(self) -> None:
         """Check every component's invariants (the simulator calls this
@@ -148,6 +151,8 @@ class NodeManager:
         self.leases.validate_state()
         self.memory.validate_state()
         self.demand.validate_state()
+        self.objects.validate_state()
+        self.endpoint.validate_state()
 
     def worker_process_exited(self, worker_id: str, exit_code: int) -> None:
         """The spawner saw a worker process end (a backend calls this)."""

@@ -28,6 +28,7 @@ import logging
 import mmap
 import pickle
 import struct
+from dataclasses import dataclass
 
 import trio
 
@@ -102,6 +103,13 @@ def unpack_object(blob) -> tuple[bytes, list]:
     return data, buffers
 
 
+@dataclass(frozen=True)
+class ObjectManagerStatistics:
+    pulls_in_progress: int  # objects being copied here now (one transfer each)
+    objects_last_round: int  # objects here at the last reconciliation round
+    reconciling: bool  # owners are being asked about this node's objects now
+
+
 class ObjectManager:
     def __init__(self, *, node_id: str, address: str, endpoint: Endpoint, tracer, config,
                  store, nursery: trio.Nursery) -> None:
@@ -123,6 +131,20 @@ class ObjectManager:
 
     def pulls_in_progress(self) -> int:
         return len(self._pulls)
+
+    def statistics(self) -> ObjectManagerStatistics:
+        return ObjectManagerStatistics(pulls_in_progress=len(self._pulls),
+                                       objects_last_round=len(self._last_round),
+                                       reconciling=self._reconciling)
+
+    def validate_state(self) -> None:
+        """The pulls under way: each waits on an event not set yet (a pull
+        leaves the table before it sets its event, which wakes the pulls
+        of the same object). O(pulls)."""
+        for object_id, event in self._pulls.items():
+            assert isinstance(object_id, bytes), object_id
+            assert not event.is_set(), object_id.hex()
+        assert self._last_round_at >= 0.0, self._last_round_at
 
     async def handle_pull_object(self, conn, object_id: bytes, locations: list,
                                  owner: str) -> bool:
