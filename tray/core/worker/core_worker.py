@@ -49,26 +49,26 @@ from ..context import TaskContext, current_task, current_worker
 from ..ids import JobID, ObjectID, PlacementGroupID, TaskID
 from ..messages import ActorInfo, ActorSpec, PlacementGroupSpec
 from ..object_ref import ObjectRef
-from ..rpc import Endpoint, PeerDisconnected, add_handlers
+from ..rpc import Endpoint, EndpointStatistics, PeerDisconnected, add_handlers
 from ..serialization import serialize
 from ..task_status import TaskStatus
 from .actor_host import ActorHost, ActorHostStatistics
-from .actor_task_submitter import ActorState, ActorTaskSubmitter
+from .actor_task_submitter import ActorState, ActorSubmitterStatistics, ActorTaskSubmitter
 from .cancellation import TaskCanceller
 from .dependency_resolver import DependencyResolver
-from .function_table import FunctionTable
+from .function_table import FunctionTable, FunctionTableStatistics
 from .gcs_client import GcsClient
 from .loop_bridge import LoopBridge
 from .normal_task_submitter import LEASE_IDLE_KEEP_S, NormalTaskSubmitter, SubmitterStatistics
 from .object_getter import ObjectGetter
 from .object_recovery import ObjectRecoveryManager
-from .outbox import Outbox
+from .outbox import Outbox, OutboxStatistics
 from .reference_counter import ReferenceCounter, ReferenceStatistics, actor_handle_id
 from .state_report import object_report
 from .task_args import TaskArgs
-from .task_events import TaskEventBuffer
+from .task_events import TaskEventBuffer, TaskEventBufferStatistics
 from .task_manager import TaskManager, TaskManagerStatistics
-from .task_receiver import TaskReceiver
+from .task_receiver import TaskReceiver, TaskReceiverStatistics
 from .task_submission import TaskSubmission, TaskSubmissionStatistics
 from .thread_inbox import SingleThread, ThreadInbox, ThreadInboxStatistics
 from .thread_waits import ThreadWaits, ThreadWaitsStatistics
@@ -90,6 +90,12 @@ class CoreWorkerStatistics:
     inbox: ThreadInboxStatistics  # work the user's threads queued for the loop
     submission: TaskSubmissionStatistics
     thread_waits: ThreadWaitsStatistics  # the user's threads asleep in get or wait
+    actor_submitter: ActorSubmitterStatistics
+    receiver: TaskReceiverStatistics  # tasks and actor calls running here
+    functions: FunctionTableStatistics
+    outbox: OutboxStatistics
+    task_events: TaskEventBufferStatistics
+    endpoint: EndpointStatistics
 
 
 class CoreWorker:
@@ -283,7 +289,11 @@ class CoreWorker:
             actor_host=self.actor_host.statistics(),
             actors_known=len(self.actor_submitter.actors), outbox_queued=len(self.outbox),
             inbox=self.inbox.statistics(), submission=self.submission.statistics(),
-            thread_waits=self.thread_waits.statistics())
+            thread_waits=self.thread_waits.statistics(),
+            actor_submitter=self.actor_submitter.statistics(),
+            receiver=self.receiver.statistics(), functions=self.functions.statistics(),
+            outbox=self.outbox.statistics(), task_events=self.task_events.statistics(),
+            endpoint=self.endpoint.statistics())
 
     def validate_state(self) -> None:
         """Check every component's invariants (the simulator calls this
@@ -295,6 +305,12 @@ class CoreWorker:
         self.actor_host.validate_state()
         self.submission.validate_state()
         self.thread_waits.validate_state()
+        self.receiver.validate_state()
+        self.functions.validate_state()
+        self.outbox.validate_state()
+        self.inbox.validate_state()
+        self.task_events.validate_state()
+        self.endpoint.validate_state()
 
     # ------------------------------------------------- what ObjectRef needs
 

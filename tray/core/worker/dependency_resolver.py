@@ -16,6 +16,10 @@ from ..task_spec import ArgByRef, ArgByValue
 
 
 class DependencyResolver:
+    """Keeps no state of its own (so no ``statistics()`` or
+    ``validate_state()``): a task waiting for its arguments is in the task
+    manager's table, and its wait is a task of the submitter's."""
+
     def __init__(self, object_status, config) -> None:
         # object_status(object_id, owner) -> ObjectStatus (waits until known)
         self._object_status = object_status

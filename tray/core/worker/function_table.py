@@ -9,6 +9,7 @@ processes exporting the same code share one entry."""
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass
 
 import cloudpickle
 import trio
@@ -21,6 +22,14 @@ def function_id_of(blob: bytes) -> str:
     return hashlib.blake2b(blob, digest_size=16).hexdigest()
 
 
+@dataclass(frozen=True)
+class FunctionTableStatistics:
+    exported: int  # functions this process noted for export (uploaded or not)
+    exports_pending: int  # noted, not uploaded yet
+    exports_uploading: int  # being uploaded now
+    loaded: int  # functions this process loaded to run
+
+
 class FunctionTable:
     def __init__(self, gcs: GcsClient) -> None:
         self._gcs = gcs
@@ -31,6 +40,27 @@ class FunctionTable:
         self._pending_exports: dict[str, bytes] = {}
         # Executor side: what this process loaded (bounded likewise).
         self._functions: dict[str, object] = {}
+
+    def statistics(self) -> FunctionTableStatistics:
+        """Counts the uploads under way: O(exported functions)."""
+        uploading = sum(event is not None for event in self._exported.values())
+        return FunctionTableStatistics(exported=len(self._exported),
+                                       exports_pending=len(self._pending_exports),
+                                       exports_uploading=uploading,
+                                       loaded=len(self._functions))
+
+    def validate_state(self) -> None:
+        """Each export in one state: noted and waiting for its first task,
+        uploading (an event), or done. O(exported functions)."""
+        for function_id in self._pending_exports:
+            assert function_id in self._exported, function_id
+            # (Its upload takes it out of the pending ones before it begins.)
+            assert self._exported[function_id] is None, function_id
+        for function_id, event in self._exported.items():
+            # (An upload forgets its event before it sets it.)
+            assert event is None or not event.is_set(), function_id
+        for function_id, function in self._functions.items():
+            assert function is not None, function_id
 
     def export(self, function_id: str, blob: bytes) -> None:
         """Note a function to export; the first task that uses it uploads it

@@ -14,6 +14,9 @@ from ..rpc import Endpoint, PeerDisconnected
 
 
 class GcsClient:
+    """Keeps no state of its own (so no ``statistics()`` or
+    ``validate_state()``): a call that waits for the GCS is the caller's."""
+
     def __init__(self, endpoint: Endpoint, gcs_address: str, config) -> None:
         self._endpoint = endpoint
         self.address = gcs_address

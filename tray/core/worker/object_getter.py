@@ -29,6 +29,10 @@ from .reference_counter import ReferenceCounter
 
 
 class ObjectGetter:
+    """Keeps no state of its own (so no ``statistics()`` or
+    ``validate_state()``): what a read waits on is in the reference
+    counter's entries (their ``ReadyEvent``) and in the node's store."""
+
     def __init__(self, *, address: str, endpoint: Endpoint, references: ReferenceCounter,
                  outbox: Outbox, store, node_manager_address: str, worker_id: str,
                  lends_cpu) -> None:

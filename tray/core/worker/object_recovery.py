@@ -43,6 +43,10 @@ PUT_REREAD_DELAY_S = 0.01
 
 
 class ObjectRecoveryManager:
+    """Keeps no state of its own (so no ``statistics()`` or
+    ``validate_state()``): a recovery under way is a pending task in the
+    task manager, its object an entry not ready in the reference counter."""
+
     def __init__(self, *, address: str, name: str, endpoint: Endpoint, bridge: LoopBridge,
                  outbox: Outbox, tracer, references: ReferenceCounter,
                  task_manager: TaskManager, submitter: NormalTaskSubmitter, config) -> None:

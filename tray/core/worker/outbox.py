@@ -15,11 +15,19 @@ from __future__ import annotations
 
 import logging
 from collections import deque
+from dataclasses import dataclass
 
 from ..rpc import Endpoint
 from .loop_bridge import LoopBridge
 
 logger = logging.getLogger("tray.worker")
+
+
+@dataclass(frozen=True)
+class OutboxStatistics:
+    queued: int  # one-way messages waiting for the flusher
+    flush_scheduled: bool  # the flusher is started (or about to be)
+    shutting_down: bool  # the process is ending: no flusher is started any more
 
 
 class Outbox:
@@ -33,6 +41,25 @@ class Outbox:
 
     def __len__(self) -> int:
         return len(self._queue)
+
+    def statistics(self) -> OutboxStatistics:
+        return OutboxStatistics(queued=len(self._queue), flush_scheduled=self._flush_scheduled,
+                                shutting_down=self.shutting_down)
+
+    def validate_state(self) -> None:
+        """The next message to go and the last one queued, each addressed
+        and named: O(1) (a burst of ref drops queues thousands, sent one per
+        step: walking them all after each step would be quadratic).
+
+        Not asserted: that a queued message always has a flusher coming.
+        It has, except where starting one failed because the run or the
+        process is ending (and a flusher cancelled then), which a check
+        between steps of a live process can still see."""
+        if self._queue:
+            for address, method, args in (self._queue[0], self._queue[-1]):
+                assert type(address) is str and address, (address, method)
+                assert type(method) is str and method, (address, method)
+                assert type(args) is tuple, (address, method)
 
     def send_later(self, address: str, method: str, *args) -> None:
         """Queue a one-way message; safe from ``__del__`` and from outside trio."""

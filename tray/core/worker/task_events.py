@@ -178,6 +178,22 @@ class TaskEventBuffer:
     def statistics(self) -> TaskEventBufferStatistics:
         return TaskEventBufferStatistics(len(self._events), self.dropped, self.sent_batches)
 
+    def validate_state(self) -> None:
+        """The buffer within its bound, each record under its attempt and
+        marked buffered, the drop counts. O(records buffered): at most a
+        flush period's worth."""
+        events = self._events
+        assert len(events) <= self._max, len(events)
+        assert self.enabled or not events, "a disabled buffer holds records"
+        assert 0 <= self._dropped_unsent <= self.dropped, (self._dropped_unsent, self.dropped)
+        for key, record in events.items():
+            assert key == (record.task_id, record.attempt), key
+            # (Taking a batch marks its records unbuffered as they leave.)
+            assert record.buffered, key
+            # (A record is made for the state its maker enters at once.)
+            assert record.states, key
+            assert len(record.spans) <= SPANS_MAX, (key, len(record.spans))
+
     def _record_of(self, task_id: bytes, attempt: int) -> TaskAttemptEvents | None:
         key = (task_id, attempt)
         record = self._events.get(key)

@@ -25,6 +25,7 @@ import dataclasses
 import inspect
 import traceback
 from collections import OrderedDict
+from dataclasses import dataclass
 
 import greenback
 import trio
@@ -48,6 +49,16 @@ RETIRE_GRACE_S = 0.05
 # Cancels that found no task running here are remembered, this many at most
 # (the oldest forgotten first): see ``TaskReceiver._cancelled_early``.
 CANCELLED_EARLY_MAX = 1024
+
+
+@dataclass(frozen=True)
+class TaskReceiverStatistics:
+    running: int  # tasks and actor calls running here now
+    uninterruptible: int  # of those, actor calls a cancel must not interrupt
+    cancel_requested: int  # of those, the ones a cancel reached
+    cancelled_early: int  # cancels that came before their task (CANCELLED_EARLY_MAX)
+    functions_counted: int  # functions with max_calls whose calls are counted here
+    retiring: bool  # this worker reached a max_calls and is exiting
 
 
 class _ArgumentError(Exception):
@@ -186,6 +197,31 @@ class TaskReceiver:
         # whether this worker is exiting for having reached one.
         self._calls: dict[str, int] = {}
         self._retiring = False
+
+    def statistics(self) -> TaskReceiverStatistics:
+        return TaskReceiverStatistics(
+            running=len(self.running), uninterruptible=len(self._uninterruptible),
+            cancel_requested=len(self._cancel_requested),
+            cancelled_early=len(self._cancelled_early), functions_counted=len(self._calls),
+            retiring=self._retiring)
+
+    def validate_state(self) -> None:
+        """The cancels against the running tasks, and the bounds: O(cancels
+        requested + the fewer of running tasks and early cancels). (The uninterruptible calls are
+        not checked against ``running``: an earlier attempt of a re-sent
+        actor call may mark itself after a later one ended and left the
+        table, so that is no invariant.)"""
+        running = self.running
+        for task_id in self._cancel_requested:
+            # (A cancel is noted only for a running task, and leaves with it.)
+            assert task_id in running, task_id.hex()
+        assert len(self._cancelled_early) <= CANCELLED_EARLY_MAX, len(self._cancelled_early)
+        # (A task that starts takes its early cancel; a cancel of a running
+        # one is requested instead.)
+        assert running.keys().isdisjoint(self._cancelled_early.keys()), \
+            sorted(task_id.hex() for task_id in running if task_id in self._cancelled_early)
+        for function_id, calls in self._calls.items():
+            assert calls > 0, function_id
 
     async def handle_push_task(self, conn, spec: TaskSpec, gpu_ids: list) -> TaskReply:
         if self._retiring:

@@ -194,3 +194,19 @@ class ThreadInbox:
     def statistics(self) -> ThreadInboxStatistics:
         return ThreadInboxStatistics(queued=len(self._ops), ops=self._ops_run,
                                      batches=self._batches)
+
+    def validate_state(self) -> None:
+        """From the loop's thread, between its steps: the counters, and
+        what is queued has a drain coming. O(1).
+
+        With a condition of the backend's (real threads), a user's thread
+        may be between appending and scheduling the drain, or one past the
+        bound (see the module header): those two hold exactly only in a
+        world of one thread (``SingleThread``: the simulator's)."""
+        assert self._ops_run >= 0, self._ops_run
+        assert self._batches >= 0, self._batches
+        if isinstance(self._taken, SingleThread):
+            assert len(self._ops) <= self._max_queued, len(self._ops)
+            # (Whoever queues the first operation schedules the drain, and
+            # the drain stops only once the queue is empty.)
+            assert not self._ops or self._scheduled, len(self._ops)
