@@ -46,6 +46,7 @@ def _cluster_upload():
 
 runtime_envs.set_cluster_uploader(_cluster_upload)
 
+
 # ============================================================ init/shutdown
 
 class TrayContext(Mapping):

@@ -63,7 +63,7 @@ class LocalRuntime:
         self.namespace = ""
         self.driver: CoreWorker | None = None
         # The trio run state a call from inside another trio run in the
-        # user's thread needs there (api._outside_users_trio_run): none, the
+        # user's thread needs there (api/blocking._outside_users_trio_run): none, the
         # loop runs in a thread of its own. (The simulator's has its run's.)
         self.run_context: dict = {}
         self._trio_token = None

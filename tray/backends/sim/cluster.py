@@ -122,7 +122,7 @@ class SimRuntime:
         self.info = {"backend": "sim", "seed": cluster.seed, "num_nodes": cluster.num_nodes,
                      "node_id": cluster.node_ids()[0]}
         # The guest run's state in this thread between steps, for a call
-        # from inside another trio run here (api._outside_users_trio_run).
+        # from inside another trio run here (api/blocking._outside_users_trio_run).
         self.run_context = _trio_private.run_context_snapshot()
         self._thread = threading.get_ident()
 
