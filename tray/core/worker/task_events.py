@@ -179,20 +179,29 @@ class TaskEventBuffer:
         return TaskEventBufferStatistics(len(self._events), self.dropped, self.sent_batches)
 
     def validate_state(self) -> None:
-        """The buffer within its bound, each record under its attempt and
-        marked buffered, the drop counts. O(records buffered): at most a
-        flush period's worth."""
+        """The buffer within its bound, the drop counts, and the oldest and
+        newest records (the next to be sent, the last one added) each under
+        its attempt and marked buffered: O(1). (The simulator runs this
+        after every step of a process; walking a flush period's records
+        each time was about a twentieth of a mixed sweep's CPU.)"""
         events = self._events
         assert len(events) <= self._max, len(events)
         assert self.enabled or not events, "a disabled buffer holds records"
         assert 0 <= self._dropped_unsent <= self.dropped, (self._dropped_unsent, self.dropped)
-        for key, record in events.items():
-            assert key == (record.task_id, record.attempt), key
-            # (Taking a batch marks its records unbuffered as they leave.)
-            assert record.buffered, key
-            # (A record is made for the state its maker enters at once.)
-            assert record.states, key
-            assert len(record.spans) <= SPANS_MAX, (key, len(record.spans))
+        if events:
+            oldest = next(iter(events))
+            self._validate_record(oldest, events[oldest])
+            newest = next(reversed(events))
+            self._validate_record(newest, events[newest])
+
+    @staticmethod
+    def _validate_record(key: tuple, record: TaskAttemptEvents) -> None:
+        assert key == (record.task_id, record.attempt), key
+        # (Taking a batch marks its records unbuffered as they leave.)
+        assert record.buffered, key
+        # (A record is made for the state its maker enters at once.)
+        assert record.states, key
+        assert len(record.spans) <= SPANS_MAX, (key, len(record.spans))
 
     def _record_of(self, task_id: bytes, attempt: int) -> TaskAttemptEvents | None:
         key = (task_id, attempt)

@@ -215,11 +215,13 @@ class TaskReceiver:
         for task_id in self._cancel_requested:
             # (A cancel is noted only for a running task, and leaves with it.)
             assert task_id in running, task_id.hex()
-        assert len(self._cancelled_early) <= CANCELLED_EARLY_MAX, len(self._cancelled_early)
-        # (A task that starts takes its early cancel; a cancel of a running
-        # one is requested instead.)
-        assert running.keys().isdisjoint(self._cancelled_early.keys()), \
-            sorted(task_id.hex() for task_id in running if task_id in self._cancelled_early)
+        early = self._cancelled_early
+        if early:
+            assert len(early) <= CANCELLED_EARLY_MAX, len(early)
+            # (A task that starts takes its early cancel; a cancel of a
+            # running one is requested instead.)
+            assert running.keys().isdisjoint(early.keys()), \
+                sorted(task_id.hex() for task_id in running if task_id in early)
         for function_id, calls in self._calls.items():
             assert calls > 0, function_id
 
