@@ -316,7 +316,6 @@ class ActorHost:
             make._tray_runs = cls
             return make
 
-        spec.num_returns = 1
         reply = await self._execute_creation(spec, context, construct)
         if isinstance(reply.results[0], FailedResult):
             return reply.results[0].error
@@ -326,12 +325,10 @@ class ActorHost:
         return None
 
     async def _execute_creation(self, spec: TaskSpec, context: TaskContext, load) -> TaskReply:
-        saved = spec.return_ids
-        spec.return_ids = (ObjectID.for_return(TaskID(spec.task_id), 1).binary(),)
-        try:
-            return await self._receiver.execute(spec, context, load)
-        finally:
-            spec.return_ids = saved
+        """Run an actor's constructor as a call of one return."""
+        spec = spec.replace(num_returns=1, return_ids=(
+            ObjectID.for_return(TaskID(spec.task_id), 1).binary(),))
+        return await self._receiver.execute(spec, context, load)
 
     def handle_actor_call(self, conn, spec: TaskSpec) -> Deferred:
         """A call of the hosted actor; its reply comes later (``Deferred``).

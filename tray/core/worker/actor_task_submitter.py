@@ -82,6 +82,7 @@ before (fate-sharing in the GCS)."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
@@ -290,7 +291,7 @@ class ActorTaskSubmitter:
         connection = self._endpoint.open_connection(info.address)
         if connection is None:
             return False
-        spec.floor = state.floor()
+        task.spec = spec = spec.replace(floor=state.floor())
 
         def on_reply(ok: bool, value) -> None:
             self._on_reply(task, state, info, ok, value)
@@ -387,7 +388,7 @@ class ActorTaskSubmitter:
                     continue
                 if task.done:  # cancelled while it connected: it is not sent
                     return None
-                spec.floor = state.floor()
+                task.spec = spec = task.spec.replace(floor=state.floor())
                 state.told(info.incarnation, spec.floor)
                 self._task_manager.set_state(task, TaskStatus.SUBMITTED_TO_WORKER)
                 self._sent_by_task += 1
@@ -593,6 +594,8 @@ class ActorTaskSubmitter:
         if failure is not None:
             self._references.release_submitted(holds)
             raise await self._references.deserialize(failure)
+        if task.spec is not spec:  # its constructor's arguments, resolved
+            actor = dataclasses.replace(actor, creation=task.spec)
         reply = await self._gcs.call("create_actor", actor)
         if reply.existing is not None:
             self._references.release_submitted(holds)

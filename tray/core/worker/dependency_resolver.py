@@ -9,6 +9,8 @@ task fail with the same error, without running it."""
 
 from __future__ import annotations
 
+import operator
+
 from ..ids import ObjectID
 from ..messages import FailedResult, InlineResult
 from ..serialization import SerializedObject
@@ -42,13 +44,18 @@ class DependencyResolver:
             return arg, None
 
         failure = None
-        resolved = []
+        args = []
         for arg in spec.args:
             arg, error = await resolve(arg)
-            resolved.append(arg)
+            args.append(arg)
             failure = failure or error
-        spec.args = tuple(resolved)
+        kwargs = {}
         for key, arg in spec.kwargs.items():
-            spec.kwargs[key], error = await resolve(arg)
+            kwargs[key], error = await resolve(arg)
             failure = failure or error
+        # A spec is frozen: the task gets one with the values in (none when
+        # no argument was inlined, as for most tasks).
+        if not (all(map(operator.is_, args, spec.args)) and
+                all(map(operator.is_, kwargs.values(), spec.kwargs.values()))):
+            task.spec = task.spec.replace(args=tuple(args), kwargs=kwargs)
         return failure

@@ -57,7 +57,7 @@ from .dependency_resolver import DependencyResolver
 from .function_table import FunctionTable
 from .gcs_client import GcsClient
 from .outbox import Outbox
-from .task_manager import PendingTask, TaskManager, spend_retry
+from .task_manager import PendingTask, TaskManager, next_attempt, spend_retry
 
 logger = logging.getLogger("tray.worker")
 
@@ -526,7 +526,7 @@ class NormalTaskSubmitter:
                 self._task_manager.should_retry_exception(task, results):
             spend_retry(task)
             self._tracer.record(self._name, "task_retry", task=spec.task_id,
-                                attempt=spec.attempt, reason="exception")
+                                attempt=task.spec.attempt, reason="exception")
             self._task_manager.set_state(task, TaskStatus.PENDING_NODE_ASSIGNMENT)
             queue.tasks.append(task)
             self._pump(key, queue)
@@ -571,7 +571,7 @@ class NormalTaskSubmitter:
         elif task.retries_left != 0:
             spend_retry(task)
             self._tracer.record(self._name, "task_retry", task=spec.task_id,
-                                attempt=spec.attempt, reason="worker died")
+                                attempt=task.spec.attempt, reason="worker died")
             self.enqueue(task)
             return
         else:
@@ -585,9 +585,9 @@ class NormalTaskSubmitter:
         """Run a task killed for memory again, out of its memory budget
         (not ``max_retries``), after a delay that doubles with each such
         kill: a node short of memory is not handed the same work at once."""
-        spec = task.spec
         task.oom_retries += 1
-        spec.attempt += 1
+        next_attempt(task)
+        spec = task.spec
         self._tracer.record(self._name, "task_retry", task=spec.task_id,
                             attempt=spec.attempt, reason="out of memory")
         await trio.sleep(min(self._config.oom_retry_delay_base_s * 2 ** (task.oom_retries - 1),

@@ -142,6 +142,7 @@ class ObjectRecoveryManager:
             arg_entry.submitted += 1
             holds.append(arg_id)
         spend_retry(task)
+        spec = task.spec  # (an attempt on)
         for return_id in spec.return_ids:
             returned = references.refs.get(ObjectID(return_id))
             if returned is not None:

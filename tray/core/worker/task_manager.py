@@ -93,10 +93,17 @@ class TaskManagerStatistics:
 
 
 def spend_retry(task: PendingTask) -> None:
-    """One more attempt of ``task``, out of its budget (-1: unlimited)."""
+    """One more attempt of ``task``, out of its budget (-1: unlimited): its
+    spec is replaced by one an attempt on (read ``task.spec`` again)."""
     if task.retries_left > 0:
         task.retries_left -= 1
-    task.spec.attempt += 1
+    next_attempt(task)
+
+
+def next_attempt(task: PendingTask) -> None:
+    """``task``'s spec, one attempt on (a retry outside the retry budget:
+    a run killed for memory)."""
+    task.spec = task.spec.replace(attempt=task.spec.attempt + 1)
 
 
 class TaskManager:
@@ -260,6 +267,12 @@ class TaskManager:
         spec = task.spec
         task_id = TaskID(spec.task_id)
         self.tasks.pop(task_id, None)
+        earlier = self.lineage.get(task_id)
+        if earlier is not None and earlier is not task:
+            # A re-run (object_recovery) ends: its lineage counts its
+            # attempts on from its last, as the re-run counted on from the
+            # lineage's.
+            earlier.spec = spec
         references = self._references
         if spec.actor_id is None and any(isinstance(result, StoredResult) for result in results):
             self._keep_lineage(task_id, task)

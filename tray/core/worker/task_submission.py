@@ -136,11 +136,9 @@ class TaskSubmission:
                         caller=self._address,
                         resources=resources, strategy=strategy, max_retries=max_retries,
                         retry_exceptions=retry_exceptions, parent_task_id=context.task_id.binary(),
-                        depth=context.depth + 1, runtime_env=runtime_env)
-        if actor_id is not None:
-            spec.actor_id = actor_id
-            spec.method = method
-            spec.concurrency_group = concurrency_group
+                        depth=context.depth + 1, runtime_env=runtime_env, actor_id=actor_id,
+                        method=method if actor_id is not None else None,
+                        concurrency_group=concurrency_group if actor_id is not None else "")
         retries = max_task_retries if actor_id is not None else max_retries
         # The caller's refs: their local references are counted by
         # _start_task, on the loop, before any count-down they may queue.
@@ -170,7 +168,7 @@ class TaskSubmission:
             self._functions.export(*export)
         held = self._args.hold(holds, stores)
         if actor is not None:
-            spec.seq = self._actor_submitter.next_call(actor)
+            spec = spec.replace(seq=self._actor_submitter.next_call(actor))
         task = PendingTask(spec, retries, held)
         self._task_manager.add(task)
         for oid in return_ids:
