@@ -37,7 +37,7 @@ import trio
 from tray.core.config import Config
 from tray.core.gcs.task_event_table import TaskEventTable
 from tray.core.interfaces import NullTracer
-from tray.core.scheduling import Strategy
+from tray.core.scheduling import DefaultStrategy
 from tray.core.task_spec import TaskSpec
 from tray.core.task_status import TaskStatus
 from tray.core.worker.task_events import TaskEventBuffer
@@ -46,7 +46,7 @@ from tray.core.worker.task_events import TaskEventBuffer
 def _specs(count: int) -> list:
     return [TaskSpec(task_id=i.to_bytes(16, "big"), job_id=1, name="f", function_id="fn",
                      args=[], kwargs={}, num_returns=1, return_ids=[b"r" * 20], caller="n0/driver",
-                     resources={"CPU": 1.0}, strategy=Strategy(), parent_task_id=b"p" * 16)
+                     resources={"CPU": 1.0}, strategy=DefaultStrategy(), parent_task_id=b"p" * 16)
             for i in range(count)]
 
 

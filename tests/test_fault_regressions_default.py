@@ -164,7 +164,7 @@ def test_a_cancel_that_arrives_before_its_task_means_the_task_never_starts():
     from tray.core.ids import TaskID
     from tray.core.interfaces import NullTracer
     from tray.core.messages import FailedResult
-    from tray.core.scheduling import Strategy
+    from tray.core.scheduling import DefaultStrategy
     from tray.core.serialization import deserialize
     from tray.core.task_spec import TaskSpec
     from tray.core.worker.task_receiver import CANCELLED_EARLY_MAX, TaskReceiver
@@ -185,7 +185,7 @@ def test_a_cancel_that_arrives_before_its_task_means_the_task_never_starts():
         task_id = bytes([n]) * 16
         return TaskSpec(task_id=task_id, job_id=0, name=f"task{n}", function_id="f", args=(),
                         kwargs={}, num_returns=1, return_ids=(task_id + b"\0\0\0\1",),
-                        caller="n0/driver", resources={}, strategy=Strategy())
+                        caller="n0/driver", resources={}, strategy=DefaultStrategy())
 
     async def main():
         cancelled = spec(1)

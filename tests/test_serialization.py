@@ -45,14 +45,14 @@ def test_message_types_pickle_as_their_fields_and_the_simulator_still_shares_the
     import pickle
 
     from tray.core.messages import Infeasible, InlineResult, LeaseRequest, StoredResult, TaskReply
-    from tray.core.scheduling import Strategy
+    from tray.core.scheduling import DefaultStrategy
     from tray.core.task_spec import ArgByRef
     from tray.transports.sim import copy_message
 
     reply = TaskReply([InlineResult(serialize(b"ok")), StoredResult([("n", "n1/raylet")])],
                       application_error=True)
     messages = [reply, Infeasible("no GPU"), ArgByRef(b"\x01" * 20, "n0/driver"),
-                LeaseRequest({"CPU": 1.0}, Strategy(), "n0/driver", hops=2, depth=3)]
+                LeaseRequest({"CPU": 1.0}, DefaultStrategy(), "n0/driver", hops=2, depth=3)]
     wire = [pickle.dumps(message, protocol=5) for message in messages]
     # Unpickled without dataclasses' per-instance fields() calls.
     monkeypatch.setattr(dataclasses, "fields", None)

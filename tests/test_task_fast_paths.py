@@ -262,7 +262,7 @@ def test_a_request_waits_behind_deeper_ones_at_most_a_bound():
     from tray.core.interfaces import NullTracer
     from tray.core.messages import LeaseRequest
     from tray.core.node import lease_manager
-    from tray.core.scheduling import Strategy
+    from tray.core.scheduling import DefaultStrategy
 
     async def main():
         manager = lease_manager.LeaseManager(
@@ -273,7 +273,7 @@ def test_a_request_waits_behind_deeper_ones_at_most_a_bound():
 
         def ask(owner: str, depth: int):
             waiter = lease_manager._Waiter(LeaseRequest(
-                resources={"CPU": 1.0}, strategy=Strategy(), owner=owner, depth=depth))
+                resources={"CPU": 1.0}, strategy=DefaultStrategy(), owner=owner, depth=depth))
             manager._queue(waiter)
             return waiter
 

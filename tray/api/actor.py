@@ -9,7 +9,7 @@ import inspect
 
 from ..core.context import current_task, get_worker
 from ..core.object_ref import ObjectRef
-from ..core.scheduling import Strategy
+from ..core.scheduling import DefaultStrategy
 from . import options as opts
 from .blocking import block, gcs_call, in_loop
 from .remote_function import Export, returns, signature_of, submit
@@ -168,7 +168,7 @@ def _signatures(cls) -> dict:
     return {name: m["signature"] for name, m in _method_meta(cls).items()}
 
 
-_DEFAULT_STRATEGY = Strategy()  # an actor call's (it runs where its actor is)
+_DEFAULT_STRATEGY = DefaultStrategy()  # an actor call's (it runs where its actor is)
 
 
 class ActorMethod:

@@ -14,7 +14,13 @@ from __future__ import annotations
 
 import numbers
 
-from ..core.scheduling import Strategy
+from ..core.scheduling import (
+    DefaultStrategy,
+    NodeAffinityStrategy,
+    PlacementGroupStrategy,
+    SpreadStrategy,
+    Strategy,
+)
 
 TASK_OPTIONS = {"num_cpus", "num_gpus", "resources", "memory", "num_returns", "max_retries",
                 "retry_exceptions", "scheduling_strategy", "name", "runtime_env",
@@ -169,15 +175,15 @@ def to_strategy(value) -> Strategy:
     )
 
     if value is None or value == "DEFAULT":
-        return Strategy()
+        return DefaultStrategy()
     if value == "SPREAD":
-        return Strategy("SPREAD")
+        return SpreadStrategy()
     if isinstance(value, NodeAffinitySchedulingStrategy):
-        return Strategy("NODE_AFFINITY", value.node_id, bool(value.soft))
+        return NodeAffinityStrategy(value.node_id, bool(value.soft))
     if isinstance(value, PlacementGroupSchedulingStrategy):
-        return Strategy("PLACEMENT_GROUP", placement_group_id=value.placement_group.id.hex(),
-                        bundle_index=value.placement_group_bundle_index,
-                        capture_child_tasks=bool(value.placement_group_capture_child_tasks))
+        return PlacementGroupStrategy(
+            value.placement_group.id.hex(), bundle_index=value.placement_group_bundle_index,
+            capture_child_tasks=bool(value.placement_group_capture_child_tasks))
     raise ValueError(f"invalid scheduling_strategy {value!r}: use 'DEFAULT', 'SPREAD', "
                      "NodeAffinitySchedulingStrategy(node_id, soft=...) or "
                      "PlacementGroupSchedulingStrategy(placement_group, ...)")

@@ -62,7 +62,7 @@ class TaskContext:
     namespace: str = ""
     children: int = 0
     puts: int = 0
-    # The placement-group strategy it runs under (scheduling.Strategy), if any.
+    # The placement group it runs in (a scheduling.PlacementGroupStrategy), if any.
     placement_group: object = None
     attempt: int = 0
     depth: int = 0  # its spec's depth (0: the driver's script)

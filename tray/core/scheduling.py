@@ -8,11 +8,14 @@ queue on a node that could ever run it. A request no node could *ever* run is
 *infeasible*: it waits, with a warning that names what is missing, until a
 node that has it joins.
 
-``SPREAD`` walks the feasible nodes round-robin; node affinity pins a node,
-hard (fail if it is gone) or soft (fall back to the default policy). A task
-in a placement group runs in one of the group's bundles (``PLACEMENT_GROUP``):
-where those are is the GCS's placement-group manager's business, which
-places bundles with ``place_bundles``:
+A task's ``Strategy`` is one of four small frozen records, each holding
+only what its policy needs, told apart by their type (``isinstance``):
+``DefaultStrategy`` is the policy above; ``SpreadStrategy`` walks the
+feasible nodes round-robin; ``NodeAffinityStrategy`` pins a node, hard
+(fail if it is gone) or soft (fall back to the default policy); and a task
+in a placement group runs in one of the group's bundles
+(``PlacementGroupStrategy``): where those are is the GCS's placement-group
+manager's business, which places bundles with ``place_bundles``:
 
 * ``PACK``: as few nodes as possible (all on one if it fits), best effort;
 * ``SPREAD``: as many distinct nodes as possible, best effort;
@@ -59,17 +62,58 @@ class NodeView:
     alive: bool = True
 
 
+# ------------------------------------------------------------ strategies
+# Each is part of a task's scheduling class (normal_task_submitter's
+# class_key: hashed, compared, and ordered by its repr, which names the type
+# and then its fields), and travels in specs, lease requests and actor
+# specs (pickled as its type and fields).
+
+
 @pickled_by_fields
-@dataclass(frozen=True)
-class Strategy:
-    kind: str = "DEFAULT"  # DEFAULT | SPREAD | NODE_AFFINITY | PLACEMENT_GROUP
-    node_id: str | None = None
+@dataclass(frozen=True, slots=True)
+class DefaultStrategy:
+    """Ray's hybrid policy (see the header): the local node while it is
+    not busy, else the least utilized node that can run it now."""
+
+
+@pickled_by_fields
+@dataclass(frozen=True, slots=True)
+class SpreadStrategy:
+    """The feasible nodes round-robin (each task takes a lease of its own)."""
+
+
+@pickled_by_fields
+@dataclass(frozen=True, slots=True)
+class NodeAffinityStrategy:
+    """On the node ``node_id`` (hex): with ``soft``, elsewhere (the default
+    policy) when that node is gone or full; without, nowhere else."""
+    node_id: str
     soft: bool = False
-    # PLACEMENT_GROUP: the group (hex id), the bundle (-1: any of the
-    # group's), and whether tasks submitted from inside run in the group too.
-    placement_group_id: str | None = None
+
+
+@pickled_by_fields
+@dataclass(frozen=True, slots=True)
+class PlacementGroupStrategy:
+    """In a bundle of the group ``placement_group_id`` (hex): bundle
+    ``bundle_index``, or any of the group's (-1). ``capture_child_tasks``:
+    the tasks and actors submitted from inside without a strategy of their
+    own run in the group too."""
+    placement_group_id: str
     bundle_index: int = -1
     capture_child_tasks: bool = False
+
+
+Strategy = DefaultStrategy | SpreadStrategy | NodeAffinityStrategy | PlacementGroupStrategy
+
+
+def placement_group_of(strategy: Strategy) -> PlacementGroupStrategy | None:
+    """``strategy`` if it runs work in a placement group, else None."""
+    return strategy if isinstance(strategy, PlacementGroupStrategy) else None
+
+
+def placement_group_id_of(strategy: Strategy) -> str | None:
+    """The placement group (hex id) that work under ``strategy`` runs in, or None."""
+    return strategy.placement_group_id if isinstance(strategy, PlacementGroupStrategy) else None
 
 
 PG_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
@@ -88,7 +132,7 @@ def pick_node(request: dict[str, float], strategy: Strategy, local_node_id: str 
               view: dict[str, NodeView], state: PolicyState, threshold: float) -> str:
     """The hex id of the node to run on, or INFEASIBLE."""
     local = view.get(local_node_id or "")
-    if strategy.kind == "DEFAULT" and local is not None and local.alive and \
+    if isinstance(strategy, DefaultStrategy) and local is not None and local.alive and \
             fits(request, local.available) and \
             utilization(local.total, local.available) < threshold:
         # What the ranking below returns for a local node with room under the
@@ -97,8 +141,8 @@ def pick_node(request: dict[str, float], strategy: Strategy, local_node_id: str 
         # of CPU per task against 0.9 ms with 10). ``fits`` the free
         # resources implies fitting the total, so the node is feasible.
         return local.node_id
-    if strategy.kind == "NODE_AFFINITY":
-        target = view.get(strategy.node_id or "")
+    if isinstance(strategy, NodeAffinityStrategy):
+        target = view.get(strategy.node_id)
         if target is not None and target.alive and fits(request, target.total):
             if not strategy.soft or fits(request, target.available):
                 return target.node_id
@@ -120,7 +164,7 @@ def pick_node(request: dict[str, float], strategy: Strategy, local_node_id: str 
                 ready.append((utilization(node.total, node.available), node))
     if not feasible:
         return INFEASIBLE
-    if strategy.kind == "SPREAD":
+    if isinstance(strategy, SpreadStrategy):
         candidates = [node for _, node in ready] or feasible
         choice = candidates[state.spread_next % len(candidates)]
         state.spread_next += 1

@@ -62,6 +62,7 @@ from ..messages import (
     LeaseRequest,
 )
 from ..rpc import Endpoint, PeerDisconnected
+from ..scheduling import NodeAffinityStrategy, PlacementGroupStrategy, placement_group_id_of
 from ..serialization import serialize_error
 from .node_table import NodeTable
 
@@ -204,7 +205,7 @@ class ActorManager:
         grouped = 0
         for actor_id, actor in self.actors.items():
             assert actor_id in self._by_owner.get(actor.spec.owner_address, ()), actor_id
-            group = actor.spec.strategy.placement_group_id
+            group = placement_group_id_of(actor.spec.strategy)
             if group is not None:
                 grouped += 1
                 assert actor_id in self._by_group.get(group, ()), actor_id
@@ -248,7 +249,7 @@ class ActorManager:
         """Index a new actor by what never changes: its owner and group."""
         spec = actor.spec
         self._by_owner.setdefault(spec.owner_address, {})[actor.actor_id] = None
-        group = spec.strategy.placement_group_id
+        group = placement_group_id_of(spec.strategy)
         if group is not None:
             self._by_group.setdefault(group, {})[actor.actor_id] = None
 
@@ -363,7 +364,7 @@ class ActorManager:
                 "required_resources": dict(spec.resources),
                 "death_cause": None if cause is None else cause.reason,
                 "is_detached": spec.detached,
-                "placement_group_id": spec.strategy.placement_group_id,
+                "placement_group_id": placement_group_id_of(spec.strategy),
                 "num_restarts": actor.restarts, "max_restarts": spec.max_restarts,
                 "owner_address": spec.owner_address,
                 "creation_task_id": spec.creation.task_id.hex(),
@@ -486,7 +487,7 @@ class ActorManager:
         """The actors placed in a removed group die (their workers go with
         the group's bundles)."""
         for actor in self._indexed(self._by_group, pg_id):
-            if actor.spec.strategy.placement_group_id == pg_id and actor.state != DEAD:
+            if placement_group_id_of(actor.spec.strategy) == pg_id and actor.state != DEAD:
                 self._set_dead(actor, f"its placement group {pg_id} was removed",
                                group_removed=True)
                 if actor.worker_id and actor.node_id in self._nodes.nodes:
@@ -567,7 +568,7 @@ class ActorManager:
             if actor.state == DEAD:
                 return
             spec = actor.spec
-            if spec.strategy.kind == "PLACEMENT_GROUP":
+            if isinstance(spec.strategy, PlacementGroupStrategy):
                 target = await self._bundle_node(actor)
                 if target is None:
                     return  # dead: its group is gone
@@ -576,7 +577,7 @@ class ActorManager:
                 target = scheduling.pick_node(spec.resources, spec.strategy, None,
                                               self.policy_view(), self.policy_state,
                                               self._config.local_utilization_threshold)
-                strategy = scheduling.Strategy("NODE_AFFINITY", target, False)
+                strategy = NodeAffinityStrategy(target, False)
             if target == scheduling.INFEASIBLE:
                 if not warned:
                     warned = True
@@ -588,7 +589,7 @@ class ActorManager:
             # Count the placement until heartbeats sent after the lease was
             # granted have arrived, so the next actor is not put in the same room.
             placement = [spec.resources, float("inf")]
-            if spec.strategy.kind != "PLACEMENT_GROUP":  # (a bundle holds those already)
+            if not isinstance(spec.strategy, PlacementGroupStrategy):  # (a bundle holds those)
                 self.placements.setdefault(target, []).append(placement)
             request = LeaseRequest(resources=spec.resources, owner=self._address,
                                    strategy=strategy, for_actor=actor_id,
@@ -659,13 +660,14 @@ class ActorManager:
         (once the group is placed); None, with the actor dead, when the
         group is gone; INFEASIBLE when no bundle of it could hold the actor."""
         spec = actor.spec
-        pg_id = spec.strategy.placement_group_id
+        strategy: PlacementGroupStrategy = spec.strategy
+        pg_id = strategy.placement_group_id
         info = await self._placement_groups.wait_ready(pg_id)
         if info is None or info.state == PG_REMOVED:
             self._set_dead(actor, f"its placement group {pg_id} does not exist or was removed",
                            group_removed=True)
             return None
-        index = spec.strategy.bundle_index
+        index = strategy.bundle_index
         candidates = [index] if index >= 0 else sorted(info.bundle_nodes)
         for candidate in candidates:
             if candidate in info.bundle_nodes and \

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 
 from .. import scheduling
 from ..messages import PENDING_CREATION, PG_PENDING, PG_RESCHEDULING, RESTARTING
+from ..scheduling import PlacementGroupStrategy
 
 logger = logging.getLogger("tray.gcs")
 
@@ -137,7 +138,7 @@ class DemandTable:
             for actor_id, actor in sorted(self._actors.actors.items()):
                 if actor.state not in (PENDING_CREATION, RESTARTING) or \
                         actor_id in waiting_actors or \
-                        actor.spec.strategy.kind == "PLACEMENT_GROUP":
+                        isinstance(actor.spec.strategy, PlacementGroupStrategy):
                     continue
                 seen += 1
                 if seen > PENDING_ACTORS_MAX:

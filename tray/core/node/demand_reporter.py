@@ -19,6 +19,7 @@ import trio
 
 from ..messages import LeaseRequest
 from ..rpc import Endpoint
+from ..scheduling import NodeAffinityStrategy, PlacementGroupStrategy
 from .lease_manager import LeaseManager, shape_key
 
 # The demand report holds at most this many distinct shapes (the most
@@ -77,7 +78,7 @@ class DemandReporter:
         return int(trio.current_time() / self._config.infeasible_retry_period_s)
 
     def note_infeasible(self, request: LeaseRequest) -> None:
-        if request.strategy.kind == "NODE_AFFINITY" and not request.strategy.soft:
+        if isinstance(request.strategy, NodeAffinityStrategy) and not request.strategy.soft:
             return  # pinned to a node: no new node can serve it
         key = (request.owner, shape_key(request.resources))
         window = self._window()
@@ -96,7 +97,7 @@ class DemandReporter:
         counts: dict[tuple, int] = {}
         actors = []
         for waiter in self._leases.waiting:
-            if waiter.request.strategy.kind == "PLACEMENT_GROUP":
+            if isinstance(waiter.request.strategy, PlacementGroupStrategy):
                 continue  # its bundle is reserved: no new node would serve it
             if waiter.request.for_actor is not None:
                 actors.append(waiter.request.for_actor)

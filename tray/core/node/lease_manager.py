@@ -25,7 +25,7 @@ that one breaks: an owner that restarted (a GCS) no longer holds it.
 Placement groups reserve *bundles* here (``prepare_bundles``, then
 ``commit_bundles``, from the GCS's placement-group manager): a bundle's
 resources leave the node's pool and form a pool of their own, which only
-leases for that group (``Strategy`` kind ``PLACEMENT_GROUP``) draw from. So,
+leases for that group (a ``PlacementGroupStrategy``) draw from. So,
 for every resource, ``available + leases outside bundles + bundles ==
 total``, and within each bundle ``available + its leases == reserved``.
 Cancelling a bundle (the group was removed) kills the workers leased in it
@@ -55,6 +55,7 @@ import trio
 from .. import scheduling
 from ..messages import Infeasible, LeaseGranted, LeaseRequest, LeaseWithdrawn, Spillback
 from ..rpc import Endpoint, PeerDisconnected
+from ..scheduling import NodeAffinityStrategy, PlacementGroupStrategy, Strategy
 from .worker_pool import WorkerPool, WorkerState
 
 logger = logging.getLogger("tray.node")
@@ -294,9 +295,10 @@ class LeaseManager:
         nowhere: set = set()  # shapes no node has room for (a long queue stays cheap)
         for waiter in list(self.waiting):
             request = waiter.request
-            if request.strategy.kind == "PLACEMENT_GROUP" or now - waiter.since < waited_s:
+            if isinstance(request.strategy, PlacementGroupStrategy) or \
+                    now - waiter.since < waited_s:
                 continue
-            if request.strategy.kind == "NODE_AFFINITY" and request.for_actor is None:
+            if isinstance(request.strategy, NodeAffinityStrategy) and request.for_actor is None:
                 continue
             key = shape_key(request.resources)
             if key in nowhere or self._pool_for(request) is not None:
@@ -326,14 +328,14 @@ class LeaseManager:
         resources = request.resources
         hops = request.hops
         strategy = request.strategy
-        if strategy.kind == "NODE_AFFINITY" and strategy.node_id not in self.view:
+        if isinstance(strategy, NodeAffinityStrategy) and strategy.node_id not in self.view:
             try:  # a node that joined since the last view update?
                 await self._refresh_view()
             except PeerDisconnected:
                 pass
-        pinned_elsewhere = strategy.kind == "NODE_AFFINITY" and not strategy.soft and \
-            strategy.node_id != self._node_id
-        if strategy.kind == "PLACEMENT_GROUP":
+        pinned_elsewhere = isinstance(strategy, NodeAffinityStrategy) and \
+            not strategy.soft and strategy.node_id != self._node_id
+        if isinstance(strategy, PlacementGroupStrategy):
             # The owner asked the node holding the group's bundle(s).
             refusal = self._bundle_refusal(resources, strategy)
             if refusal:
@@ -396,9 +398,9 @@ class LeaseManager:
                             gpu_ids=waiter.gpu_ids, worker_id=worker.worker_id,
                             worker_address=worker.address)
 
-    def _infeasible_reason(self, resources: dict, strategy) -> str:
-        if strategy.kind == "NODE_AFFINITY" and not strategy.soft:
-            node = self.view.get(strategy.node_id or "")
+    def _infeasible_reason(self, resources: dict, strategy: Strategy) -> str:
+        if isinstance(strategy, NodeAffinityStrategy) and not strategy.soft:
+            node = self.view.get(strategy.node_id)
             if node is None or not node.alive:
                 return f"node {strategy.node_id} (hard node affinity) is not alive"
             return (f"node {strategy.node_id} (hard node affinity) has only {node.total}, "
@@ -408,13 +410,13 @@ class LeaseManager:
         return (f"no node in the cluster has {scheduling.missing(resources, best) or resources} "
                 f"(requested {resources})")
 
-    def _bundles_for(self, strategy) -> list:
+    def _bundles_for(self, strategy: PlacementGroupStrategy) -> list:
         """The keys of this node's bundles a placement-group request may use."""
         pg_id, index = strategy.placement_group_id, strategy.bundle_index
         return [key for key in sorted(self.bundles)
                 if key[0] == pg_id and (index < 0 or key[1] == index)]
 
-    def _bundle_refusal(self, resources: dict, strategy) -> str:
+    def _bundle_refusal(self, resources: dict, strategy: PlacementGroupStrategy) -> str:
         """Why a placement-group request cannot wait here ('' if it can)."""
         keys = self._bundles_for(strategy)
         which = "any bundle" if strategy.bundle_index < 0 else \
@@ -433,7 +435,7 @@ class LeaseManager:
         be granted from now, or None."""
         resources = request.resources
         gpus = resources.get("GPU", 0.0)
-        if request.strategy.kind == "PLACEMENT_GROUP":
+        if isinstance(request.strategy, PlacementGroupStrategy):
             for key in self._bundles_for(request.strategy):
                 bundle = self.bundles[key]
                 if bundle.committed and scheduling.fits(resources, bundle.available) and \
@@ -655,7 +657,7 @@ class LeaseManager:
         self.gpus.release(bundle.node_gpu_allocation)
         for waiter in list(self.waiting):
             strategy = waiter.request.strategy
-            if strategy.kind == "PLACEMENT_GROUP" and not self._bundles_for(strategy):
+            if isinstance(strategy, PlacementGroupStrategy) and not self._bundles_for(strategy):
                 # Its bundle went: the owner asks the GCS where the group is now.
                 self.waiting.remove(waiter)
                 waiter.withdrawn = (f"the bundles of placement group {key[0]} on node "

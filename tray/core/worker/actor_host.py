@@ -77,6 +77,7 @@ from ..context import TaskContext, current_task
 from ..ids import ActorID, ObjectID, TaskID
 from ..messages import ActorSpec, FailedResult, TaskReply
 from ..rpc import Deferred, PeerDisconnected
+from ..scheduling import placement_group_of
 from ..serialization import SerializedObject
 from ..task_spec import TaskSpec
 from .function_table import FunctionTable
@@ -288,8 +289,7 @@ class ActorHost:
         spec: TaskSpec = actor.creation
         self.actor_id = actor.actor_id
         self.gpu_ids = gpu_ids
-        self.placement_group = actor.strategy if actor.strategy.kind == "PLACEMENT_GROUP" \
-            else None
+        self.placement_group = placement_group_of(actor.strategy)
         context = TaskContext(TaskID(spec.task_id), ActorID.from_hex(self.actor_id), gpu_ids,
                               name=spec.name, job_id=spec.job_id, namespace=spec.namespace,
                               placement_group=self.placement_group,

@@ -51,6 +51,7 @@ from ..messages import (
     Spillback,
 )
 from ..rpc import Endpoint, PeerDisconnected
+from ..scheduling import NodeAffinityStrategy, PlacementGroupStrategy, SpreadStrategy, Strategy
 from ..task_spec import TaskSpec
 from ..task_status import TaskStatus
 from .dependency_resolver import DependencyResolver
@@ -106,7 +107,7 @@ class ClassQueue:
 @dataclass(frozen=True)
 class ClassQueueSummary:
     resources: tuple  # the class's (name, amount) pairs
-    strategy: str
+    strategy: Strategy
     queued: int  # tasks waiting for a lease
     lease_requests: int  # outstanding
     leases: int  # held
@@ -151,7 +152,7 @@ class NormalTaskSubmitter:
 
     def statistics(self) -> SubmitterStatistics:
         return SubmitterStatistics(tuple(
-            ClassQueueSummary(key[0], key[1].kind, len(queue.tasks), queue.pending_requests,
+            ClassQueueSummary(key[0], key[1], len(queue.tasks), queue.pending_requests,
                               len(queue.leases))
             for key, queue in sorted(self.queues.items(), key=lambda item: repr(item[0]))))
 
@@ -332,7 +333,7 @@ class NormalTaskSubmitter:
         manager, hops = self._node_manager_address, 0
         while queue.tasks:
             spec = queue.tasks[0].spec
-            if spec.strategy.kind == "PLACEMENT_GROUP" and manager == \
+            if isinstance(spec.strategy, PlacementGroupStrategy) and manager == \
                     self._node_manager_address:
                 manager = await self._bundle_manager(queue, spec)
                 if manager is None:
@@ -361,7 +362,7 @@ class NormalTaskSubmitter:
                 manager, hops = self._node_manager_address, 0
                 await trio.sleep(0)
                 continue
-            if isinstance(reply, Infeasible) and spec.strategy.kind == "PLACEMENT_GROUP":
+            if isinstance(reply, Infeasible) and isinstance(spec.strategy, PlacementGroupStrategy):
                 # Its bundle moved (a node died) or the group is going:
                 # ask the GCS again.
                 manager, hops = self._node_manager_address, 0
@@ -373,7 +374,7 @@ class NormalTaskSubmitter:
                     logger.warning("task %s is infeasible and stays pending: %s",
                                    spec.name, reply.reason)
                     self._tracer.record(self._name, "infeasible", task=spec.task_id)
-                if spec.strategy.kind == "NODE_AFFINITY" and not spec.strategy.soft and \
+                if isinstance(spec.strategy, NodeAffinityStrategy) and not spec.strategy.soft and \
                         "not alive" in reply.reason:
                     self._fail_queue(queue, exceptions.TaskError(
                         spec.name, f"the task cannot be scheduled: {reply.reason}", None))
@@ -404,7 +405,7 @@ class NormalTaskSubmitter:
     async def _bundle_manager(self, queue: ClassQueue, spec: TaskSpec) -> str | None:
         """The node manager holding a bundle of the task's placement group
         that could run it (waits for the group); None when the queue failed."""
-        strategy = spec.strategy
+        strategy: PlacementGroupStrategy = spec.strategy
         pg_id = strategy.placement_group_id
         info = await self._gcs.call("wait_placement_group_ready", pg_id, None)
         if info is None or info.state == PG_REMOVED:
@@ -518,7 +519,7 @@ class NormalTaskSubmitter:
             # It reached a max_calls: its node lets it go, and takes no
             # further task to it.
             self._return_lease(queue, lease, worker_ok=False)
-        elif spec.strategy.kind == "SPREAD":
+        elif isinstance(spec.strategy, SpreadStrategy):
             # Each SPREAD task takes a fresh lease, so the policy spreads it.
             self._return_lease(queue, lease, worker_ok=True)
         results = reply.results

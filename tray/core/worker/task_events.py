@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 
 import trio
 
+from ..scheduling import placement_group_id_of
 from ..task_status import TaskStatus
 
 # Ray's names for why a task failed (its ErrorType), by tray's exception.
@@ -350,7 +351,5 @@ def task_info(spec, actor_id: str | None = None) -> tuple:
         kind = ACTOR_CREATION_TASK
     else:
         kind = ACTOR_TASK
-    strategy = spec.strategy
     return (spec.name, kind, spec.job_id, spec.actor_id or actor_id, spec.parent_task_id.hex(),
-            dict(spec.resources), getattr(strategy, "placement_group_id", None), spec.name,
-            spec.caller)
+            dict(spec.resources), placement_group_id_of(spec.strategy), spec.name, spec.caller)

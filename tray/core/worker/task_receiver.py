@@ -36,6 +36,7 @@ from ..ids import ObjectID, TaskID
 from ..interfaces import ProcessExit
 from ..messages import FailedResult, InlineResult, StoredResult, TaskReply
 from ..rpc import Endpoint, PeerDisconnected
+from ..scheduling import placement_group_of
 from ..serialization import KIND_ERROR, SerializedObject, serialize, serialize_error
 from ..task_spec import ArgByValue, TaskSpec
 from .function_table import FunctionTable
@@ -67,11 +68,6 @@ class _ArgumentError(Exception):
     def __init__(self, error: BaseException) -> None:
         super().__init__(str(error))
         self.error = error
-
-
-def _group_of(strategy):
-    """The placement-group strategy a task runs under, or None."""
-    return strategy if strategy.kind == "PLACEMENT_GROUP" else None
 
 
 def _split_returns(value, num_returns: int, name: str) -> list:
@@ -233,7 +229,7 @@ class TaskReceiver:
             await trio.sleep_forever()
         context = TaskContext(TaskID(spec.task_id), gpu_ids=gpu_ids, name=spec.name,
                               job_id=spec.job_id, namespace=spec.namespace,
-                              placement_group=_group_of(spec.strategy),
+                              placement_group=placement_group_of(spec.strategy),
                               attempt=spec.attempt, depth=spec.depth)
         loaded: list = []
 

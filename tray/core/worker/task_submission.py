@@ -29,7 +29,7 @@ from ..context import TaskContext
 from ..ids import ActorID, ObjectID, TaskID
 from ..messages import ActorSpec
 from ..object_ref import ObjectRef
-from ..scheduling import Strategy
+from ..scheduling import DefaultStrategy, PlacementGroupStrategy, Strategy
 from ..serialization import serialize_error
 from ..task_spec import TaskSpec
 from .actor_task_submitter import ActorTaskSubmitter
@@ -54,9 +54,10 @@ def captured(context: TaskContext, strategy: Strategy) -> Strategy:
     """A task or actor created without a strategy inside a placement group
     that captures its children goes into that group (any bundle), as in Ray."""
     group = context.placement_group
-    if strategy.kind == "DEFAULT" and group is not None and group.capture_child_tasks:
-        return Strategy("PLACEMENT_GROUP", placement_group_id=group.placement_group_id,
-                        bundle_index=-1, capture_child_tasks=True)
+    if isinstance(strategy, DefaultStrategy) and group is not None and \
+            group.capture_child_tasks:
+        return PlacementGroupStrategy(group.placement_group_id, bundle_index=-1,
+                                      capture_child_tasks=True)
     return strategy
 
 
