@@ -7,6 +7,7 @@ from __future__ import annotations
 import collections
 
 import pytest
+from planting import plant_spurious_retries  # (tests/ is on sys.path)
 
 from tray.core.gcs.actor_manager import ActorManager
 from tray.core.ids import ObjectID, TaskID
@@ -209,29 +210,7 @@ def test_a_spurious_retry_within_the_budget_is_caught_within_3_seeds(monkeypatch
     # task's first successful reply and runs the task again, out of its
     # budget, as if its worker had died: within 1 + max_retries, so only
     # the attribution of every extra run to a fault can tell.
-    from tray.core.worker.task_manager import spend_retry
-
-    original_init, original_complete = NormalTaskSubmitter.__init__, TaskManager.complete
-    submitters: dict = {}
-    again: set = set()
-
-    def remember(self, *args, **kwargs):
-        original_init(self, *args, **kwargs)
-        submitters[id(self._task_manager)] = self
-
-    def complete(self, task, results):
-        spec = task.spec
-        submitter = submitters.get(id(self))
-        if submitter is not None and spec.actor_id is None and task.retries_left != 0 \
-                and spec.task_id not in again:
-            again.add(spec.task_id)
-            spend_retry(task)
-            submitter.enqueue(task)
-            return
-        original_complete(self, task, results)
-
-    monkeypatch.setattr(NormalTaskSubmitter, "__init__", remember)
-    monkeypatch.setattr(TaskManager, "complete", complete)
+    plant_spurious_retries(monkeypatch)
     result = _first_failure(range(3), "mixed", "default",
                             "every-re-execution-has-a-fault-behind-it")
     assert "no fault hit that worker" in result.message

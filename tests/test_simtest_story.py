@@ -8,6 +8,7 @@ import json
 import time
 
 import pytest
+from planting import plant_spurious_retries  # (tests/ is on sys.path)
 
 import tray
 import tray.simtest
@@ -156,30 +157,7 @@ def test_a_planted_spurious_retry_s_report_shows_the_two_runs(monkeypatch):
     # The owner runs each task again after its first success, out of its
     # budget, with no fault behind it (as test_simtest_planted's): the
     # report's story shows the task's two runs and nothing between them.
-    from tray.core.worker.normal_task_submitter import NormalTaskSubmitter
-    from tray.core.worker.task_manager import TaskManager, spend_retry
-
-    original_init, original_complete = NormalTaskSubmitter.__init__, TaskManager.complete
-    submitters: dict = {}
-    again: set = set()
-
-    def remember(self, *args, **kwargs):
-        original_init(self, *args, **kwargs)
-        submitters[id(self._task_manager)] = self
-
-    def complete(self, task, results):
-        spec = task.spec
-        submitter = submitters.get(id(self))
-        if submitter is not None and spec.actor_id is None and task.retries_left != 0 \
-                and spec.task_id not in again:
-            again.add(spec.task_id)
-            spend_retry(task)
-            submitter.enqueue(task)
-            return
-        original_complete(self, task, results)
-
-    monkeypatch.setattr(NormalTaskSubmitter, "__init__", remember)
-    monkeypatch.setattr(TaskManager, "complete", complete)
+    plant_spurious_retries(monkeypatch)
     for seed in range(3):
         result = runner.run_seed(seed, "mixed", "default")
         if result.invariant == "every-re-execution-has-a-fault-behind-it":

@@ -1,0 +1,36 @@
+"""Bugs planted in the core for the simtest's own tests (tests/ is on
+sys.path): each makes the runtime wrong in one known way, so a test can
+show that a sweep catches it."""
+
+from __future__ import annotations
+
+
+def plant_spurious_retries(monkeypatch) -> None:
+    """The owner drops each normal task's first successful reply and runs
+    the task again, out of its budget, as if its worker had died: within
+    ``1 + max_retries``, so only the attribution of every extra run to a
+    fault can tell."""
+    from tray.core.worker.normal_task_submitter import NormalTaskSubmitter
+    from tray.core.worker.task_manager import TaskManager, spend_retry
+
+    original_init, original_complete = NormalTaskSubmitter.__init__, TaskManager.complete
+    submitters: dict = {}
+    again: set = set()
+
+    def remember(self, *args, **kwargs):
+        original_init(self, *args, **kwargs)
+        submitters[id(self._task_manager)] = self
+
+    def complete(self, task, results):
+        spec = task.spec
+        submitter = submitters.get(id(self))
+        if submitter is not None and spec.actor_id is None and task.retries_left != 0 \
+                and spec.task_id not in again:
+            again.add(spec.task_id)
+            spend_retry(task)
+            submitter.enqueue(task)
+            return
+        original_complete(self, task, results)
+
+    monkeypatch.setattr(NormalTaskSubmitter, "__init__", remember)
+    monkeypatch.setattr(TaskManager, "complete", complete)
