@@ -43,9 +43,9 @@ def available_resources() -> dict:
 
     total: dict[str, float] = {}
     for node, stats in zip(alive, block(worker, gather), strict=True):
-        free_store = node["Resources"]["object_store_memory"] - stats["store_used_bytes"]
+        free_store = node["Resources"]["object_store_memory"] - stats.store_used_bytes
         total["object_store_memory"] = total.get("object_store_memory", 0.0) + free_store
-        for name, amount in stats["available"].items():
+        for name, amount in stats.available.items():
             if amount > 0:
                 total[name] = total.get(name, 0.0) + amount
     return total

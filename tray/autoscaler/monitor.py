@@ -90,7 +90,7 @@ class Monitor:
                 except Exception:  # noqa: BLE001 - unreachable: not idle as far as we know
                     objects_held[node.node_id] = -1
                     continue
-                objects_held[node.node_id] = stats["store_used_bytes"]
+                objects_held[node.node_id] = stats.store_used_bytes
         self.last_load = (load, objects_held)
         decisions = self.autoscaler.update(load, self.provider.nodes(), now, objects_held)
         addresses = {node.node_id: node.address for node in load.nodes}

@@ -333,3 +333,58 @@ class PlacementGroupInfo:
     detached: bool
     bundle_nodes: dict  # bundle index -> node id (placed bundles only)
     bundle_addresses: dict  # bundle index -> that node's node manager address
+
+
+# =================================================== node manager replies
+
+
+@pickled_by_fields
+@dataclass(frozen=True, slots=True)
+class WorkerRegistered:
+    """The node manager's reply to ``register_worker``."""
+    node_id: str
+
+
+@pickled_by_fields
+@dataclass(frozen=True, slots=True)
+class WorkerFailureCause:
+    """Why a lease's worker died, as its node knows it (the reply to
+    ``worker_failure_cause``): ``kind`` "out_of_memory" (its memory monitor
+    killed it), ``message`` the reason as the owner's error tells it,
+    ``should_retry`` whether its owner had other tasks running there; then
+    the numbers the monitor decided on."""
+    kind: str
+    message: str
+    should_retry: bool
+    lease_id: int
+    worker_id: str
+    node_id: str
+    used_bytes: int
+    total_bytes: int
+    threshold: float
+
+
+@pickled_by_fields
+@dataclass(frozen=True, slots=True)
+class NodeStats:
+    """A node's reply to ``get_node_stats``: its resources (``total``,
+    ``available``: name -> amount), live workers and workers started so far,
+    leases held, and its object store's use."""
+    node_id: str
+    total: dict
+    available: dict
+    workers: int
+    workers_started: int
+    leases: int
+    store_used_bytes: int
+
+
+@pickled_by_fields
+@dataclass(frozen=True, slots=True)
+class WorkerRow:
+    """One of a node's worker processes (``list_workers``): ``state`` is
+    the text of its ``worker_pool.WorkerState``."""
+    worker_id: str
+    address: str | None
+    state: str
+    lease_id: int | None

@@ -32,7 +32,6 @@ killed here dies with the cause as its death reason."""
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -40,6 +39,7 @@ from dataclasses import dataclass
 import trio
 
 from ..interfaces import MemorySnapshot
+from ..messages import WorkerFailureCause
 
 logger = logging.getLogger("tray.node")
 
@@ -148,12 +148,13 @@ class MemoryMonitor:
                                                  f"{kill.describe()}")
         return kill
 
-    def handle_worker_failure_cause(self, conn, lease_id: int) -> dict | None:
+    def handle_worker_failure_cause(self, conn, lease_id: int) -> WorkerFailureCause | None:
         """Why the worker of this lease died, if this node killed it for
-        memory: {"kind": "out_of_memory", "message", and the numbers}; None
+        memory (kind "out_of_memory", the message, and the numbers); None
         when it is not known to have been killed here."""
         kill = self.causes.get(lease_id)
         if kill is None:
             return None
-        return {"kind": "out_of_memory", "message": kill.describe(),
-                **dataclasses.asdict(kill)}
+        return WorkerFailureCause("out_of_memory", kill.describe(), kill.should_retry,
+                                  kill.lease_id, kill.worker_id, kill.node_id, kill.used_bytes,
+                                  kill.total_bytes, kill.threshold)

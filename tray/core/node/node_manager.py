@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import trio
 
-from ..messages import NodeRecord, ViewUpdate
+from ..messages import NodeRecord, NodeStats, ViewUpdate, WorkerRow
 from ..rpc import Endpoint, EndpointStatistics, PeerDisconnected, add_handlers
 from .demand_reporter import DemandReporter, DemandReporterStatistics
 from .lease_manager import LeaseManager, LeaseStatistics
@@ -219,18 +219,17 @@ class NodeManager:
         if self.env.exit_process is not None:
             self.env.exit_process()
 
-    def handle_get_node_stats(self, conn) -> dict:
-        return {"node_id": self.node_id, "total": dict(self.leases.total),
-                "available": dict(self.leases.available),
-                "workers": self.pool.live_count(),
-                "workers_started": self.pool.started,
-                "leases": len(self.leases.leases),
-                "store_used_bytes": self.objects.store.used_bytes()}
+    def handle_get_node_stats(self, conn) -> NodeStats:
+        return NodeStats(node_id=self.node_id, total=dict(self.leases.total),
+                         available=dict(self.leases.available),
+                         workers=self.pool.live_count(),
+                         workers_started=self.pool.started,
+                         leases=len(self.leases.leases),
+                         store_used_bytes=self.objects.store.used_bytes())
 
-    def handle_list_workers(self, conn) -> list[dict]:
+    def handle_list_workers(self, conn) -> list[WorkerRow]:
         """This node's worker processes (``tray.util.state.list_workers``)."""
-        return [{"worker_id": worker.worker_id, "address": worker.address,
-                 "state": worker.state.value, "lease_id": worker.lease_id}
+        return [WorkerRow(worker.worker_id, worker.address, worker.state.value, worker.lease_id)
                 for _, worker in sorted(self.pool.workers.items())]
 
     def _peer_closed(self, address: str) -> None:

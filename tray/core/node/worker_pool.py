@@ -45,6 +45,7 @@ import trio
 
 from ... import exceptions
 from ..ids import WorkerID
+from ..messages import WorkerRegistered
 from ..rpc import Endpoint, PeerDisconnected
 from ..runtime_env_keys import ENV_KV_PREFIX
 
@@ -177,7 +178,7 @@ class WorkerPool:
         for _ in range(min(self.prestart_workers, self._config.workers_per_node_max)):
             self.start_worker()
 
-    def handle_register_worker(self, conn, worker_id: str, address: str) -> dict:
+    def handle_register_worker(self, conn, worker_id: str, address: str) -> WorkerRegistered:
         worker = self.workers.get(worker_id)
         if worker is None or worker.state == WorkerState.DEAD:
             raise ValueError(f"unknown worker {worker_id}")
@@ -185,7 +186,7 @@ class WorkerPool:
             # Registered already: the reply was lost in a reset and the
             # worker asked again. It may be leased by now (simtest chaos
             # seed 235 found it made idle under its lease).
-            return {"node_id": self._node_id}
+            return WorkerRegistered(self._node_id)
         worker.address = address
         worker.state = WorkerState.IDLE
         del self._starting[worker_id]
@@ -196,7 +197,7 @@ class WorkerPool:
         logger.debug("worker %s registered at %s", worker_id[:8], address)
         self.failed_worker_starts = 0
         self._wake_waiters(worker)
-        return {"node_id": self._node_id}
+        return WorkerRegistered(self._node_id)
 
     def start_worker(self, runtime_env_hash: str | None = None,
                      env_vars: dict | None = None) -> None:

@@ -49,6 +49,7 @@ from ..messages import (
     LeaseRequest,
     LeaseWithdrawn,
     Spillback,
+    WorkerFailureCause,
 )
 from ..rpc import Endpoint, PeerDisconnected
 from ..scheduling import NodeAffinityStrategy, PlacementGroupStrategy, SpreadStrategy, Strategy
@@ -535,7 +536,7 @@ class NormalTaskSubmitter:
         self._pump(key, queue)  # return or reuse the lease before waking getters
         self._task_manager.complete(task, results)
 
-    async def _failure_cause(self, lease: LeaseState) -> dict | None:
+    async def _failure_cause(self, lease: LeaseState) -> WorkerFailureCause | None:
         """Why the node says the lease's worker died (its memory monitor
         killed it), or None: unknown, or the node did not answer in time."""
         with trio.move_on_after(self._config.worker_failure_cause_timeout_s):
@@ -547,9 +548,9 @@ class NormalTaskSubmitter:
         return None
 
     async def _task_worker_died(self, task: PendingTask, lease: LeaseState,
-                                cause: dict | None) -> None:
+                                cause: WorkerFailureCause | None) -> None:
         spec = task.spec
-        out_of_memory = cause is not None and cause.get("kind") == "out_of_memory"
+        out_of_memory = cause is not None and cause.kind == "out_of_memory"
         oom_budget = self._config.task_oom_retries
         if task.cancelled:
             error = exceptions.TaskCancelledError(f"task {spec.name} ({spec.task_id.hex()}) "
@@ -557,7 +558,7 @@ class NormalTaskSubmitter:
         elif out_of_memory:
             if spec.max_retries == 0:
                 why = "it is not retried (max_retries=0)"
-            elif not cause["should_retry"]:
+            elif not cause.should_retry:
                 why = ("it was the last task of its owner running on that node, so a retry "
                        "would be killed again: it is not retried")
             elif oom_budget != -1 and task.oom_retries >= oom_budget:
@@ -567,7 +568,7 @@ class NormalTaskSubmitter:
                 return
             error = exceptions.OutOfMemoryError(
                 f"task {spec.name} ({spec.task_id.hex()}) failed: its worker was killed "
-                f"because {cause['message']}. {why[0].upper()}{why[1:]} "
+                f"because {cause.message}. {why[0].upper()}{why[1:]} "
                 f"(attempts={spec.attempt + 1})")
         elif task.retries_left != 0:
             spend_retry(task)

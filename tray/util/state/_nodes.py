@@ -6,6 +6,7 @@ drivers).
 
 from __future__ import annotations
 
+from ...core.messages import NodeStats
 from ._client import Client
 from ._query import check_query, finish
 from ._records import NodeState, WorkerState
@@ -36,8 +37,8 @@ def list_nodes(address: str | None = None, filters: list | None = None,
         if detail else []
     available = {}
     for node, stat in zip([n for n in nodes if n.alive], stats, strict=False):
-        if isinstance(stat, dict):
-            available[node.node_id] = stat["available"]
+        if isinstance(stat, NodeStats):
+            available[node.node_id] = stat.available
     records = [NodeState(
         node_id=node.node_id, node_ip=node_ip(node), is_head_node=index == 0,
         state="ALIVE" if node.alive else "DEAD", node_name=node.hostname or node_ip(node),
@@ -78,12 +79,12 @@ def list_workers(address: str | None = None, filters: list | None = None,
         if isinstance(workers, Exception):
             continue
         for worker in workers:
-            alive = worker["state"] != "dead"
+            alive = worker.state != "dead"
             records.append(WorkerState(
-                worker_id=worker["worker_id"], is_alive=alive, worker_type="WORKER",
+                worker_id=worker.worker_id, is_alive=alive, worker_type="WORKER",
                 exit_type=None if alive else "SYSTEM_ERROR", node_id=node.node_id,
-                ip=node_ip(node), pid=pids.get(worker["worker_id"]), state=worker["state"],
-                address=worker["address"]))
+                ip=node_ip(node), pid=pids.get(worker.worker_id), state=worker.state,
+                address=worker.address))
     for _job, driver, ended in client.gcs_call("list_driver_jobs"):
         records.append(WorkerState(worker_id=driver, is_alive=not ended, worker_type="DRIVER",
                                    exit_type="INTENDED_USER_EXIT" if ended else None,

@@ -9,6 +9,7 @@ import os
 import warnings
 from collections import Counter
 
+from ...core.messages import NodeStats
 from ._client import Client
 from ._nodes import node_ip, node_table
 from ._query import check_query, finish
@@ -24,8 +25,8 @@ def _process_addresses(client: Client) -> list[tuple[str, str]]:
         if isinstance(workers, Exception):
             continue
         for worker in workers:
-            if worker["address"] and worker["state"] != "dead":
-                addresses.append((node.node_id, worker["address"]))
+            if worker.address and worker.state != "dead":
+                addresses.append((node.node_id, worker.address))
     for _job, driver, ended in client.gcs_call("list_driver_jobs"):
         if not ended:
             addresses.append(("", driver))
@@ -108,7 +109,7 @@ def memory_summary(address: str | None = None, timeout: float | None = None) -> 
                                   if not entry.name.startswith("."))
         node_rows.append({
             "node_id": node.node_id, "node_ip": node_ip(node),
-            "store_used_bytes": stat["store_used_bytes"] if isinstance(stat, dict) else None,
+            "store_used_bytes": stat.store_used_bytes if isinstance(stat, NodeStats) else None,
             "store_total_bytes": node.object_store_bytes,
             "spilled_bytes": _directory_bytes(spill) if spill else 0,
             "spilled_objects": spilled_objects if spill else 0})
