@@ -388,3 +388,44 @@ class WorkerRow:
     address: str | None
     state: str
     lease_id: int | None
+
+
+# ============================================== GCS introspection replies
+# The rows stay dicts (and tuples): a page may carry 100,000 of them, and
+# building them is the cost of a query; the envelope is typed.
+
+
+@pickled_by_fields
+@dataclass(frozen=True, slots=True)
+class TaskEventPage:
+    """The GCS's reply to ``get_task_events``: the chosen attempts' rows
+    (oldest first), its clock's ``now``, what its bounded tables dropped
+    (``dropped_at_gcs``, ``dropped_at_sources``), whether more matched
+    than the limit, and how many rows it keeps."""
+    rows: list  # [dict]: see gcs/task_event_table.py
+    now: float
+    dropped_at_gcs: int
+    more: bool
+    dropped_at_sources: int
+    stored: int
+
+
+@pickled_by_fields
+@dataclass(frozen=True, slots=True)
+class TaskSummaryReply:
+    """The GCS's reply to ``summarize_task_events``: attempts counted by
+    function (name -> {"func_or_class_name", "type", "state_counts"}), with
+    what was dropped and how many rows it keeps, as ``TaskEventPage``."""
+    summary: dict
+    dropped_at_gcs: int
+    dropped_at_sources: int
+    stored: int
+
+
+@pickled_by_fields
+@dataclass(frozen=True, slots=True)
+class ActorStatePage:
+    """The GCS's reply to ``list_actor_states``: a dict per actor (Ray's
+    ActorState fields), with the times on its clock, whose ``now`` it is."""
+    rows: list  # [dict]: see gcs/actor_manager.py
+    now: float

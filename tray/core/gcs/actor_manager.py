@@ -58,6 +58,7 @@ from ..messages import (
     ActorInfo,
     ActorRecord,
     ActorSpec,
+    ActorStatePage,
     LeaseGranted,
     LeaseRequest,
 )
@@ -347,7 +348,7 @@ class ActorManager:
     def handle_list_actors(self, conn) -> list[ActorInfo]:
         return [actor.info() for _, actor in sorted(self.actors.items())]
 
-    def handle_list_actor_states(self, conn, actor_id: str | None = None) -> dict:
+    def handle_list_actor_states(self, conn, actor_id: str | None = None) -> ActorStatePage:
         """Every actor (or one) as the state API shows it (Ray's ActorState
         fields, times on this GCS's clock), with the clock's ``now``."""
         rows = []
@@ -369,7 +370,7 @@ class ActorManager:
                 "owner_address": spec.owner_address,
                 "creation_task_id": spec.creation.task_id.hex(),
                 "state_times": list(self.state_times.get(key, ()))})
-        return {"rows": rows, "now": trio.current_time()}
+        return ActorStatePage(rows, trio.current_time())
 
     async def handle_wait_actor_ready(self, conn, actor_id: str,
                                       seen_incarnation: int) -> ActorInfo:

@@ -171,7 +171,7 @@ class NodeTable:
         for node_id in self.nodes:
             self.heartbeat_at[node_id] = now
 
-    def handle_register_node(self, conn, node: NodeRecord) -> dict:
+    def handle_register_node(self, conn, node: NodeRecord) -> HeartbeatReply:
         node = dataclasses.replace(node, alive=True)
         self.nodes[node.node_id] = node
         self._at_address.setdefault(node.address, {})[node.node_id] = None

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import trio
 
+from ..messages import TaskEventPage, TaskSummaryReply
 from ..task_status import STATUS_ORDER
 from ..worker.task_events import INFO_FIELDS
 
@@ -152,7 +153,7 @@ class TaskEventTable:
 
     def handle_get_task_events(self, conn, task_id: str | None = None,
                                job_id: int | None = None, filters: list | None = None,
-                               limit: int | None = None) -> dict:
+                               limit: int | None = None) -> TaskEventPage:
         """Rows (all, or one task's attempts, or one job's) matching
         ``filters`` — [(row key, "=" or "!=", value)], values compared as
         ``_normal`` strings — the newest ``limit`` of them, oldest first;
@@ -174,15 +175,15 @@ class TaskEventTable:
                 break
             chosen.append(row)
         chosen.reverse()
-        return {"rows": [_copy(row) for row in chosen], "now": trio.current_time(),
-                "dropped_at_gcs": self.dropped_here, "more": more,
-                "dropped_at_sources": self.dropped_at_sources, "stored": len(self.rows)}
+        return TaskEventPage(rows=[_copy(row) for row in chosen], now=trio.current_time(),
+                             dropped_at_gcs=self.dropped_here, more=more,
+                             dropped_at_sources=self.dropped_at_sources, stored=len(self.rows))
 
-    def handle_worker_pids(self, conn) -> dict:
+    def handle_worker_pids(self, conn) -> dict[str, int]:
         """worker id -> pid, for the workers that ran something lately."""
         return dict(self.worker_pids)
 
-    def handle_summarize_task_events(self, conn) -> dict:
+    def handle_summarize_task_events(self, conn) -> TaskSummaryReply:
         """Attempts counted by function and state (``summarize_tasks``),
         without sending the rows."""
         summary: dict = {}
@@ -193,8 +194,9 @@ class TaskEventTable:
                                               "state_counts": {}})
             counts = entry["state_counts"]
             counts[row["state"]] = counts.get(row["state"], 0) + 1
-        return {"summary": summary, "dropped_at_gcs": self.dropped_here,
-                "dropped_at_sources": self.dropped_at_sources, "stored": len(self.rows)}
+        return TaskSummaryReply(summary=summary, dropped_at_gcs=self.dropped_here,
+                                dropped_at_sources=self.dropped_at_sources,
+                                stored=len(self.rows))
 
 # Keys whose values are Ray enum names: compared case-insensitively (the
 # state API sends them upper-cased).

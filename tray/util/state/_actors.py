@@ -14,16 +14,16 @@ from ._records import ActorState
 
 def _actor_records(client: Client, actor_id: str | None = None) -> list[ActorState]:
     reply = client.gcs_call("list_actor_states", actor_id)
-    now = reply["now"]
+    now = reply.now
     filters = [("type", "=", "ACTOR_CREATION_TASK")]
     if actor_id is not None:
         filters.append(("actor_id", "=", actor_id))
     creations = {}
-    for row in client.gcs_call("get_task_events", None, None, filters, None)["rows"]:
+    for row in client.gcs_call("get_task_events", None, None, filters, None).rows:
         creations[row["actor_id"]] = row
     records = []
     known = set()
-    for row in reply["rows"]:
+    for row in reply.rows:
         known.add(row["actor_id"])
         creation = creations.get(row["actor_id"])
         alive_here = row["state"] == "ALIVE" and creation is not None and \

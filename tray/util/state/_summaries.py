@@ -21,7 +21,7 @@ def summarize_tasks(address: str | None = None, timeout: float | None = None,
     client.flush_own_events()
     reply = client.gcs_call("summarize_task_events")
     warn_dropped(reply)
-    summary = reply["summary"]
+    summary = reply.summary
     totals = Counter()
     for entry in summary.values():
         totals[entry["type"]] += sum(entry["state_counts"].values())

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import warnings
 
+from ...core.messages import TaskEventPage, TaskSummaryReply
 from ...core.task_status import STATUS_ORDER, TaskStatus
 from ._client import Client, job_hex, to_epoch_ms
 from ._query import DEFAULT_LIMIT, check_query, finish, normal
@@ -21,7 +22,7 @@ _ROW_KEYS = {"task_id", "attempt_number", "name", "state", "actor_id", "type",
 
 
 def _task_reply(client: Client, task_id: str | None = None, filters: list = (),
-                limit: int | None = None) -> dict:
+                limit: int | None = None) -> TaskEventPage:
     client.flush_own_events()
     at_gcs = [(key, predicate, normal(key, value)) for key, predicate, value in filters
               if key in _ROW_KEYS]
@@ -61,12 +62,12 @@ def _task_record(row: dict, now: float) -> TaskState:
         end_time_ms=to_epoch_ms(end, now), error_message=row["error_message"])
 
 
-def warn_dropped(reply: dict) -> None:
-    dropped = reply["dropped_at_gcs"] + reply["dropped_at_sources"]
+def warn_dropped(reply: TaskEventPage | TaskSummaryReply) -> None:
+    dropped = reply.dropped_at_gcs + reply.dropped_at_sources
     if dropped:
         warnings.warn(f"{dropped} task attempts are missing from the listing: the GCS kept "
-                      f"the newest {reply['stored']} ({reply['dropped_at_gcs']} dropped there, "
-                      f"{reply['dropped_at_sources']} by full event buffers)", stacklevel=3)
+                      f"the newest {reply.stored} ({reply.dropped_at_gcs} dropped there, "
+                      f"{reply.dropped_at_sources} by full event buffers)", stacklevel=3)
 
 
 def _check_events_enabled() -> None:
@@ -89,8 +90,8 @@ def list_tasks(address: str | None = None, filters: list | None = None,
     limit = DEFAULT_LIMIT if limit is None else limit
     reply = _task_reply(client, None, checked, limit)
     warn_dropped(reply)
-    records = [_task_record(row, reply["now"]) for row in reply["rows"]]
-    if reply.get("more"):
+    records = [_task_record(row, reply.now) for row in reply.rows]
+    if reply.more:
         warnings.warn(f"more than {limit} task attempts match, showing the newest {limit} "
                       "(pass limit= to see more)", stacklevel=2)
     return finish(TaskState, records, checked, limit, detail, "task attempts")
@@ -103,8 +104,8 @@ def get_task(id: str, address: str | None = None, timeout: float | None = None,
         raise ValueError(f"get_task() needs a task id (hex), got {id!r}")
     client = Client(address, timeout)
     reply = _task_reply(client, id)
-    rows = [row for row in reply["rows"] if attempt is None or row["attempt_number"] == attempt]
+    rows = [row for row in reply.rows if attempt is None or row["attempt_number"] == attempt]
     if not rows:
         return None
     row = max(rows, key=lambda r: r["attempt_number"])
-    return _task_record(row, reply["now"])
+    return _task_record(row, reply.now)
