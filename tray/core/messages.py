@@ -429,3 +429,23 @@ class ActorStatePage:
     ActorState fields), with the times on its clock, whose ``now`` it is."""
     rows: list  # [dict]: see gcs/actor_manager.py
     now: float
+
+
+# ================================================== core worker replies
+
+
+@pickled_by_fields
+@dataclass(frozen=True, slots=True)
+class ObjectReport:
+    """A worker's or driver's reply to ``object_report``: a dict per object
+    it references (``worker/state_report.py``; at most
+    ``OBJECT_REPORT_MAX``, ``left_out`` counts the rest), and who it is:
+    its pid, node, ``worker_type`` ("DRIVER" or "WORKER"), worker id and
+    address."""
+    rows: list  # [dict]
+    left_out: int
+    pid: int
+    node_id: str
+    worker_type: str
+    worker_id: str
+    address: str

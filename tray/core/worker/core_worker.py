@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from ... import exceptions
 from ..context import TaskContext, current_task, current_worker
 from ..ids import JobID, ObjectID, PlacementGroupID, TaskID
-from ..messages import ActorInfo, ActorSpec, PlacementGroupSpec
+from ..messages import ActorInfo, ActorSpec, ObjectReport, PlacementGroupSpec
 from ..object_ref import ObjectRef
 from ..rpc import Endpoint, EndpointStatistics, PeerDisconnected, add_handlers
 from ..serialization import serialize
@@ -473,7 +473,7 @@ class CoreWorker:
 
     # ------------------------------------------------------- the state API
 
-    def handle_object_report(self, conn) -> dict:
+    def handle_object_report(self, conn) -> ObjectReport:
         """The objects this process references (``tray.util.state.list_objects``)."""
         return object_report(references=self.references, task_manager=self.task_manager,
                              store=self.env.object_store, node_id=self.node_id,

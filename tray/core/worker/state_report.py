@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 
+from ..messages import ObjectReport
 from ..task_status import TaskStatus
 from .reference_counter import is_actor_handle
 
@@ -32,7 +33,7 @@ def _reference_type(entry) -> str:
 
 
 def object_report(*, references, task_manager, store, node_id: str, mode: str,
-                  worker_id: str, address: str) -> dict:
+                  worker_id: str, address: str) -> ObjectReport:
     rows = []
     left_out = 0
     for object_id, entry in sorted(references.refs.items(), key=lambda kv: kv[0].hex()):
@@ -63,6 +64,6 @@ def object_report(*, references, task_manager, store, node_id: str, mode: str,
             "borrowers": len(entry.borrowers),
             "locations": sorted({location[0] for location in entry.locations}),
             "in_memory": entry.inline is not None})
-    return {"rows": rows, "left_out": left_out, "pid": os.getpid(), "node_id": node_id,
-            "type": "DRIVER" if mode == "driver" else "WORKER", "worker_id": worker_id,
-            "address": address}
+    return ObjectReport(rows=rows, left_out=left_out, pid=os.getpid(), node_id=node_id,
+                        worker_type="DRIVER" if mode == "driver" else "WORKER",
+                        worker_id=worker_id, address=address)

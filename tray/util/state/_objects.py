@@ -9,7 +9,7 @@ import os
 import warnings
 from collections import Counter
 
-from ...core.messages import NodeStats
+from ...core.messages import NodeStats, ObjectReport
 from ._client import Client
 from ._nodes import node_ip, node_table
 from ._query import check_query, finish
@@ -35,19 +35,19 @@ def _process_addresses(client: Client) -> list[tuple[str, str]]:
     return addresses
 
 
-def _object_reports(client: Client) -> list[dict]:
+def _object_reports(client: Client) -> list[ObjectReport]:
     targets = _process_addresses(client)
     reports = client._run([(address, "object_report") for _, address in targets])
     # (A driver that is gone is no news: the job table keeps every driver.)
     missing = [address for (node_id, address), report in zip(targets, reports, strict=True)
-               if not isinstance(report, dict) and node_id]
+               if not isinstance(report, ObjectReport) and node_id]
     if missing:
         # A worker that exited between the listing and the question, or one
         # that did not answer: its references are missing (Ray's "partial").
         warnings.warn(f"{len(missing)} of {len(targets)} processes did not report their "
                       f"objects (gone, or not answering): {', '.join(missing[:3])}",
                       stacklevel=3)
-    return [report for report in reports if isinstance(report, dict)]
+    return [report for report in reports if isinstance(report, ObjectReport)]
 
 
 def list_objects(address: str | None = None, filters: list | None = None,
@@ -63,13 +63,13 @@ def list_objects(address: str | None = None, filters: list | None = None,
     ips = {node.node_id: node_ip(node) for node in node_table(client)}
     records = []
     for report in _object_reports(client):
-        for row in report["rows"]:
+        for row in report.rows:
             records.append(ObjectState(
                 object_id=row["object_id"], object_size=row["object_size"],
                 task_status=row["task_status"], reference_type=row["reference_type"],
-                call_site="disabled", type=report["type"], pid=report["pid"],
-                ip=ips.get(report["node_id"]), node_id=report["node_id"],
-                worker_id=report["worker_id"] or report["address"],
+                call_site="disabled", type=report.worker_type, pid=report.pid,
+                ip=ips.get(report.node_id), node_id=report.node_id,
+                worker_id=report.worker_id or report.address,
                 owner_address=row["owner_address"], owned=row["owned"],
                 locations=row["locations"]))
     return finish(ObjectState, records, checked, limit, detail, "object references")
@@ -118,7 +118,7 @@ def memory_summary(address: str | None = None, timeout: float | None = None) -> 
     size_total = 0
     for report in _object_reports(client):
         objects = []
-        for row in report["rows"]:
+        for row in report.rows:
             objects.append({"object_id": row["object_id"], "object_size": row["object_size"],
                             "reference_type": row["reference_type"],
                             "task_status": row["task_status"],
@@ -126,10 +126,10 @@ def memory_summary(address: str | None = None, timeout: float | None = None) -> 
                             "call_site": "disabled"})
             totals[row["reference_type"]] += 1
             size_total += row["object_size"] or 0
-        processes.append({"node_id": report["node_id"], "pid": report["pid"],
-                          "type": report["type"], "worker_id": report["worker_id"],
-                          "address": report["address"], "objects": objects,
-                          "left_out": report["left_out"]})
+        processes.append({"node_id": report.node_id, "pid": report.pid,
+                          "type": report.worker_type, "worker_id": report.worker_id,
+                          "address": report.address, "objects": objects,
+                          "left_out": report.left_out})
     return {"nodes": node_rows, "processes": processes,
             "totals": {"objects": sum(totals.values()), "object_bytes": size_total,
                        "by_reference_type": dict(sorted(totals.items()))}}
