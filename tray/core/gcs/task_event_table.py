@@ -28,7 +28,7 @@ import trio
 
 from ..messages import TaskEventPage, TaskSummaryReply
 from ..task_status import STATUS_ORDER
-from ..worker.task_events import INFO_FIELDS
+from ..worker.task_events import INFO_FIELDS, TaskType
 
 # Workers whose pids are kept (list_workers shows the others without).
 WORKER_PIDS_MAX = 10_000
@@ -190,7 +190,7 @@ class TaskEventTable:
         for row in self.rows.values():
             name = row["func_or_class_name"] or row["name"] or ""
             entry = summary.setdefault(name, {"func_or_class_name": name,
-                                              "type": row["type"] or "NORMAL_TASK",
+                                              "type": row["type"] or TaskType.NORMAL_TASK.value,
                                               "state_counts": {}})
             counts = entry["state_counts"]
             counts[row["state"]] = counts.get(row["state"], 0) + 1

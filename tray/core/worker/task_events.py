@@ -40,6 +40,7 @@ recorded or sent, and the state API says so instead of listing no tasks."""
 
 from __future__ import annotations
 
+import enum
 import itertools
 import os
 from dataclasses import dataclass, field
@@ -73,8 +74,14 @@ SPANS_MAX = 16
 # An error message longer than this is cut (a traceback of a deep recursion).
 ERROR_MESSAGE_MAX_CHARS = 8 * 1024
 
-NORMAL_TASK, ACTOR_TASK, ACTOR_CREATION_TASK = "NORMAL_TASK", "ACTOR_TASK", \
-    "ACTOR_CREATION_TASK"
+
+
+class TaskType(enum.StrEnum):
+    """What a task is, in Ray's words (its ``TaskType``); as ``TaskStatus``,
+    valued by the names, and what leaves the process is the text."""
+    NORMAL_TASK = "NORMAL_TASK"  # a remote function's call
+    ACTOR_CREATION_TASK = "ACTOR_CREATION_TASK"  # an actor's constructor
+    ACTOR_TASK = "ACTOR_TASK"  # an actor method's call
 
 
 def error_type_of(error: BaseException) -> str:
@@ -346,10 +353,10 @@ def task_info(spec, actor_id: str | None = None) -> tuple:
     per task, and the GCS unpickles and merges every one). An actor's
     constructor call carries no actor id in its spec: ``actor_id`` says it."""
     if spec.actor_id is None and actor_id is None:
-        kind = NORMAL_TASK
+        kind = TaskType.NORMAL_TASK.value  # (the text: task events are pickled)
     elif spec.method is None:
-        kind = ACTOR_CREATION_TASK
+        kind = TaskType.ACTOR_CREATION_TASK.value
     else:
-        kind = ACTOR_TASK
+        kind = TaskType.ACTOR_TASK.value
     return (spec.name, kind, spec.job_id, spec.actor_id or actor_id, spec.parent_task_id.hex(),
             dict(spec.resources), placement_group_id_of(spec.strategy), spec.name, spec.caller)

@@ -7,6 +7,7 @@ events).
 from __future__ import annotations
 
 from ...core.task_status import TaskStatus
+from ...core.worker.task_events import TaskType
 from ._client import Client, job_hex, to_epoch_ms
 from ._query import check_query, finish
 from ._records import ActorState
@@ -15,7 +16,7 @@ from ._records import ActorState
 def _actor_records(client: Client, actor_id: str | None = None) -> list[ActorState]:
     reply = client.gcs_call("list_actor_states", actor_id)
     now = reply.now
-    filters = [("type", "=", "ACTOR_CREATION_TASK")]
+    filters = [("type", "=", TaskType.ACTOR_CREATION_TASK.value)]
     if actor_id is not None:
         filters.append(("actor_id", "=", actor_id))
     creations = {}

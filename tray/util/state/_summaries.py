@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+from ...core.worker.task_events import TaskType
 from ._actors import list_actors
 from ._client import Client
 from ._objects import list_objects
@@ -26,8 +27,9 @@ def summarize_tasks(address: str | None = None, timeout: float | None = None,
     for entry in summary.values():
         totals[entry["type"]] += sum(entry["state_counts"].values())
     return {"summary": dict(sorted(summary.items())),
-            "total_tasks": totals["NORMAL_TASK"], "total_actor_tasks": totals["ACTOR_TASK"],
-            "total_actor_scheduled": totals["ACTOR_CREATION_TASK"]}
+            "total_tasks": totals[TaskType.NORMAL_TASK],
+            "total_actor_tasks": totals[TaskType.ACTOR_TASK],
+            "total_actor_scheduled": totals[TaskType.ACTOR_CREATION_TASK]}
 
 
 def summarize_actors(address: str | None = None, timeout: float | None = None,

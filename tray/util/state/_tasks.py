@@ -10,6 +10,7 @@ import warnings
 
 from ...core.messages import TaskEventPage, TaskSummaryReply
 from ...core.task_status import STATUS_ORDER, TaskStatus
+from ...core.worker.task_events import TaskType
 from ._client import Client, job_hex, to_epoch_ms
 from ._query import DEFAULT_LIMIT, check_query, finish, normal
 from ._records import TaskState
@@ -47,7 +48,7 @@ def _task_record(row: dict, now: float) -> TaskState:
     return TaskState(
         task_id=row["task_id"], attempt_number=row["attempt_number"],
         name=row["name"] or "", state=row["state"], job_id=job_hex(row["job_id"]),
-        actor_id=row["actor_id"], type=row["type"] or "NORMAL_TASK",
+        actor_id=row["actor_id"], type=row["type"] or TaskType.NORMAL_TASK.value,
         func_or_class_name=row["func_or_class_name"] or "",
         parent_task_id=row["parent_task_id"] or "", node_id=row["node_id"],
         worker_id=row["worker_id"], worker_pid=row["worker_pid"],
