@@ -216,7 +216,7 @@ def test_a_restarted_actor_is_told_the_floor_a_call_its_predecessor_answered_pas
     # an answered call: "the actor ran it and moved past it".)
     from types import SimpleNamespace
 
-    from tray.core.messages import ALIVE, ActorInfo
+    from tray.core.messages import ActorInfo, ActorStatus
     from tray.core.worker.actor_task_submitter import ActorTaskSubmitter
 
     sent = []
@@ -227,8 +227,8 @@ def test_a_restarted_actor_is_told_the_floor_a_call_its_predecessor_answered_pas
         functions=None, references=None)
 
     def incarnation(n: int) -> ActorInfo:
-        return ActorInfo("a", ALIVE, f"n{n}/worker", "w", "node", None, "", n - 1, -1, None, n,
-                         "A", -1, False, {})
+        return ActorInfo("a", ActorStatus.ALIVE, f"n{n}/worker", "w", "node", None, "", n - 1, -1,
+                         None, n, "A", -1, False, {})
 
     state = submitter.actor_state("a")
     calls = [SimpleNamespace(spec=SimpleNamespace(seq=submitter.next_call(state)))
@@ -258,10 +258,10 @@ def _submitter_with_gcs(gcs):
 
 
 def _actor_info(incarnation: int, address: str = "n0/worker-old"):
-    from tray.core.messages import ALIVE, ActorInfo
+    from tray.core.messages import ActorInfo, ActorStatus
 
-    return ActorInfo("a" * 32, ALIVE, address, "w" * 32, "n" * 32, None, "", 0, -1, None,
-                     incarnation, "Squarer", 0, False, {})
+    return ActorInfo("a" * 32, ActorStatus.ALIVE, address, "w" * 32, "n" * 32, None, "", 0, -1,
+                     None, incarnation, "Squarer", 0, False, {})
 
 
 def test_a_call_that_found_nothing_listening_waits_for_the_next_incarnation_boundedly():

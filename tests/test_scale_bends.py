@@ -14,7 +14,7 @@ import trio.testing
 import tray
 from tray.core.config import Config
 from tray.core.gcs.actor_manager import ActorManager
-from tray.core.messages import ALIVE, DEAD
+from tray.core.messages import ActorStatus
 from tray.core.node.worker_pool import WorkerPool, WorkerState
 from tray.core.task_status import TaskStatus
 from tray.core.worker.task_events import TaskEventBuffer
@@ -49,7 +49,7 @@ def test_actor_indexes_follow_kills_restarts_and_deaths():
         assert tray.get([a.add.remote() for a in actors + [restartable]]) == [1] * 13
         manager = _actor_manager(cluster)
         manager.validate_state()  # checks every index against the table
-        alive = [a for a in manager.actors.values() if a.state == ALIVE]
+        alive = [a for a in manager.actors.values() if a.state == ActorStatus.ALIVE]
         assert len(alive) == 13
         assert sum(len(ids) for ids in manager._by_worker.values()) == 13
         assert sum(len(ids) for ids in manager._by_node.values()) == 13
@@ -62,7 +62,7 @@ def test_actor_indexes_follow_kills_restarts_and_deaths():
         cluster.advance(1.0)
         manager.validate_state()
         states = sorted(a.state for a in manager.actors.values())
-        assert states.count(DEAD) == 6 and states.count(ALIVE) == 7
+        assert states.count(ActorStatus.DEAD) == 6 and states.count(ActorStatus.ALIVE) == 7
         assert sum(len(ids) for ids in manager._by_worker.values()) == 7
         # The handle's owner (the driver) still owns all 13, the dead included.
         assert len(manager._by_owner) == 1

@@ -16,7 +16,7 @@ import numbers
 
 from ..core.context import current_task, get_worker
 from ..core.ids import PlacementGroupID
-from ..core.messages import PG_CREATED
+from ..core.messages import PlacementGroupStatus
 from ..core.scheduling import PG_STRATEGIES
 from .blocking import block, in_loop
 from .remote import remote
@@ -59,7 +59,7 @@ class PlacementGroup:
             raise ValueError(f"timeout_seconds must be a non-negative number, got "
                              f"{timeout_seconds!r}")
         info = _gcs("wait_placement_group_ready", self.id.hex(), timeout_seconds)
-        return info is not None and info.state == PG_CREATED
+        return info is not None and info.state == PlacementGroupStatus.CREATED
 
     def __eq__(self, other) -> bool:
         return isinstance(other, PlacementGroup) and other.id == self.id
@@ -161,7 +161,7 @@ def _table_row(info) -> dict:
     return {"placement_group_id": info.pg_id, "name": info.name,
             "bundles": {index: dict(bundle) for index, bundle in enumerate(info.bundles)},
             "bundles_to_node_id": dict(sorted(info.bundle_nodes.items())),
-            "strategy": info.strategy, "state": info.state,
+            "strategy": info.strategy, "state": info.state.value,
             "is_detached": info.detached}
 
 

@@ -25,6 +25,7 @@ where that is natural, and they cross simulated processes for free).
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 
 from .scheduling import NodeView, Strategy
@@ -189,7 +190,19 @@ class HeartbeatReply:
 
 # ================================================================= actors
 
-PENDING_CREATION, ALIVE, RESTARTING, DEAD = "PENDING_CREATION", "ALIVE", "RESTARTING", "DEAD"
+
+
+class ActorStatus(enum.StrEnum):
+    """Where an actor is in its life, as the GCS keeps it (Ray's
+    ``ActorTableData.ActorState``): ``PENDING_CREATION -> ALIVE ->
+    (RESTARTING -> ALIVE)* -> DEAD`` (``gcs/actor_manager.py``). As
+    ``task_status.TaskStatus``, valued by the names; the state API's rows
+    carry the text. Named Status, not State: ``tray.util.state.ActorState``
+    is the state API's actor record."""
+    PENDING_CREATION = "PENDING_CREATION"
+    ALIVE = "ALIVE"
+    RESTARTING = "RESTARTING"
+    DEAD = "DEAD"
 
 
 @dataclass(frozen=True)
@@ -230,7 +243,7 @@ class ActorRecord:
     VERSION = 1
 
     spec: ActorSpec
-    state: str = PENDING_CREATION
+    state: ActorStatus = ActorStatus.PENDING_CREATION
     address: str | None = None
     worker_id: str | None = None
     node_id: str | None = None
@@ -262,7 +275,7 @@ class ActorRecord:
 class ActorInfo:
     """What callers learn of an actor from the GCS."""
     actor_id: str
-    state: str
+    state: ActorStatus
     address: str | None
     worker_id: str | None
     node_id: str | None
@@ -289,8 +302,18 @@ class ActorCreation:
 
 # ======================================================= placement groups
 
-PG_PENDING, PG_CREATED, PG_RESCHEDULING, PG_REMOVED = \
-    "PENDING", "CREATED", "RESCHEDULING", "REMOVED"
+
+
+class PlacementGroupStatus(enum.StrEnum):
+    """Where a placement group is (Ray's ``PlacementGroupTableData``
+    states): PENDING until every bundle is reserved, then CREATED;
+    RESCHEDULING when a node holding some of its bundles died; REMOVED for
+    good (``gcs/placement_group_manager.py``). Valued by the names, as
+    ``ActorStatus``."""
+    PENDING = "PENDING"
+    CREATED = "CREATED"
+    RESCHEDULING = "RESCHEDULING"
+    REMOVED = "REMOVED"
 
 
 @dataclass(frozen=True)
@@ -312,7 +335,7 @@ class PlacementGroupRecord:
     VERSION = 1
 
     spec: PlacementGroupSpec
-    state: str = PG_PENDING
+    state: PlacementGroupStatus = PlacementGroupStatus.PENDING
     bundle_nodes: dict = field(default_factory=dict)  # bundle index -> node id
     version: int = VERSION
 
@@ -329,7 +352,7 @@ class PlacementGroupInfo:
     namespace: str
     bundles: list
     strategy: str
-    state: str
+    state: PlacementGroupStatus
     detached: bool
     bundle_nodes: dict  # bundle index -> node id (placed bundles only)
     bundle_addresses: dict  # bundle index -> that node's node manager address

@@ -14,6 +14,7 @@ import outcome
 import trio
 
 from ...core.ids import NodeID
+from ...core.messages import ActorStatus
 from ...core.node.worker_pool import WorkerState
 from ...exceptions import TrayError
 from .patches import _in_trio
@@ -62,7 +63,7 @@ class FaultAPI:
         if gcs is None or gcs.component is None:
             raise TrayError("the GCS is down; worker_of() needs it")
         record = gcs.component.actor_manager.actors.get(actor._actor_id)
-        return None if record is None or record.state != "ALIVE" else record.worker_id
+        return None if record is None or record.state != ActorStatus.ALIVE else record.worker_id
 
     def kill_worker(self, worker_id: str) -> None:
         """Kill a worker process, as SIGKILL would."""

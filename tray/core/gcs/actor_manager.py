@@ -48,19 +48,16 @@ import trio
 
 from .. import scheduling
 from ..messages import (
-    ALIVE,
-    DEAD,
-    PENDING_CREATION,
-    PG_REMOVED,
-    RESTARTING,
     ActorCreation,
     ActorDeathCause,
     ActorInfo,
     ActorRecord,
     ActorSpec,
     ActorStatePage,
+    ActorStatus,
     LeaseGranted,
     LeaseRequest,
+    PlacementGroupStatus,
 )
 from ..rpc import Endpoint, PeerDisconnected
 from ..scheduling import NodeAffinityStrategy, PlacementGroupStrategy, placement_group_id_of
@@ -173,12 +170,13 @@ class ActorManager:
 
     def statistics(self) -> ActorManagerStatistics:
         """Walks the actors to count their states: O(actors)."""
-        states = {PENDING_CREATION: 0, ALIVE: 0, RESTARTING: 0, DEAD: 0}
+        states = dict.fromkeys(ActorStatus, 0)
         for actor in self.actors.values():
             states[actor.state] += 1
         return ActorManagerStatistics(
-            actors=len(self.actors), pending=states[PENDING_CREATION], alive=states[ALIVE],
-            restarting=states[RESTARTING], dead=states[DEAD], named=len(self.names),
+            actors=len(self.actors), pending=states[ActorStatus.PENDING_CREATION],
+            alive=states[ActorStatus.ALIVE], restarting=states[ActorStatus.RESTARTING],
+            dead=states[ActorStatus.DEAD], named=len(self.names),
             creating=len(self._creating), granting=len(self.granting),
             nodes_with_placements=len(self.placements), waiters=len(self.actor_changed))
 
@@ -188,12 +186,13 @@ class ActorManager:
         for actor_id, actor in self.actors.items():
             assert actor.actor_id == actor_id, actor_id
             assert actor.version == ActorRecord.VERSION, (actor_id, actor.version)
-            assert actor.state in (PENDING_CREATION, ALIVE, RESTARTING, DEAD), actor.state
-            if actor.state == ALIVE:
+            assert actor.state in (ActorStatus.PENDING_CREATION, ActorStatus.ALIVE,
+                                   ActorStatus.RESTARTING, ActorStatus.DEAD), actor.state
+            if actor.state == ActorStatus.ALIVE:
                 assert actor.address is not None, actor_id
                 assert actor.worker_id is not None, actor_id
                 assert actor.node_id is not None, actor_id
-            if actor.state == DEAD:
+            if actor.state == ActorStatus.DEAD:
                 assert actor.death_cause is not None, actor_id
                 assert actor.address is None, actor_id
             budget = actor.spec.max_restarts
@@ -211,7 +210,7 @@ class ActorManager:
                 grouped += 1
                 assert actor_id in self._by_group.get(group, ()), actor_id
             placed = self._placed.get(actor_id)
-            if actor.state in (ALIVE, PENDING_CREATION):
+            if actor.state in (ActorStatus.ALIVE, ActorStatus.PENDING_CREATION):
                 assert placed == (actor.worker_id, actor.node_id), (actor_id, placed)
             else:
                 assert placed is None, (actor_id, placed)
@@ -241,7 +240,7 @@ class ActorManager:
         for worker_id, creation in self._creating.items():
             # Only a creation that is still wanted is under way: not one of
             # an actor that is ALIVE (its reply was believed) ...
-            assert self.actors[creation.actor_id].state != ALIVE, (creation.actor_id,
+            assert self.actors[creation.actor_id].state != ActorStatus.ALIVE, (creation.actor_id,
                                                                    worker_id)
             # ... nor one in a worker that an actor is recorded in.
             assert worker_id not in self._by_worker, worker_id
@@ -258,7 +257,7 @@ class ActorManager:
         """Index the actor under the worker and node it has now, if live."""
         actor_id = actor.actor_id
         placed = (actor.worker_id, actor.node_id) \
-            if actor.state in (ALIVE, PENDING_CREATION) else None
+            if actor.state in (ActorStatus.ALIVE, ActorStatus.PENDING_CREATION) else None
         old = self._placed.get(actor_id)
         if old == placed:
             return
@@ -294,7 +293,7 @@ class ActorManager:
     def start(self) -> None:
         """After a (re)start: resume scheduling what was pending."""
         for actor in self.actors.values():
-            if actor.state in (PENDING_CREATION, RESTARTING):
+            if actor.state in (ActorStatus.PENDING_CREATION, ActorStatus.RESTARTING):
                 self._nursery.start_soon(self._schedule, actor.actor_id)
 
     # ---------------------------------------------------------------- queries
@@ -306,7 +305,7 @@ class ActorManager:
         name, namespace = spec.name, spec.namespace or ""
         if name:
             existing = self.names.get((namespace, name))
-            if existing is not None and self.actors[existing].state != DEAD:
+            if existing is not None and self.actors[existing].state != ActorStatus.DEAD:
                 if spec.get_if_exists:
                     return ActorCreation(self.actors[existing].info())
                 raise ValueError(f"an actor named {name!r} already exists in namespace "
@@ -327,7 +326,7 @@ class ActorManager:
 
     def handle_get_named_actor(self, conn, name: str, namespace: str) -> ActorInfo | None:
         actor_id = self.names.get((namespace, name))
-        if actor_id is None or self.actors[actor_id].state == DEAD:
+        if actor_id is None or self.actors[actor_id].state == ActorStatus.DEAD:
             return None
         return self.actors[actor_id].info()
 
@@ -358,7 +357,7 @@ class ActorManager:
             spec = actor.spec
             cause = actor.death_cause
             rows.append({
-                "actor_id": key, "class_name": spec.class_name, "state": actor.state,
+                "actor_id": key, "class_name": spec.class_name, "state": actor.state.value,
                 "job_id": spec.creation.job_id, "name": spec.name or "",
                 "node_id": actor.node_id, "worker_id": actor.worker_id,
                 "address": actor.address, "ray_namespace": spec.namespace,
@@ -369,7 +368,8 @@ class ActorManager:
                 "num_restarts": actor.restarts, "max_restarts": spec.max_restarts,
                 "owner_address": spec.owner_address,
                 "creation_task_id": spec.creation.task_id.hex(),
-                "state_times": list(self.state_times.get(key, ()))})
+                "state_times": [(state.value, at)
+                                for state, at in self.state_times.get(key, ())]})
         return ActorStatePage(rows, trio.current_time())
 
     async def handle_wait_actor_ready(self, conn, actor_id: str,
@@ -380,7 +380,7 @@ class ActorManager:
             actor = self.actors.get(actor_id)
             if actor is None:
                 raise ValueError(f"unknown actor {actor_id}")
-            if actor.state == DEAD or (actor.state == ALIVE and
+            if actor.state == ActorStatus.DEAD or (actor.state == ActorStatus.ALIVE and
                                        actor.incarnation > seen_incarnation):
                 return actor.info()
             event = self.actor_changed.setdefault(actor_id, trio.Event())
@@ -397,7 +397,8 @@ class ActorManager:
         held = {actor.lease_id
                 for node_id, node in self._nodes.nodes.items()
                 if node.alive and node.address == node_manager
-                for actor in self._indexed(self._by_node, node_id) if actor.state == ALIVE}
+                for actor in self._indexed(self._by_node, node_id)
+                if actor.state == ActorStatus.ALIVE}
         return [lease_id for lease_id in lease_ids
                 if lease_id in held or (node_manager, lease_id) in self.granting]
 
@@ -405,7 +406,7 @@ class ActorManager:
 
     async def handle_kill_actor(self, conn, actor_id: str, no_restart: bool) -> None:
         actor = self.actors.get(actor_id)
-        if actor is None or actor.state == DEAD:
+        if actor is None or actor.state == ActorStatus.DEAD:
             return
         self._tracer.record("gcs", "actor_kill", actor=actor_id, no_restart=no_restart)
         node_id, worker_id = actor.node_id, actor.worker_id
@@ -420,14 +421,14 @@ class ActorManager:
         """The owner holds no handle to the actor any more, nor does anyone
         it lent one to, and no call is pending: end it (not a detached one)."""
         actor = self.actors.get(actor_id)
-        if actor is None or actor.state == DEAD or actor.spec.detached:
+        if actor is None or actor.state == ActorStatus.DEAD or actor.spec.detached:
             return
         self._end_gracefully(actor, OUT_OF_SCOPE)
 
     def handle_actor_exiting(self, conn, actor_id: str, worker_id: str, reason: str) -> None:
         """The actor's worker is ending it (exit_actor, __ray_terminate__)."""
         actor = self.actors.get(actor_id)
-        if actor is None or actor.state == DEAD or actor.worker_id != worker_id:
+        if actor is None or actor.state == ActorStatus.DEAD or actor.worker_id != worker_id:
             return
         self._end_gracefully(actor, f"the actor exited by itself: {reason}")
 
@@ -435,7 +436,7 @@ class ActorManager:
         """DEAD now, without restart; its worker finishes its running calls
         and exits (a creation under way is abandoned by ``_schedule``)."""
         node_id, worker_id, address = actor.node_id, actor.worker_id, actor.address
-        alive = actor.state == ALIVE
+        alive = actor.state == ActorStatus.ALIVE
         self._tracer.record("gcs", "actor_terminate", actor=actor.actor_id)
         self._set_dead(actor, reason)
         if alive and worker_id is not None and node_id in self._nodes.nodes:
@@ -462,7 +463,8 @@ class ActorManager:
         if creation is not None:
             self._creation_lost(worker_id, creation, f"its worker died ({reason})")
         for actor in self._indexed(self._by_worker, worker_id):
-            if actor.worker_id == worker_id and actor.state in (ALIVE, PENDING_CREATION):
+            if actor.worker_id == worker_id and \
+                    actor.state in (ActorStatus.ALIVE, ActorStatus.PENDING_CREATION):
                 self._actor_failed(actor, f"its worker died ({reason})")
 
     def node_died(self, node_id: str, reason: str) -> None:
@@ -470,7 +472,8 @@ class ActorManager:
             if creation.node_id == node_id:
                 self._creation_lost(worker_id, creation, f"its node {node_id} died ({reason})")
         for actor in self._indexed(self._by_node, node_id):
-            if actor.node_id == node_id and actor.state in (ALIVE, PENDING_CREATION):
+            if actor.node_id == node_id and \
+                    actor.state in (ActorStatus.ALIVE, ActorStatus.PENDING_CREATION):
                 self._actor_failed(actor, f"its node {node_id} died ({reason})")
 
     def _creation_lost(self, worker_id: str, creation: _CreationUnderWay, reason: str) -> None:
@@ -488,7 +491,8 @@ class ActorManager:
         """The actors placed in a removed group die (their workers go with
         the group's bundles)."""
         for actor in self._indexed(self._by_group, pg_id):
-            if placement_group_id_of(actor.spec.strategy) == pg_id and actor.state != DEAD:
+            if placement_group_id_of(actor.spec.strategy) == pg_id and \
+                    actor.state != ActorStatus.DEAD:
                 self._set_dead(actor, f"its placement group {pg_id} was removed",
                                group_removed=True)
                 if actor.worker_id and actor.node_id in self._nodes.nodes:
@@ -500,7 +504,7 @@ class ActorManager:
     def handle_owner_died(self, conn, owner_address: str) -> None:
         for actor in self._indexed(self._by_owner, owner_address):
             if actor.spec.owner_address == owner_address and not actor.spec.detached \
-                    and actor.state != DEAD:
+                    and actor.state != ActorStatus.DEAD:
                 self._set_dead(actor, "its owner exited")
                 if actor.worker_id and actor.node_id in self._nodes.nodes:
                     self._nursery.start_soon(self._kill_worker, actor.node_id, actor.worker_id)
@@ -517,13 +521,13 @@ class ActorManager:
     def _actor_failed(self, actor: ActorRecord, reason: str) -> None:
         bypass, actor.restart_budget_bypass = actor.restart_budget_bypass, False
         budget = actor.spec.max_restarts
-        if actor.state == DEAD:
+        if actor.state == ActorStatus.DEAD:
             return
         if bypass or budget == -1 or actor.restarts < budget:
             if not bypass:
                 actor.restarts += 1
             actor.state, actor.address, actor.worker_id, actor.node_id = \
-                RESTARTING, None, None, None
+                ActorStatus.RESTARTING, None, None, None
             self._save(actor)
             self._tracer.record("gcs", "actor_restarting", actor=actor.actor_id, reason=reason)
             self._nursery.start_soon(self._schedule, actor.actor_id)
@@ -533,7 +537,7 @@ class ActorManager:
 
     def _set_dead(self, actor: ActorRecord, reason: str, cause=None,
                   group_removed: bool = False) -> None:
-        actor.state = DEAD
+        actor.state = ActorStatus.DEAD
         actor.death_cause = ActorDeathCause(reason, cause, group_removed)
         actor.address = None
         self._save(actor)
@@ -566,7 +570,7 @@ class ActorManager:
         warned = False
         while True:
             actor = self.actors[actor_id]
-            if actor.state == DEAD:
+            if actor.state == ActorStatus.DEAD:
                 return
             spec = actor.spec
             if isinstance(spec.strategy, PlacementGroupStrategy):
@@ -632,7 +636,7 @@ class ActorManager:
             if outcome is _Creation.KILLED:
                 return
             actor = self.actors[actor_id]
-            if actor.state == DEAD:
+            if actor.state == ActorStatus.DEAD:
                 await self._kill_worker(target, grant.worker_id)
                 return
             if outcome is _Creation.CONSTRUCTOR_FAILED:  # the actor is dead for good
@@ -647,7 +651,7 @@ class ActorManager:
                 self._nursery.start_soon(self._kill_worker, target, grant.worker_id)
                 continue
             incarnation = actor.incarnation + 1
-            actor.state, actor.address, actor.worker_id = ALIVE, grant.worker_address, \
+            actor.state, actor.address, actor.worker_id = ActorStatus.ALIVE, grant.worker_address, \
                 grant.worker_id
             actor.node_id, actor.incarnation, actor.lease_id = target, incarnation, \
                 grant.lease_id
@@ -664,7 +668,7 @@ class ActorManager:
         strategy: PlacementGroupStrategy = spec.strategy
         pg_id = strategy.placement_group_id
         info = await self._placement_groups.wait_ready(pg_id)
-        if info is None or info.state == PG_REMOVED:
+        if info is None or info.state == PlacementGroupStatus.REMOVED:
             self._set_dead(actor, f"its placement group {pg_id} does not exist or was removed",
                            group_removed=True)
             return None
@@ -680,7 +684,7 @@ class ActorManager:
         """Run the constructor in the leased worker: (outcome, the serialized
         constructor error when it raised)."""
         actor = self.actors[actor_id]
-        if actor.state == DEAD:
+        if actor.state == ActorStatus.DEAD:
             await self._kill_worker(target, grant.worker_id)
             return _Creation.KILLED, None
         assert grant.worker_id not in self._creating, grant.worker_id

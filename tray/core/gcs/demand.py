@@ -35,7 +35,7 @@ import logging
 from dataclasses import dataclass
 
 from .. import scheduling
-from ..messages import PENDING_CREATION, PG_PENDING, PG_RESCHEDULING, RESTARTING
+from ..messages import ActorStatus, PlacementGroupStatus
 from ..scheduling import PlacementGroupStrategy
 
 logger = logging.getLogger("tray.gcs")
@@ -136,7 +136,7 @@ class DemandTable:
         if self._actors is not None:
             seen = 0
             for actor_id, actor in sorted(self._actors.actors.items()):
-                if actor.state not in (PENDING_CREATION, RESTARTING) or \
+                if actor.state not in (ActorStatus.PENDING_CREATION, ActorStatus.RESTARTING) or \
                         actor_id in waiting_actors or \
                         isinstance(actor.spec.strategy, PlacementGroupStrategy):
                     continue
@@ -149,7 +149,8 @@ class DemandTable:
         groups = []
         if self._placement_groups is not None:
             for pg_id, group in sorted(self._placement_groups.groups.items()):
-                if group.state not in (PG_PENDING, PG_RESCHEDULING):
+                if group.state not in (PlacementGroupStatus.PENDING,
+                                       PlacementGroupStatus.RESCHEDULING):
                     continue
                 if len(groups) >= PENDING_GROUPS_MAX:
                     break

@@ -37,13 +37,10 @@ import trio
 
 from .. import scheduling
 from ..messages import (
-    PG_CREATED,
-    PG_PENDING,
-    PG_REMOVED,
-    PG_RESCHEDULING,
     PlacementGroupInfo,
     PlacementGroupRecord,
     PlacementGroupSpec,
+    PlacementGroupStatus,
 )
 from ..rpc import Endpoint, PeerDisconnected
 from .node_table import NodeTable
@@ -91,12 +88,14 @@ class PlacementGroupManager:
 
     def statistics(self) -> PlacementGroupStatistics:
         """Walks the groups to count their states: O(groups)."""
-        states = {PG_PENDING: 0, PG_CREATED: 0, PG_RESCHEDULING: 0, PG_REMOVED: 0}
+        states = dict.fromkeys(PlacementGroupStatus, 0)
         for group in self.groups.values():
             states[group.state] += 1
         return PlacementGroupStatistics(
-            groups=len(self.groups), pending=states[PG_PENDING], created=states[PG_CREATED],
-            rescheduling=states[PG_RESCHEDULING], removed=states[PG_REMOVED],
+            groups=len(self.groups), pending=states[PlacementGroupStatus.PENDING],
+            created=states[PlacementGroupStatus.CREATED],
+            rescheduling=states[PlacementGroupStatus.RESCHEDULING],
+            removed=states[PlacementGroupStatus.REMOVED],
             named=len(self.names), bundles_preparing=len(self.preparing),
             waiters=len(self.changed))
 
@@ -106,13 +105,14 @@ class PlacementGroupManager:
         for pg_id, group in self.groups.items():
             assert group.pg_id == pg_id, pg_id
             assert group.version == PlacementGroupRecord.VERSION, (pg_id, group.version)
-            assert group.state in (PG_PENDING, PG_CREATED, PG_RESCHEDULING, PG_REMOVED), \
-                group.state
+            assert group.state in (PlacementGroupStatus.PENDING, PlacementGroupStatus.CREATED,
+                                   PlacementGroupStatus.RESCHEDULING,
+                                   PlacementGroupStatus.REMOVED), group.state
             count = len(group.spec.bundles)
             assert all(0 <= index < count for index in group.bundle_nodes), pg_id
-            if group.state == PG_CREATED:
+            if group.state == PlacementGroupStatus.CREATED:
                 assert len(group.bundle_nodes) == count, (pg_id, group.bundle_nodes)
-            if group.state == PG_REMOVED:
+            if group.state == PlacementGroupStatus.REMOVED:
                 assert not group.bundle_nodes, pg_id
         for (namespace, name), pg_id in self.names.items():
             assert pg_id in self.groups, (namespace, name)
@@ -133,7 +133,7 @@ class PlacementGroupManager:
     def start(self) -> None:
         """After a (re)start: resume placing what was not placed."""
         for group in self.groups.values():
-            if group.state in (PG_PENDING, PG_RESCHEDULING):
+            if group.state in (PlacementGroupStatus.PENDING, PlacementGroupStatus.RESCHEDULING):
                 self._nursery.start_soon(self._schedule, group.pg_id)
 
     def info(self, group: PlacementGroupRecord) -> PlacementGroupInfo:
@@ -154,7 +154,7 @@ class PlacementGroupManager:
             return
         if spec.name:
             existing = self.names.get((spec.namespace, spec.name))
-            if existing is not None and self.groups[existing].state != PG_REMOVED:
+            if existing is not None and self.groups[existing].state != PlacementGroupStatus.REMOVED:
                 raise ValueError(f"a placement group named {spec.name!r} already exists in "
                                  f"namespace {spec.namespace!r}")
             self.names[(spec.namespace, spec.name)] = spec.pg_id
@@ -174,7 +174,7 @@ class PlacementGroupManager:
     def handle_get_named_placement_group(self, conn, name: str,
                                          namespace: str) -> PlacementGroupInfo | None:
         pg_id = self.names.get((namespace, name))
-        if pg_id is None or self.groups[pg_id].state == PG_REMOVED:
+        if pg_id is None or self.groups[pg_id].state == PlacementGroupStatus.REMOVED:
             return None
         return self.info(self.groups[pg_id])
 
@@ -195,7 +195,7 @@ class PlacementGroupManager:
             group = self.groups.get(pg_id)
             if group is None:
                 return None
-            if group.state in (PG_CREATED, PG_REMOVED):
+            if group.state in (PlacementGroupStatus.CREATED, PlacementGroupStatus.REMOVED):
                 return self.info(group)
             event = self.changed.setdefault(pg_id, trio.Event())
             await event.wait()
@@ -206,7 +206,7 @@ class PlacementGroupManager:
         held = []
         for pg_id, index in bundles:
             group = self.groups.get(pg_id)
-            if group is None or group.state == PG_REMOVED:
+            if group is None or group.state == PlacementGroupStatus.REMOVED:
                 continue
             if group.bundle_nodes.get(index) == node_id or \
                     (pg_id, index, node_id) in self.preparing:
@@ -222,10 +222,10 @@ class PlacementGroupManager:
         self.remove(group, "tray.util.remove_placement_group()")
 
     def remove(self, group: PlacementGroupRecord, why: str) -> None:
-        if group.state == PG_REMOVED:
+        if group.state == PlacementGroupStatus.REMOVED:
             return
         nodes = sorted(set(group.bundle_nodes.values()))
-        group.state = PG_REMOVED
+        group.state = PlacementGroupStatus.REMOVED
         group.bundle_nodes = {}
         self._save(group)
         self._tracer.record("gcs", "placement_group_removed", pg=group.pg_id, why=why)
@@ -241,12 +241,13 @@ class PlacementGroupManager:
     def node_died(self, node_id: str) -> None:
         for pg_id, group in sorted(self.groups.items()):
             lost = [index for index, node in group.bundle_nodes.items() if node == node_id]
-            if not lost or group.state == PG_REMOVED:
+            if not lost or group.state == PlacementGroupStatus.REMOVED:
                 continue
             for index in lost:
                 del group.bundle_nodes[index]
-            rescheduling = group.state == PG_CREATED
-            group.state = PG_RESCHEDULING if group.bundle_nodes else PG_PENDING
+            rescheduling = group.state == PlacementGroupStatus.CREATED
+            group.state = PlacementGroupStatus.RESCHEDULING if group.bundle_nodes else \
+                PlacementGroupStatus.PENDING
             self._save(group)
             self._tracer.record("gcs", "placement_group_rescheduling", pg=pg_id,
                                 bundles=lost)
@@ -270,7 +271,7 @@ class PlacementGroupManager:
         warned = False
         while True:
             group = self.groups[pg_id]
-            if group.state not in (PG_PENDING, PG_RESCHEDULING):
+            if group.state not in (PlacementGroupStatus.PENDING, PlacementGroupStatus.RESCHEDULING):
                 return
             spec = group.spec
             view = self._nodes.view()
@@ -321,7 +322,7 @@ class PlacementGroupManager:
             if not ok:
                 break
             prepared.append(node_id)
-        if ok and group.state in (PG_PENDING, PG_RESCHEDULING):
+        if ok and group.state in (PlacementGroupStatus.PENDING, PlacementGroupStatus.RESCHEDULING):
             for node_id in prepared:
                 indexes = [index for index, _ in by_node[node_id]]
                 try:
@@ -330,12 +331,14 @@ class PlacementGroupManager:
                 except Exception:  # noqa: BLE001 - lost: the node died meanwhile
                     ok = False
                     break
-        if not ok or group.state not in (PG_PENDING, PG_RESCHEDULING):
+        if not ok or group.state not in (PlacementGroupStatus.PENDING,
+                                         PlacementGroupStatus.RESCHEDULING):
             for node_id in prepared:
                 indexes = [index for index, _ in by_node[node_id]]
                 self._nursery.start_soon(self._release_on, node_id, spec.pg_id, indexes)
             self._tracer.record("gcs", "placement_group_retry", pg=spec.pg_id)
-            return group.state not in (PG_PENDING, PG_RESCHEDULING)
+            return group.state not in (PlacementGroupStatus.PENDING,
+                                       PlacementGroupStatus.RESCHEDULING)
         lost = [node_id for node_id in prepared if not self._alive(node_id)]
         for node_id in prepared:
             if node_id not in lost:
@@ -349,7 +352,7 @@ class PlacementGroupManager:
             # missing again.
             self._save(group)
             return False
-        group.state = PG_CREATED
+        group.state = PlacementGroupStatus.CREATED
         self._save(group)
         self._tracer.record("gcs", "placement_group_created", pg=spec.pg_id,
                             nodes=sorted(set(group.bundle_nodes.values())))

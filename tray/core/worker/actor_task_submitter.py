@@ -90,7 +90,7 @@ import trio
 
 from ... import exceptions
 from ..ids import TaskID
-from ..messages import ALIVE, DEAD, ActorInfo, ActorSpec
+from ..messages import ActorInfo, ActorSpec, ActorStatus
 from ..rpc import Endpoint, HandshakeBroken, PeerDisconnected
 from ..serialization import deserialize
 from ..task_status import TaskStatus
@@ -254,7 +254,7 @@ class ActorTaskSubmitter:
     # ---------------------------------------------------------------- calls
 
     async def actor_info(self, state: ActorState) -> ActorInfo:
-        while state.info is None or (state.info.state != DEAD and
+        while state.info is None or (state.info.state != ActorStatus.DEAD and
                                      state.info.incarnation <= state.seen_incarnation):
             if state.refresh is not None:
                 await state.refresh.wait()
@@ -283,7 +283,7 @@ class ActorTaskSubmitter:
         were most of the caller's time per call besides building it."""
         info = state.info
         spec = task.spec
-        if task.done or info is None or info.state != ALIVE or not info.address or \
+        if task.done or info is None or info.state != ActorStatus.ALIVE or not info.address or \
                 info.incarnation <= state.seen_incarnation or state.refresh is not None:
             return False
         if spec.ref_args():
@@ -368,7 +368,7 @@ class ActorTaskSubmitter:
             if cut_off_from is None:
                 self._task_manager.set_state(task, TaskStatus.PENDING_NODE_ASSIGNMENT)
                 info = await self.actor_info(state)
-                if info.state == DEAD:
+                if info.state == ActorStatus.DEAD:
                     self._task_manager.fail(task, actor_died_error(info, spec.name))
                     return None
                 if task.done:  # cancelled while it waited for the actor
@@ -496,7 +496,8 @@ class ActorTaskSubmitter:
                 except ValueError:  # the GCS knows no such actor any more
                     info = None
                 for task_id, call in list(state.unsettled.items()):
-                    if info is None or info.state == DEAD or call.incarnation < info.incarnation:
+                    if info is None or info.state == ActorStatus.DEAD or \
+                            call.incarnation < info.incarnation:
                         del state.unsettled[task_id]
                         self._tracer.record(self._name, "actor_call_settled", task=task_id)
                         self._references.release_submitted(call.holds)
@@ -520,7 +521,7 @@ class ActorTaskSubmitter:
         seq = task.spec.seq
         state.unfinished.pop(seq, None)
         info = state.info
-        if info is None or info.state != ALIVE or not info.address:
+        if info is None or info.state != ActorStatus.ALIVE or not info.address:
             return  # no live incarnation to tell: calls sent to the next carry the floor
         floor = state.floor()
         known = state.floor_told if state.told_incarnation == info.incarnation else 0
@@ -559,12 +560,13 @@ class ActorTaskSubmitter:
             info = await self._gcs.call("get_actor", state.actor_id)
         except exceptions.TrayError:
             info = None
-        if info is not None and info.state == DEAD:
+        if info is not None and info.state == ActorStatus.DEAD:
             state.info = info
             return actor_died_error(info, spec.name)
         # The GCS may not have heard of the death yet: the actor restarts if
         # its budget allows.
-        if info is not None and (info.state in ("RESTARTING", "PENDING_CREATION") or
+        if info is not None and (info.state in (ActorStatus.RESTARTING,
+                                                ActorStatus.PENDING_CREATION) or
                                  info.max_restarts == -1 or
                                  info.restarts < info.max_restarts):
             return exceptions.ActorUnavailableError(
@@ -620,9 +622,10 @@ class ActorTaskSubmitter:
             while True:
                 info = await self._gcs.call("wait_actor_ready", actor.actor_id,
                                             seen_incarnation)
-                if not ended and self._events is not None and info.state in (ALIVE, DEAD):
+                if not ended and self._events is not None and \
+                        info.state in (ActorStatus.ALIVE, ActorStatus.DEAD):
                     ended = True
-                    if info.state == ALIVE:
+                    if info.state == ActorStatus.ALIVE:
                         self._events.task_state(actor.creation, TaskStatus.FINISHED,
                                                 actor_id=actor.actor_id)
                     else:
@@ -630,7 +633,7 @@ class ActorTaskSubmitter:
                             actor.creation, TaskStatus.FAILED, actor_id=actor.actor_id,
                             error=exceptions.ActorDiedError(
                                 f"the actor {actor.actor_id} died before it was alive"))
-                if info.state == DEAD or info.max_restarts == 0 or \
+                if info.state == ActorStatus.DEAD or info.max_restarts == 0 or \
                         0 < info.max_restarts <= info.restarts:
                     break
                 seen_incarnation = info.incarnation

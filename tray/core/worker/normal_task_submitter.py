@@ -43,11 +43,11 @@ import trio
 from ... import exceptions
 from .. import scheduling
 from ..messages import (
-    PG_REMOVED,
     Infeasible,
     LeaseGranted,
     LeaseRequest,
     LeaseWithdrawn,
+    PlacementGroupStatus,
     Spillback,
     WorkerFailureCause,
 )
@@ -409,7 +409,7 @@ class NormalTaskSubmitter:
         strategy: PlacementGroupStrategy = spec.strategy
         pg_id = strategy.placement_group_id
         info = await self._gcs.call("wait_placement_group_ready", pg_id, None)
-        if info is None or info.state == PG_REMOVED:
+        if info is None or info.state == PlacementGroupStatus.REMOVED:
             self._fail_queue(queue, exceptions.TaskPlacementGroupRemoved(
                 f"the placement group {pg_id} of task {spec.name} was removed"
                 if info is not None else f"there is no placement group {pg_id} (of task "

@@ -52,7 +52,7 @@ def list_placement_groups(address: str | None = None, filters: list | None = Non
     checked = check_query(PlacementGroupState, filters, limit)
     client = Client(address, timeout)
     records = [PlacementGroupState(
-        placement_group_id=info.pg_id, name=info.name, state=info.state,
+        placement_group_id=info.pg_id, name=info.name, state=info.state.value,
         strategy=info.strategy, bundles=[dict(b) for b in info.bundles],
         is_detached=info.detached) for info in client.gcs_call("list_placement_groups")]
     return finish(PlacementGroupState, records, checked, limit, detail, "placement groups")
