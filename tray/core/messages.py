@@ -18,9 +18,14 @@ where that is natural, and they cross simulated processes for free).
   ``scheduling.NodeView`` per node, ``ViewUpdate``, ``HeartbeatReply``.
 * Actors: ``ActorSpec`` (what the owner registers), ``ActorRecord`` (the
   GCS's row, stored in ``Storage`` with a ``version``), ``ActorInfo`` (what
-  callers learn).
+  callers learn); its state an ``ActorStatus``.
 * Placement groups: ``PlacementGroupSpec``, ``PlacementGroupRecord``
-  (stored, versioned), ``PlacementGroupInfo``.
+  (stored, versioned), ``PlacementGroupInfo``; the state a
+  ``PlacementGroupStatus``.
+* Replies of the node manager (``WorkerRegistered``, ``WorkerFailureCause``,
+  ``NodeStats``, ``WorkerRow``) and of the state API's questions
+  (``TaskEventPage``, ``TaskSummaryReply``, ``ActorStatePage``,
+  ``ObjectReport``: typed envelopes around rows that stay dicts).
 """
 
 from __future__ import annotations
