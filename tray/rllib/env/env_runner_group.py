@@ -280,7 +280,10 @@ class EnvRunnerGroup:
         if ready and rest:
             more, _ = tray.wait(rest, num_returns=len(rest), timeout=0)
             ready += more
-        ready_set = set(ready)
+        # A dict, not a set: the refs' last holder when this returns may be
+        # this, and a set lets them go (the driver frees their objects) in
+        # the order of their hashes, which follows PYTHONHASHSEED.
+        ready_set = dict.fromkeys(ready)
         results = []
         for ref in refs:  # in submission order: deterministic
             if ref not in ready_set:
