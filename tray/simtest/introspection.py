@@ -1,8 +1,9 @@
 """Introspection of a running simulated cluster, for the reports of a
 failing seed: who waits on whom (``wait_for_graph``, shown when work hangs)
 and what is still held at quiescence (``leaks``). Both read the frozen
-``statistics()`` records of the live processes' components (core workers
-and node managers) and the node stores, never their private fields."""
+``statistics()`` records of the live core workers and node managers (the
+processes that hold work; the GCS's record is read too and passed over)
+and the node stores, never their private fields."""
 
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ def _dead(cluster, address) -> str:
 
 def _statistics(cluster) -> list:
     """(address, statistics) of every live simulated process's core
-    component: core workers and node managers (the GCS keeps no work)."""
+    component: core workers, node managers and the GCS (whose record the
+    reports below pass over: it holds no task)."""
     found = []
     for address, component in _components(cluster):
         statistics = getattr(component, "statistics", None)

@@ -7,7 +7,7 @@ components, one concern each (after Ray's core worker):
 
 owner side (the process that called ``.remote()`` or ``put``)
   ``reference_counter``      the object table: counts, borrowers, values
-  ``task_manager``           pending tasks, lineage; every task ends in ``finish``
+  ``task_manager``           pending tasks, lineage; every task ends in ``complete`` or ``fail``
   ``task_submission``        from ``.remote()`` to a pending task, started in call order
   ``task_args``              a task's arguments: packed into its spec, held while pending
   ``dependency_resolver``    a task waits for its arguments before it is sent
@@ -29,7 +29,7 @@ the arguments (``task_args``, holding every ref argument in the reference
 counter) and registers a ``PendingTask`` with the task manager; the normal
 submitter exports the function, resolves the dependencies, queues the task
 in its class, leases a worker and pushes it; the worker's task receiver
-runs it and replies; the task manager's ``finish`` stores the results and
+runs it and replies; the task manager's ``complete`` stores the results and
 releases the arguments. (From the local driver's script, whose loop runs in
 another thread, ``submit_task`` builds the spec and refs in the caller's
 thread and queues the rest for the loop through ``thread_inbox``: no wait,
