@@ -289,7 +289,11 @@ class Router:
                                                     replica.max_ongoing_requests)))
         ready, _ = tray.wait(oldest, num_returns=len(oldest), timeout=0, fetch_local=False)
         if ready:
-            finished = set(ready)
+            # A dict, not a set: the last holder of a ref the caller dropped
+            # may be this, and a set would let them go (their objects
+            # freed) in the order of their hashes, which follows
+            # PYTHONHASHSEED (as rllib's fetch_ready did, seed 184).
+            finished = dict.fromkeys(ready)
             kept = [ref for ref in refs if ref not in finished]
             refs.clear()
             refs.extend(kept)
