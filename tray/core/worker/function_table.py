@@ -76,14 +76,28 @@ class FunctionTable:
             self._exported.get(function_id) is None
 
     async def ensure_exported(self, function_id: str) -> None:
-        blob = self._pending_exports.pop(function_id, None)
-        if blob is not None:
-            event = self._exported[function_id] = trio.Event()
-            await self._gcs.call("kv_put", "fn:" + function_id, blob, False)
-            self._exported[function_id] = None
-            event.set()
-        event = self._exported.get(function_id)
-        if event is not None:
+        """Return once the function is in the GCS: upload it if no task has,
+        else wait for the upload under way. An upload that fails (the GCS
+        unreachable past its retries, the uploading task cancelled) leaves
+        the function noted for the next task, and the tasks waiting on it
+        try again at once: none of them waits for an upload that stopped."""
+        while True:
+            blob = self._pending_exports.pop(function_id, None)
+            if blob is not None:
+                event = self._exported[function_id] = trio.Event()
+                try:
+                    await self._gcs.call("kv_put", "fn:" + function_id, blob, False)
+                except BaseException:
+                    self._pending_exports[function_id] = blob
+                    self._exported[function_id] = None
+                    event.set()
+                    raise
+                self._exported[function_id] = None
+                event.set()
+                return
+            event = self._exported.get(function_id)
+            if event is None:
+                return
             await event.wait()
 
     async def load(self, function_id: str):
