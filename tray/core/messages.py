@@ -378,18 +378,12 @@ class WorkerRegistered:
 class WorkerFailureCause:
     """Why a lease's worker died, as its node knows it (the reply to
     ``worker_failure_cause``): ``kind`` "out_of_memory" (its memory monitor
-    killed it), ``message`` the reason as the owner's error tells it,
-    ``should_retry`` whether its owner had other tasks running there; then
-    the numbers the monitor decided on."""
+    killed it), ``message`` the reason as the owner's error tells it (with
+    the numbers the monitor decided on: ``MemoryKill.describe``),
+    ``should_retry`` whether its owner had other tasks running there."""
     kind: str
     message: str
     should_retry: bool
-    lease_id: int
-    worker_id: str
-    node_id: str
-    used_bytes: int
-    total_bytes: int
-    threshold: float
 
 
 @pickled_by_fields

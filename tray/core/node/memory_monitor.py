@@ -150,11 +150,9 @@ class MemoryMonitor:
 
     def handle_worker_failure_cause(self, conn, lease_id: int) -> WorkerFailureCause | None:
         """Why the worker of this lease died, if this node killed it for
-        memory (kind "out_of_memory", the message, and the numbers); None
+        memory (kind "out_of_memory", the message with the numbers); None
         when it is not known to have been killed here."""
         kill = self.causes.get(lease_id)
         if kill is None:
             return None
-        return WorkerFailureCause("out_of_memory", kill.describe(), kill.should_retry,
-                                  kill.lease_id, kill.worker_id, kill.node_id, kill.used_bytes,
-                                  kill.total_bytes, kill.threshold)
+        return WorkerFailureCause("out_of_memory", kill.describe(), kill.should_retry)
