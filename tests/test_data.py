@@ -206,8 +206,15 @@ def test_bad_arguments_fail_at_the_call(sim):
         td.range(3).map_batches(lambda b: b, no_such_option=1)
     with pytest.raises(ValueError, match="concurrency"):
         td.range(3).map(lambda r: r, concurrency=0)
-    with pytest.raises(ValueError, match="leaving none for the tasks"):  # a sure deadlock
-        td.range(3).map_batches(AddOffset, concurrency=4, fn_constructor_args=(1,)).take_all()
+    # Tasks that must run before a pool as large as the cluster: a sure
+    # deadlock. (A plain read or map before it is fused into the pool.)
+    with pytest.raises(ValueError, match="leaving none for the tasks"):
+        td.range(3).map(_plus_one, num_cpus=1).map_batches(
+            AddOffset, concurrency=4, fn_constructor_args=(1,)).take_all()
+
+
+def _plus_one(row):
+    return {"id": row["id"] + 1}
 
 
 def test_actor_pool_strategy_and_row_ops_with_classes(sim):

@@ -244,13 +244,22 @@ class Dataset:
 
         return self._with(P.all_to_all_op([self._plan], "RandomizeBlockOrder", plan))
 
-    def sort(self, key, descending: bool = False) -> Dataset:
+    def sort(self, key, descending: bool | list = False) -> Dataset:
+        """Sort by ``key`` (a column or a list of them); ``descending`` is
+        one bool for every key or a list of them, one per key (Ray's)."""
         keys = [key] if isinstance(key, str) else list(key or [])
         if not keys or not all(isinstance(k, str) for k in keys):
             raise ValueError(f"sort: key must be a column name or a list of them, got {key!r}")
+        if isinstance(descending, (list, tuple)):
+            if len(descending) != len(keys):
+                raise ValueError(f"sort: descending must be a bool or a list of one per key; "
+                                 f"got {len(descending)} for {len(keys)} keys")
+            directions = [bool(d) for d in descending]
+        else:
+            directions = bool(descending)
 
         def plan(bundles):
-            return (yield from S.sort_plan(bundles, keys, bool(descending)))
+            return (yield from S.sort_plan(bundles, keys, directions))
 
         return self._with(P.all_to_all_op([self._plan], f"Sort({keys})", plan))
 

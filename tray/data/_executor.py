@@ -160,6 +160,9 @@ class StreamingExecutor:
             if op.completed() and not target.inputs_done[index]:
                 target.input_done(index)
                 moved = True
+            release = getattr(op, "release_when_done", None)
+            if release is not None:
+                release()
         return moved
 
     def _launch(self) -> bool:

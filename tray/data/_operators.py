@@ -215,9 +215,11 @@ class MapOperator(Operator):
                             if k in ("num_cpus", "num_gpus", "resources", "memory",
                                      "scheduling_strategy", "max_restarts")})
             pool_cpus = self.pool_size * float(options.get("num_cpus") or 0)
+            # Tasks after the pool wait for it to finish, which frees its
+            # actors (release_when_done); tasks before it would never run.
             if pool_cpus >= executor.total_cpus and any(
-                    isinstance(op, MapOperator) and op.pool_size is None
-                    for op in executor.operators):
+                    isinstance(op, (MapOperator, AllToAllOperator)) and op.pool_size is None
+                    for op in _upstream_of(self)):
                 raise ValueError(
                     f"tray.data: the actor pool of {self.name} would take {pool_cpus:g} CPUs of "
                     f"the cluster's {executor.total_cpus:g}, leaving none for the tasks that "
@@ -358,6 +360,14 @@ class MapOperator(Operator):
         self._finished.clear()
         super().stop()
 
+    def release_when_done(self) -> None:
+        """Once every input went through the pool, its actors go, freeing
+        their resources for the operators after it (Ray kills a finished
+        pool's idle actors too): with a pool as large as the cluster, the
+        tasks after it (a limit's slice, a map) could not run before."""
+        if self._actors and self.completed():
+            self.shutdown()
+
     def shutdown(self) -> None:
         for actor in self._actors:
             try:
@@ -367,6 +377,15 @@ class MapOperator(Operator):
         self._actors = []
         self._ready = []
         self._ready_refs = {}
+
+
+def _upstream_of(op: Operator) -> list:
+    found, stack = [], list(op.inputs)
+    while stack:
+        upstream = stack.pop()
+        found.append(upstream)
+        stack.extend(upstream.inputs)
+    return found
 
 
 class AllToAllOperator(Operator):

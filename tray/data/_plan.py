@@ -7,8 +7,10 @@ the one optimisation is Ray's most important: adjacent map operators that
 run as tasks with the same resources are **fused** into one task (their
 transform chains concatenated), reads included, so read -> map_batches ->
 filter is one task per block and one block in the store, not three.
-A map on an actor pool is not fused with its neighbours (its actors hold
-state that tasks cannot).
+A map on an actor pool takes in the plain task map or read before it (its
+actors run the read and the maps, as Ray's ``ReadRange->MapBatches(C)``
+does), so that no task feeds a pool as large as the cluster; nothing after
+a pool is fused into it (its actors hold state that tasks cannot).
 
 ``execute_plan`` compiles a plan and runs it with the streaming executor;
 every consumer of a dataset (and each epoch of a ``streaming_split``)
@@ -77,6 +79,18 @@ def _fusable(op: O.Operator, node: LogicalOp) -> bool:
             and not getattr(op, "_started", False))
 
 
+def _fusable_into_pool(op: O.Operator, node: LogicalOp) -> bool:
+    """A map on an actor pool takes in the task-based map (or read) before
+    it when that asked for no resources of its own (only retries) and no
+    batches of its own size."""
+    params = node.params
+    return (isinstance(op, O.MapOperator) and params["pool_size"] is not None
+            and op.pool_size is None and op.concurrency is None
+            and not _resources(op.remote_args)
+            and (op.is_read or not params.get("explicit_batch_size"))
+            and not getattr(op, "_started", False))
+
+
 def _resources(remote_args: dict) -> tuple:
     """What must match for two map operators to share tasks (retries may
     differ: the fused task takes the larger budget)."""
@@ -105,6 +119,18 @@ def compile_plan(node: LogicalOp) -> O.Operator:
             upstream.chain = [*upstream.chain, params["transform"]]
             upstream.name = f"{upstream.name}->{node.name}"
             return upstream
+        if _fusable_into_pool(upstream, node):
+            # Ray fuses the tasks before an actor pool into it (ReadRange->
+            # MapBatches(C) runs on the actors): then no task feeds the pool,
+            # and a pool as large as the cluster cannot starve its input.
+            fused = O.MapOperator(f"{upstream.name}->{node.name}", upstream.inputs[0],
+                                  [*upstream.chain, params["transform"]],
+                                  remote_args=params["remote_args"],
+                                  pool_size=params["pool_size"],
+                                  min_rows_per_bundle=None if upstream.is_read
+                                  else params["min_rows_per_bundle"],
+                                  is_read=upstream.is_read)
+            return fused
         return O.MapOperator(node.name, upstream, [params["transform"]],
                              remote_args=params["remote_args"], pool_size=params["pool_size"],
                              concurrency=params["concurrency"],

@@ -109,15 +109,24 @@ def _with_metadata(block: pa.Table):
     return block, B.metadata_of(block)
 
 
-def _sort_table(table: pa.Table, keys: list, descending: bool) -> pa.Table:
+def _directions(keys: list, descending) -> list:
+    """One direction per key: ``descending`` is one bool for all of them
+    or a list of bools, one per key (as Ray's ``sort`` takes it)."""
+    if isinstance(descending, (list, tuple)):
+        return [bool(d) for d in descending]
+    return [bool(descending)] * len(keys)
+
+
+def _sort_table(table: pa.Table, keys: list, descending) -> pa.Table:
     if table.num_rows == 0:
         return table
-    order = "descending" if descending else "ascending"
-    return table.sort_by([(key, order) for key in keys])
+    return table.sort_by([(key, "descending" if down else "ascending")
+                          for key, down in zip(keys, _directions(keys, descending),
+                                               strict=True)])
 
 
 @tray.remote
-def sort_reduce(keys: list, descending: bool, *parts):
+def sort_reduce(keys: list, descending, *parts):
     return _with_metadata(_sort_table(B.concat(list(parts)), keys, descending))
 
 
@@ -133,9 +142,12 @@ def concat_reduce(*parts):
     return _with_metadata(B.concat(list(parts)))
 
 
-@tray.remote
+@tray.remote(num_cpus=0)
 def gather_rows(spans: list, *blocks):
-    """Rows ``spans[i] = (start, stop)`` of ``blocks[i]``, in order."""
+    """Rows ``spans[i] = (start, stop)`` of ``blocks[i]``, in order. No CPU:
+    it only copies rows (a limit's slice, a split's share), and it must
+    never wait for a CPU that an actor pool holds (a pool as large as the
+    cluster then ``take()`` hung: issue 41)."""
     pieces = [B.take_rows(block, start, stop) for block, (start, stop) in zip(blocks, spans, strict=False)]
     return _with_metadata(B.concat(pieces))
 
@@ -239,8 +251,13 @@ def num_parts_for(bundles: list) -> int:
     return max(1, sum(1 for bundle in bundles for meta in bundle.metas if meta.num_rows > 0))
 
 
-def sort_plan(bundles: list, keys: list, descending: bool):
-    parts = yield from range_partition_plan(bundles, keys[0], descending, num_parts_for(bundles))
+def sort_plan(bundles: list, keys: list, descending):
+    """``descending``: a bool, or one per key. Blocks are partitioned by the
+    first key's range (in its direction), so rows of equal first keys meet
+    in one reduce, which sorts by every key in its own direction."""
+    first_descending = _directions(keys, descending)[0]
+    parts = yield from range_partition_plan(bundles, keys[0], first_descending,
+                                            num_parts_for(bundles))
     results = yield _reduce_calls(parts, sort_reduce, (keys, descending))
     return results
 
