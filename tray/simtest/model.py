@@ -29,6 +29,23 @@ class _Sentinel:
         return self.name
 
 
+class Shaped:
+    """An expected value judged by a predicate (compares equal to a value
+    the predicate accepts), with the model's description for messages."""
+
+    def __init__(self, description: str, accepts) -> None:
+        self.description = description
+        self.accepts = accepts
+
+    def __eq__(self, other) -> bool:
+        return bool(self.accepts(other))
+
+    __hash__ = None
+
+    def __repr__(self) -> str:
+        return self.description
+
+
 @dataclass
 class ExpectError:
     error_class: type

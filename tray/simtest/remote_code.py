@@ -31,6 +31,10 @@ class Ledger:
     # (node id, GPU id) -> [(start, end)] of finished GPU task bodies, virtual time
     gpu_spans: dict = field(default_factory=dict)
     workers: dict = field(default_factory=dict)  # key -> ids of the workers that ran it
+    # Runs of the lifecycle pieces' code, in order: (key, function, worker id,
+    # process address, virtual start time); a run that got to its end also
+    # counts ``<key>:end`` in ``executions``.
+    runs: list = field(default_factory=list)
 
     def ran(self, key: str) -> int:
         count = self.executions.get(key, 0) + 1
@@ -62,6 +66,14 @@ def _log_call(actor_key: str, incarnation: int, caller: str, seq: int) -> None:
 
 def _log_worker(key: str, worker_id: str) -> None:
     LEDGER.workers.setdefault(key, []).append(worker_id)
+
+
+def _log_run(key: str, function: str) -> None:
+    from ..core.context import current_worker
+
+    worker = current_worker.get(None)
+    LEDGER.runs.append((key, function, tray.get_runtime_context().get_worker_id(),
+                        getattr(worker, "address", ""), time.time()))
 
 
 def _gpu_span(node_id: str, gpu_ids: list, start_s: float, end_s: float) -> None:
@@ -275,3 +287,113 @@ def sleeping_parent(key: str, children: int, sleep_s: float) -> int:
     refs = [long_sleeper.options(max_retries=0).remote(f"{key}#{attempt}:{i}", sleep_s)
             for i in range(children)]
     return len(tray.get(refs))
+
+
+# The lifecycle pieces' code (pieces_memory, pieces_lifecycle): tasks whose
+# simulated memory rises as they work, an actor that holds memory, an actor
+# whose calls say which incarnation ran them, and tasks whose workers are
+# recycled (max_calls, idle exit) with objects owned by those workers.
+
+GIB = 1024 ** 3
+
+
+@tray.remote
+def memory_hog(key: str, x: int, size_bytes: int, steps: int, step_s: float) -> int:
+    """Allocates ``size_bytes`` of its machine's memory in ``steps`` steps,
+    ``step_s`` apart (its memory rises with its work), then frees it all."""
+    from . import cluster
+
+    _ran(key)
+    _log_run(key, "memory_hog")
+    sim = cluster()
+    for _ in range(steps):
+        sim.allocate_memory(size_bytes // steps)
+        time.sleep(step_s)
+    sim.free_memory()
+    _ran(f"{key}:end")
+    _log_run(key, "memory_hog:end")
+    return x * x + 1
+
+
+@tray.remote
+class MemoryActor:
+    """An actor that holds memory for a while when asked (the monitor kills
+    it only when no task runs on its node), and answers pings."""
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+        self.incarnation = _ran(f"{key}:init")
+
+    def grab(self, size_bytes: int, hold_s: float) -> int:
+        from . import cluster
+
+        _log_run(f"{self.key}:grab", "MemoryActor.grab")
+        sim = cluster()
+        sim.allocate_memory(size_bytes)
+        time.sleep(hold_s)
+        sim.free_memory()
+        return self.incarnation
+
+    def ping(self, x: int) -> tuple:
+        return x * x, self.incarnation
+
+
+@tray.remote
+class Counter:
+    """An actor whose calls log their caller, sequence and incarnation, and
+    their end, and answer with the incarnation that ran them."""
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+        self.incarnation = _ran(f"{key}:init")
+
+    def step(self, caller: str, seq: int, x: int, sleep_s: float) -> tuple:
+        _log_call(self.key, self.incarnation, caller, seq)
+        time.sleep(sleep_s)
+        _ran(f"{self.key}:{caller}:{seq}:end")
+        return x * x, self.incarnation
+
+
+def _recycled_body(key: str, function: str, x: int, boxes: int) -> tuple:
+    _ran(key)
+    _log_run(key, function)
+    refs = [tray.put(x * 10 + i) for i in range(boxes)]
+    _ran(f"{key}:end")
+    return x * x, refs
+
+
+@tray.remote(max_calls=1)
+def recycled_1(key: str, x: int, boxes: int) -> tuple:
+    return _recycled_body(key, "recycled_1", x, boxes)
+
+
+@tray.remote(max_calls=2)
+def recycled_2(key: str, x: int, boxes: int) -> tuple:
+    return _recycled_body(key, "recycled_2", x, boxes)
+
+
+@tray.remote(max_calls=3)
+def recycled_3(key: str, x: int, boxes: int) -> tuple:
+    return _recycled_body(key, "recycled_3", x, boxes)
+
+
+@tray.remote
+def reused(key: str, x: int, boxes: int) -> tuple:
+    """No max_calls: its worker goes back idle, and may be reaped as idle
+    unless it owns objects still referenced (the ``boxes`` it put)."""
+    return _recycled_body(key, "reused", x, boxes)
+
+
+MAX_CALLS = {"recycled_1": 1, "recycled_2": 2, "recycled_3": 3}
+RECYCLED = {"recycled_1": recycled_1, "recycled_2": recycled_2, "recycled_3": recycled_3}
+
+
+@tray.remote
+class MemoryOwner:
+    """A second owner of memory hogs (the monitor groups tasks by owner):
+    submits them and hands the refs (which it owns) to the driver."""
+
+    def submit(self, items: list) -> list:
+        return [memory_hog.options(max_retries=retries, num_cpus=cpus).remote(
+                    key, x, size_bytes, steps, step_s)
+                for key, x, size_bytes, steps, step_s, retries, cpus in items]

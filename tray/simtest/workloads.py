@@ -20,6 +20,8 @@ Randomness comes only from ``program.rng`` (``random.Random(f"{seed}:workload")`
 from __future__ import annotations
 
 from .pieces_actors import actors, named, restarts, restarts_unretried
+from .pieces_lifecycle import inflight, recycle
+from .pieces_memory import memory
 from .pieces_objects import chains, lineage, objects, returns, wait_loop
 from .pieces_tasks import cancellation, dag, gpus, nested, placement_groups, retries
 
@@ -27,14 +29,21 @@ PIECES = {
     "dag": dag, "nested": nested, "objects": objects, "wait": wait_loop, "actors": actors,
     "retries": retries, "cancel": cancellation, "restarts": restarts,
     "groups": placement_groups, "chains": chains, "returns": returns, "named": named,
-    "gpus": gpus, "lineage": lineage,
+    "gpus": gpus, "lineage": lineage, "memory": memory,
+    "inflight": inflight, "recycle": recycle,
 }
+# Pieces that run after every other piece of ``mixed`` (memory pressure:
+# the monitor may kill any work on its node, which other pieces' checks do
+# not expect, so it waits for theirs to be done first).
+LAST = ("memory",)
 
 
 def mixed(program) -> None:
     names = sorted(PIECES)
-    for _ in range(program.rng.randint(3, 6)):
-        PIECES[program.rng.choice(names)](program)
+    chosen = [program.rng.choice(names) for _ in range(program.rng.randint(3, 6))]
+    for name in [name for name in chosen if name not in LAST] + \
+            [name for name in chosen if name in LAST]:
+        PIECES[name](program)
 
 
 def _library_workloads() -> dict:
@@ -56,4 +65,5 @@ def _library_workloads() -> dict:
 
 WORKLOADS = {**PIECES, "mixed": mixed, "lineage": lambda program: lineage(program, alone=True),
              "restarts_unretried": restarts_unretried,
+             "memory": lambda program: memory(program, alone=True),
              **_library_workloads()}

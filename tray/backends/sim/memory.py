@@ -35,6 +35,10 @@ class SimulatedMemory:
         if size_bytes is not None and held > size_bytes:
             self._allocated[address] = held - size_bytes
 
+    def holders(self) -> dict:
+        """Process address -> bytes it holds now (those holding any)."""
+        return {address: size for address, size in self._allocated.items() if size}
+
     def allocated_by(self, address: str) -> int:
         return self._allocated.get(address, 0)
 

@@ -94,6 +94,15 @@ def choose_victim(leases) -> tuple[object, bool] | None:
     return None
 
 
+def _candidates(leases) -> str:
+    """The leases the monitor chose among, for the trace (simtest checks the
+    choice against the policy): ``lease:granted:retriable:actor:owner`` each,
+    ``;``-separated (retriable 1/0; actor: its id, or empty)."""
+    return ";".join(f"{lease.lease_id}:{lease.granted}:{int(lease.retriable)}:"
+                    f"{lease.for_actor or ''}:{lease.owner}"
+                    for lease in leases if lease.worker_id)
+
+
 class MemoryMonitor:
     def __init__(self, *, node_id: str, config, tracer, read_memory, leases, pool) -> None:
         self._node_id = node_id
@@ -129,8 +138,8 @@ class MemoryMonitor:
         threshold = self._config.memory_usage_threshold
         if reading.total_bytes <= 0 or reading.used_bytes / reading.total_bytes <= threshold:
             return None
-        chosen = choose_victim(sorted(self._leases.leases.values(),
-                                      key=lambda lease: lease.lease_id))
+        leases = sorted(self._leases.leases.values(), key=lambda lease: lease.lease_id)
+        chosen = choose_victim(leases)
         if chosen is None:
             return None
         victim, should_retry = chosen
@@ -142,7 +151,7 @@ class MemoryMonitor:
         self.kills += 1
         self._tracer.record(self._trace_name, "memory_kill", lease=victim.lease_id,
                             worker=victim.worker_id, used_bytes=reading.used_bytes,
-                            total_bytes=reading.total_bytes)
+                            total_bytes=reading.total_bytes, candidates=_candidates(leases))
         logger.warning("%s", kill.describe())
         self._pool.kill_worker(victim.worker_id, f"killed by the memory monitor: "
                                                  f"{kill.describe()}")
