@@ -137,18 +137,18 @@ def _judge_inflight(program, sim, key, max_restarts, calls, rounds) -> None:
                     "inflight-calls-fail-or-retry-by-their-budget",
                     f"{label} failed with {type(error).__name__}: {str(error)[:400]}; "
                     f"the workload's crashes after it was made: {len(later_crashes)}, its "
-                    f"retries {retries}, the actor's max_restarts {max_restarts}")
+                    f"retries {retries}, the actor's max_restarts {max_restarts}") from None
             if spent and not isinstance(error, exceptions.ActorDiedError):
                 raise InvariantViolation(
                     "inflight-calls-fail-or-retry-by-their-budget",
                     f"{label}, made after the actor's restarts were spent, failed with "
-                    f"{type(error).__name__}, not ActorDiedError: {str(error)[:300]}")
+                    f"{type(error).__name__}, not ActorDiedError: {str(error)[:300]}") from None
             if retries == 0 and len(ran_in.get(seq, [])) > 0 and in_flight and \
                     incarnation is not None and max(ran_in[seq]) > incarnation:
                 raise InvariantViolation(
                     "inflight-calls-fail-or-retry-by-their-budget",
                     f"{label} was in flight to incarnation {incarnation} at its crash, "
-                    f"failed, and ran on incarnation {max(ran_in[seq])} after")
+                    f"failed, and ran on incarnation {max(ran_in[seq])} after") from None
             continue
         if not isinstance(value, tuple) or value[0] != x * x:
             raise InvariantViolation("get-returns-model-value",
@@ -184,7 +184,7 @@ def recycle(program) -> None:
     idle_s = sim.config.idle_worker_timeout_s
     cpus = rng.choice([0.25, 0.5, 1])
     results = []  # (key, x, boxes, ref)
-    for wave in range(rng.randint(2, 4)):
+    for _wave in range(rng.randint(2, 4)):
         for _ in range(rng.randint(3, 10)):
             function = rng.choice(sorted(remote_code.RECYCLED) + ["reused", "reused"])
             remote = remote_code.RECYCLED.get(function, remote_code.reused)
@@ -206,7 +206,7 @@ def recycle(program) -> None:
                        label=f"{key}", retries=retries)
 
     def read_boxes() -> None:
-        for key, x, boxes, ref, retries in results:
+        for key, x, _boxes, ref, _retries in results:
             try:
                 _, refs = tray.get(ref, timeout=120.0)
             except Exception:  # noqa: BLE001 - judged with the expectation
@@ -226,21 +226,18 @@ def _recycled(value, x: int, boxes: int) -> bool:
 
 def _check_max_calls(program, sim) -> None:
     """Per worker: at most N calls of a max_calls=N function, nothing after
-    its N-th, and a worker that exited by itself (not killed, not force
-    cancelled) reached some function's N."""
+    its N-th, and a worker that retires (max_calls_reached) reached some
+    function's N."""
     by_worker: dict = {}
     for key, function, worker, address, t in remote_code.LEDGER.runs:
         by_worker.setdefault(worker, []).append((t, function, key, address))
-    exited, forced = set(), set()
-    for event in sim.trace.events:
-        if event["event"] == "process_exit":
-            exited.add(event["process"])
-        elif event["event"] == "force_exit":
-            forced.add(event["component"].rsplit(":", 1)[-1])
+    # Workers that said they retire (their node then lets them go).
+    retiring = {event["component"].rsplit(":", 1)[-1] for event in sim.trace.events
+                if event["event"] == "max_calls_reached"}
     for worker, runs in sorted(by_worker.items()):
         counts: dict = {}
         retired_at = None
-        for t, function, key, address in runs:
+        for t, function, key, _address in runs:
             limit = remote_code.MAX_CALLS.get(function)
             if retired_at is not None:
                 raise InvariantViolation(
@@ -253,11 +250,9 @@ def _check_max_calls(program, sim) -> None:
             counts[function] = counts.get(function, 0) + 1
             if counts[function] == limit:
                 retired_at = (function, limit)
-        address = runs[0][3]
-        if address in exited and retired_at is None and counts and \
-                not any(worker.endswith(suffix) for suffix in forced) and not program.kills:
+        if worker[-8:] in retiring and retired_at is None and counts:
             raise InvariantViolation(
                 "max-calls-worker-retires-after-exactly-n-calls",
-                f"worker {worker[:8]} exited by itself after {counts} call(s) of max_calls "
+                f"worker {worker[:8]} retired after {counts} call(s) of max_calls "
                 f"functions {dict((f, remote_code.MAX_CALLS[f]) for f in counts)}, short of "
                 "every limit")
