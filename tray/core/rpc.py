@@ -325,6 +325,7 @@ class Connection:
                         pending.settle(a, b)
                 elif kind == RELIABLE:
                     if self._endpoint.first_delivery(self, call_id):
+                        self._endpoint.reliable_handled += 1
                         self._dispatch(ONEWAY, 0, a, b)
                     self.acknowledge(call_id)
                 elif kind == ACK:
@@ -452,6 +453,10 @@ class Endpoint:
         self._peer_sessions: dict[str, int] = {}  # destination -> its session, last seen
         self._unreachable_since: dict[str, float] = {}  # destination -> when found gone
         self.reliable_dropped = 0  # messages dropped: the limit, or a replaced receiver
+        # Reliable messages received and handled (each once: a copy sent
+        # again after a broken connection is not counted). The simulator
+        # checks it against its own count of those new to this receiver.
+        self.reliable_handled = 0
         # seq -> [acknowledged?, event] of the messages ``call_reliable``
         # waits on (each is in an ``_unacked`` queue, so as bounded).
         self._ack_waiters: dict[int, list] = {}

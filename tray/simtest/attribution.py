@@ -62,6 +62,11 @@ def fault_spans(events, head_node: str) -> list[FaultSpan]:
             # runner so, and its constructor's second run had no cause).
             spans.append(FaultSpan(event["t"], event["t"], "kill_worker",
                                    worker=event["worker"]))
+        elif event["event"] == "memory_kill":
+            # A node's memory monitor killed a worker (pieces_memory): its
+            # task is retried, and its actor restarts, for that cause.
+            spans.append(FaultSpan(event["t"], event["t"], "memory_kill",
+                                   worker=event["worker"]))
         elif event["event"] == "fault" and event["component"] == "simtest":
             if event["what"] == "heal":
                 heals.append(event["t"])
@@ -78,7 +83,7 @@ def fault_spans(events, head_node: str) -> list[FaultSpan]:
         end = start
         if kind == "partition":  # until the next heal (each heals every partition)
             end = min([t for t in heals if t >= start] + [end_of_faults])
-        elif kind == "stall":
+        elif kind in ("stall", "duplicate"):  # (a duplicate's lag ends in a reset)
             end = start + params.get("seconds", 0.0)
         elif kind == "slow_node":
             end = end_of_faults

@@ -31,6 +31,10 @@ KIND_NEEDS = {
     "stall": ("stall",),
     "reset": ("reset_connections",),
     "slow_node": ("slow_node",),
+    # Duplicate deliveries: a node's connections lag, then break, and the
+    # senders send again every reliable message whose acknowledgement the
+    # lag lost (``replay_after_reset``): each must be handled once.
+    "duplicate": ("replay_after_reset",),
 }
 
 ALL_KINDS = tuple(KIND_NEEDS)
@@ -38,7 +42,7 @@ ALL_KINDS = tuple(KIND_NEEDS)
 PROFILES = {
     "none": (),
     "crash": ("worker_crash",),
-    "network": ("partition", "stall", "reset", "slow_node"),
+    "network": ("partition", "stall", "reset", "slow_node", "duplicate"),
     # The default sweep's: every kind that tray survives (today, all of them).
     "default": ALL_KINDS,
     # Every kind, more of each, over a longer window, overlapping on
@@ -53,7 +57,10 @@ PROFILES.update({kind: (kind,) for kind in KIND_NEEDS})
 # and ActorDiedError are permitted outcomes.
 # A partition counts: the GCS may declare the isolated node dead, and the
 # node then fences itself (its workers and objects are gone).
-KILLING_KINDS = {"worker_crash", "node_crash", "reset", "partition"}
+KILLING_KINDS = {"worker_crash", "node_crash", "reset", "partition", "duplicate"}
+# Kinds drawn from a random stream of their own (added after the others
+# were: the schedules and targets of the other kinds stay what they were).
+SEPARATE_KINDS = ("duplicate",)
 
 FAULT_WINDOW_S = 0.6  # faults fire in [0, FAULT_WINDOW_S) of virtual time
 CHAOS_WINDOW_S = 1.5  # the chaos profile's window: faults land amid later work too
@@ -81,12 +88,15 @@ def plan(seed: int, profile: str, kinds_available: set, num_nodes: int) -> list[
     if profile not in PROFILES:
         raise ValueError(f"unknown fault profile {profile!r}; choose from {sorted(PROFILES)}")
     rng = random.Random(f"{seed}:faults")
-    kinds = [k for k in PROFILES[profile] if k in kinds_available]
+    every_kind = [k for k in PROFILES[profile] if k in kinds_available]
     if num_nodes < 2:
-        kinds = [k for k in kinds if k not in ("node_crash", "partition")]
-    if not kinds:
-        return []
+        every_kind = [k for k in every_kind if k not in ("node_crash", "partition")]
+    kinds = [k for k in every_kind if k not in SEPARATE_KINDS]
+    separate = [k for k in every_kind if k in SEPARATE_KINDS]
     chaos = profile == "chaos"
+    if not kinds:
+        return sorted(_separate_kinds(seed, separate, chaos, forced=True),
+                      key=lambda f: (f.at_s, f.kind))
     pick_p, most, window_s = (0.85, 5, CHAOS_WINDOW_S) if chaos else (0.6, 3, FAULT_WINDOW_S)
     chosen = [k for k in kinds if rng.random() < pick_p] or [rng.choice(kinds)]
     faults = []
@@ -108,7 +118,29 @@ def plan(seed: int, profile: str, kinds_available: set, num_nodes: int) -> list[
             faults.append(Fault(at_s, kind, params))
     if chaos:
         faults += _overlaps(rng, faults, num_nodes)
+    faults += _separate_kinds(seed, separate, chaos)
     return _space_gcs_restarts(sorted(faults, key=lambda f: (f.at_s, f.kind)))
+
+
+def _separate_kinds(seed: int, kinds: list, chaos: bool, forced: bool = False) -> list[Fault]:
+    """The faults of ``SEPARATE_KINDS``, each drawn from its own stream
+    (``forced``: the profile has no other kind, so each is chosen)."""
+    faults = []
+    for kind in kinds:
+        rng = random.Random(f"{seed}:faults:{kind}")
+        pick_p, most, window_s = (0.9, 5, CHAOS_WINDOW_S) if chaos else \
+            (0.8, 3, FAULT_WINDOW_S)
+        if not forced and rng.random() >= pick_p:
+            continue
+        for _ in range(rng.randint(2 if chaos else 1, most)):
+            at_s = round(rng.random() * window_s, 4)
+            # How long the node's connections lag before they break: the
+            # longer, the more reliable messages are sent again.
+            # after how many reliable messages (to any process) it strikes
+            params = (("seconds", round(rng.uniform(0.02, 0.4), 3)),
+                      ("after", rng.randint(0, 12)))
+            faults.append(Fault(at_s, kind, params))
+    return faults
 
 
 def _overlaps(rng: random.Random, faults: list[Fault], num_nodes: int) -> list[Fault]:
@@ -183,6 +215,8 @@ class Injector:
         self.cluster = cluster
         self.faults = faults
         self.rng = random.Random(f"{seed}:fault-targets")
+        # (The separate kinds' targets: the others' stay what they were.)
+        self.separate_rng = random.Random(f"{seed}:fault-targets:separate")
         self.applied: list[str] = []
         self.scope: trio.CancelScope | None = None
 
@@ -276,6 +310,18 @@ class Injector:
             target = self.rng.choice(alive)
             self._record(f"{fault.describe()} node={target[:8]}")
             self.cluster.slow_node(target, params["factor"])
+        elif fault.kind == "duplicate":
+            self._fire_duplicate(fault, nodes, params["seconds"], params["after"])
+
+    def _fire_duplicate(self, fault: Fault, nodes: list, seconds: float, after: int) -> None:
+        """The process that a reliable message reaches next (after ``after``
+        others) lags, then its connections break (recorded as it starts)."""
+        def started(address: str) -> None:
+            machine = int(address.split("/", 1)[0][1:])
+            node = nodes[machine] if machine < len(nodes) else ""
+            self._record(f"{fault.describe()} node={node[:8]} process={address}")
+
+        self.cluster.replay_after_reset(None, seconds, on_start=started, skip=after)
 
     def stop(self) -> None:
         """Called from the driver: no more faults; undo the lasting ones."""

@@ -339,7 +339,8 @@ def _run_seed(seed, workload, faults, trace_path, config, started,
         failure = InvariantViolation("no-process-crashes", "\n".join(lines))
     if cluster.invariant_failure is not None:
         # Whatever went wrong after it, this broke first: at a known step.
-        failure = InvariantViolation("component-invariants-hold",
+        failure = InvariantViolation(getattr(cluster.invariant_failure, "invariant",
+                                             "component-invariants-hold"),
                                      str(cluster.invariant_failure))
     from . import trace_digest
 

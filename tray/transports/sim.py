@@ -15,7 +15,19 @@ Network faults (driven by the simulated cluster's fault API) act between
 *machines* (the ``nK`` prefix of an address): a partition or a stall holds
 back the head of every stream crossing it — and so everything behind it —
 until it heals; a slow machine multiplies the latency of its streams; a
-reset closes both ends of every stream of a machine at once."""
+reset closes both ends of every stream of a machine at once. A *lagging*
+process (``lag``) has what it sends held back for a while, then the fault
+API resets its streams, and what was held is lost with them: connections
+whose return path went quiet and then broke (the process had handled what
+reached it, but its acknowledgements never came back, so the senders send
+it all again; see ``replay_after_reset``).
+
+The network also keeps the model of what ``rpc``'s reliable one-way
+messages promise (handled once per receiver): ``reliable_new`` counts, per
+receiving address, the RELIABLE frames delivered that are new to it by
+their sender's address, session (from the connection's hello) and sequence
+number; the receiver's endpoint must have handled exactly that many
+(``Endpoint.reliable_handled``, compared by the simtest's checks)."""
 
 from __future__ import annotations
 
@@ -286,6 +298,8 @@ class SimStream:
         # Machines, for the network's faults: messages flow from peer to owner.
         self._from = SimNetwork.node_of(peer)
         self._to = SimNetwork.node_of(owner)
+        # The sender's (address, session) as its hello said (received here).
+        self.hello: tuple | None = None
 
     def send_nowait(self, message) -> bool:
         out = self._out
@@ -299,6 +313,8 @@ class SimStream:
         if network.slow:
             latency *= network.slowdown(self._to, self._from)
         deliver_at = max(out.last_delivery, trio.current_time() + latency)
+        if network.lagging:
+            deliver_at = max(deliver_at, network.lag_until(self.owner))
         out.last_delivery = deliver_at
         out.items.append((deliver_at, data))
         if out.task is not None:
@@ -327,7 +343,7 @@ class SimStream:
                 if deliver_at <= trio.current_time():
                     pipe.items.popleft()
                     message = data
-                    network.delivered(self.owner, self.peer, message)
+                    network.delivered(self.owner, self.peer, message, self)
                     return message
                 wake_at = deliver_at
             elif pipe.closed:
@@ -379,6 +395,19 @@ class SimNetwork:
         self.blocked: set[tuple[str, str]] = set()  # (from, to) pairs held back
         self.stalled_until: dict[str, float] = {}  # machine -> virtual time
         self.slow: dict[str, float] = {}  # machine -> latency factor
+        # Lagging processes (``lag``): address -> until when what it sends
+        # is held back.
+        self.lagging: dict[str, float] = {}
+        # Reliable messages (see the module docstring): receiver address ->
+        # {(sender address, session): the last sequence number new to it},
+        # and how many RELIABLE frames new to it were delivered.
+        self.reliable_seen: dict[str, dict] = {}
+        self.reliable_new: dict[str, int] = {}
+        self.reliable_replayed = 0  # RELIABLE frames delivered again (not new)
+        self.reliable_delivered = 0  # RELIABLE frames delivered, new or not
+        # A callback for the next process a reliable message is new to
+        # (``arm_on_reliable``): the fault API lags that one.
+        self.armed_on_reliable = None
         self._changed = trio.Event()
         # Host-driven delivery (drive_deliveries): parked receivers' wake-ups.
         self.host_driven = False
@@ -493,6 +522,36 @@ class SimNetwork:
         self.slow.clear()
         self._faults_changed()
 
+    def lag(self, address: str, seconds: float) -> None:
+        """For ``seconds``, hold back every message the process at
+        ``address`` sends (to local peers too) past the end of the lag: a
+        reset of its connections then (the fault API's
+        ``replay_after_reset``) loses what was held with them."""
+        self.lagging[address] = max(self.lagging.get(address, 0.0),
+                                    trio.current_time() + seconds)
+
+    # A message held by a lag is due this long after the lag ends (the
+    # reset that ends the lag closes its stream first).
+    LAG_HOLD_PAST_S = 1.0
+
+    def lag_until(self, sender: str) -> float:
+        """The earliest delivery of a message ``sender`` sends now that a
+        lag allows (0: no lag holds it)."""
+        until = self.lagging.get(sender, 0.0)
+        if until <= trio.current_time():
+            return 0.0
+        return until + self.LAG_HOLD_PAST_S
+
+    def end_lag(self, address: str) -> None:
+        self.lagging.pop(address, None)
+
+    def reset_process(self, address: str) -> None:
+        """Break every stream of the process at ``address``: both ends close."""
+        for stream in list(self._streams.get(address, ())):
+            stream.close()
+            if stream.partner is not None:
+                stream.partner.close()
+
     def reset(self, machine: str) -> None:
         """Break every stream of the processes on ``machine``: both ends close."""
         for owner in sorted(self._streams):
@@ -507,15 +566,36 @@ class SimNetwork:
         low, high = self.latency_remote_s if remote else self.latency_local_s
         return low + (high - low) * self.rng.random()
 
-    def delivered(self, receiver: str, sender: str, message) -> None:
+    def delivered(self, receiver: str, sender: str, message, stream=None) -> None:
         self.messages_delivered += 1
         if len(message) == 4:
             kind, call_id, method, _ = message
             summary = f"reply#{call_id}" if kind == 1 else f"ack#{call_id}" if kind == 4 \
                 else "welcome" if kind == 5 else method
+            if kind == 3 and stream is not None:  # rpc's RELIABLE
+                self._reliable_delivered(receiver, stream.hello, call_id)
         else:
             summary = str(message[0])
+            if stream is not None and len(message) == 3 and message[0] == "hello":
+                stream.hello = (message[1], message[2])
         self._record_receive(receiver, sender, summary)
+
+    def _reliable_delivered(self, receiver: str, hello: tuple | None, seq: int) -> None:
+        """The model of rpc's promise: a reliable message is new to its
+        receiver (to be handled) unless one of its sender's session with
+        this sequence number or a later one was delivered to it before."""
+        self.reliable_delivered += 1
+        seen = self.reliable_seen.setdefault(receiver, {})
+        last = seen.get(hello, 0)
+        if seq > last:
+            seen[hello] = seq
+            self.reliable_new[receiver] = self.reliable_new.get(receiver, 0) + 1
+            armed = self.armed_on_reliable
+            if armed is not None:
+                self.armed_on_reliable = None
+                armed(receiver)
+        else:
+            self.reliable_replayed += 1
 
     def transport(self, owner: str) -> SimTransport:
         return SimTransport(self, owner)
@@ -525,6 +605,9 @@ class SimNetwork:
         Until a process serves at that address again, code of the dead one
         still unwinding can open no new stream."""
         self.dead.add(owner)
+        # A process at this address later is a new receiver (a new endpoint).
+        self.reliable_seen.pop(owner, None)
+        self.reliable_new.pop(owner, None)
         for stream in self._streams.pop(owner, []):
             stream.close()
         channel = self._listeners.pop(owner, None)

@@ -21,6 +21,11 @@ from .patches import _in_trio
 from .stores import MemoryObjectStore
 
 
+# How long ``replay_after_reset(None, ...)`` waits for a reliable message
+# to pick the process it hits (virtual seconds).
+REPLAY_ARMED_S = 2.0
+
+
 class FaultAPI:
     """``SimCluster``'s fault API (a part of its class, see cluster.py). A
     fault runs inside the trio run (``_apply``); it changes the processes
@@ -203,6 +208,62 @@ class FaultAPI:
         machine = self._machines([node_id])[0]
         self._apply("reset_connections",
                     lambda: self._fault("reset_connections", self.network.reset, machine))
+
+    def replay_after_reset(self, address: str | None, seconds: float,
+                           on_start=None, skip: int = 0) -> None:
+        """Duplicate deliveries, as real networks make them: for ``seconds``
+        every message the process at ``address`` sends (to local peers too)
+        is held back, then every connection of the process breaks and what
+        was held is lost. The process handled the reliable messages that
+        reached it, but their acknowledgements were lost on the way back,
+        so the senders send every one of them again on the next
+        connection: it must handle each once (rpc's duplicate filter). Its
+        replies are lost too (the callers see their connection break, as in
+        a reset). Nothing is duplicated that a real stream would not.
+
+        ``address`` None: the process that the next reliable message
+        reaches, after ``skip`` others (its acknowledgement is then the
+        first one lost), within ``REPLAY_ARMED_S``; ``on_start(address)`` is
+        called when it starts."""
+        if seconds < 0:
+            raise ValueError(f"seconds must be >= 0, got {seconds}")
+        if address is not None and address not in self.processes:
+            raise ValueError(f"no live process at {address!r}")
+
+        async def reset_later(target: str) -> None:
+            await trio.sleep(seconds)
+            self.network.end_lag(target)
+            self.trace.record("fault", "reset_process", process=target)
+            self.network.reset_process(target)
+
+        def start(target: str) -> None:
+            if target not in self.processes or self._nursery is None:
+                return
+            self._fault("replay_after_reset", self.network.lag, target, float(seconds))
+            self._nursery.start_soon(reset_later, target)
+            if on_start is not None:
+                on_start(target)
+
+        async def disarm_later(armed) -> None:
+            await trio.sleep(REPLAY_ARMED_S)
+            if self.network.armed_on_reliable is armed:
+                self.network.armed_on_reliable = None
+
+        def now() -> None:
+            if address is not None:
+                start(address)
+                return
+            left = [skip]
+
+            def armed(target: str) -> None:
+                if left[0] <= 0:
+                    start(target)
+                    return
+                left[0] -= 1
+                self.network.armed_on_reliable = armed
+            self.network.armed_on_reliable = armed
+            self._nursery.start_soon(disarm_later, armed)
+        self._apply("replay_after_reset", now)
 
     def advance(self, seconds: float) -> None:
         """Run the simulation forward ``seconds`` of virtual time (from the

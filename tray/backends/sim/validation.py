@@ -17,6 +17,7 @@ from ..._trio_private import (
     entry_queue_has_idempotent,
 )
 from ...exceptions import TrayError
+from . import cluster_checks
 
 # The simulated process whose code a trio task runs (set when the process
 # starts; the tasks it spawns inherit it), for validating only what changed.
@@ -28,11 +29,15 @@ class SimulationInvariantError(TrayError):
     """A component's ``validate_state()`` failed after a simulated step: the
     state broke at that step (the seed replays it)."""
 
-    def __init__(self, message: str, *, address: str, step: int, virtual_time_s: float) -> None:
+    def __init__(self, message: str, *, address: str, step: int, virtual_time_s: float,
+                 invariant: str = "component-invariants-hold") -> None:
         super().__init__(message)
         self.address = address
         self.step = step
         self.virtual_time_s = virtual_time_s
+        # The name of what broke: a component's own invariants, or one of
+        # the cluster's checks across components (cluster_checks.py).
+        self.invariant = invariant
 
 
 class _ChangeTracker(trio.abc.Instrument):
@@ -151,6 +156,7 @@ class InvariantChecks:
             address = process.address
             try:
                 validate()
+                broken = cluster_checks.reliable_handled_once(self, process)
             except AssertionError as error:
                 where = traceback.extract_tb(error.__traceback__)[-1]
                 self.invariant_failure = SimulationInvariantError(
@@ -159,4 +165,17 @@ class InvariantChecks:
                     f"{where.lineno} `{where.line}` {error}", address=address,
                     step=self._ticks, virtual_time_s=self.clock.current_time())
                 raise self.invariant_failure from error
+            if broken is not None:
+                self._fail_across(address, *broken)
+        broken = cluster_checks.recovery_keeps_good_copies(self)
+        if broken is not None:
+            self._fail_across(None, *broken)
+
+    def _fail_across(self, address: str | None, invariant: str, message: str) -> None:
+        """One of the checks across components (cluster_checks.py) broke."""
+        self.invariant_failure = SimulationInvariantError(
+            f"{message} (at step {self._ticks}, virtual time "
+            f"{self.clock.current_time():.6f} s)", address=address or "cluster",
+            step=self._ticks, virtual_time_s=self.clock.current_time(), invariant=invariant)
+        raise self.invariant_failure
 

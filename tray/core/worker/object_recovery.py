@@ -96,6 +96,11 @@ class ObjectRecoveryManager:
         if entry is None:
             return serialize_error(exceptions.ObjectLostError(
                 f"object {oid.hex()} was freed: no reference to it remained"))
+        # What the owner knew when asked: the simtest holds what recovery
+        # then does (frees, drops, re-runs) against the copies still good.
+        self._tracer.record(self._name, "object_recovery", object=oid, owner=self._address,
+                            ready=entry.ready, known=[node for node, _ in entry.locations],
+                            lost=sorted({location[0] for location in lost}))
         if not entry.ready:
             return None  # being re-created already
         lost = [tuple(location) for location in lost]
