@@ -47,9 +47,27 @@ def _story_id(text: str) -> str:
         raise argparse.ArgumentTypeError(str(error)) from None
 
 
+def _workload_list(text: str) -> list:
+    """``--workload`` of ``run``: one name, a comma list, or ``all``."""
+    names = sorted(workloads.WORKLOADS) if text == "all" else \
+        [name.strip() for name in text.split(",") if name.strip()]
+    unknown = [name for name in names if name not in workloads.WORKLOADS]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(
+            f"unknown workload {', '.join(unknown) if unknown else repr(text)}; choose from "
+            f"{', '.join(sorted(workloads.WORKLOADS))}, a comma list of them, or all")
+    return list(dict.fromkeys(names))
+
+
 def add_arguments(parser: argparse.ArgumentParser, *, replay: bool) -> None:
-    parser.add_argument("--workload", default=DEFAULT_WORKLOAD,
-                        choices=sorted(workloads.WORKLOADS), help="the program to run")
+    if replay:
+        parser.add_argument("--workload", default=DEFAULT_WORKLOAD,
+                            choices=sorted(workloads.WORKLOADS), help="the program to run")
+    else:
+        parser.add_argument("--workload", dest="workloads", type=_workload_list,
+                            default=[DEFAULT_WORKLOAD], metavar="W[,W...]|all",
+                            help="the program to run; a comma list (or all) sweeps each "
+                                 "in turn, the same seeds")
     parser.add_argument("--faults", default=DEFAULT_FAULTS,
                         choices=sorted(faults_module.PROFILES), help="the fault profile")
     if replay:
@@ -79,6 +97,22 @@ def add_arguments(parser: argparse.ArgumentParser, *, replay: bool) -> None:
                                  "their chunk of seeds finishes")
         parser.add_argument("--max-failures", type=int, default=0, metavar="N",
                             help="stop after N failures (0: run every seed)")
+        parser.add_argument("--coverage", action="store_true",
+                            help="measure the lines and branches of tray the sweep reaches "
+                                 "(coverage.py) and print them per component, with the goals")
+        add_report_arguments(parser, prefix="--coverage-")
+        parser.add_argument("--coverage-data", metavar="FILE",
+                            help="with --coverage: add what this run measured to FILE (a "
+                                 "coverage.py data file; runs append to it: "
+                                 "`tray simtest coverage FILE` reports their union)")
+
+
+def add_report_arguments(parser: argparse.ArgumentParser, *, prefix: str) -> None:
+    parser.add_argument(f"{prefix}missing", dest="coverage_missing", action="store_true",
+                        help="list what the files under their goal missed: functions "
+                             "never run or run in part, lines, branches")
+    parser.add_argument(f"{prefix}html", dest="coverage_html", metavar="DIR",
+                        help="write coverage.py's HTML report (every file of tray) to DIR")
 
 
 # ====================================================================== run
@@ -133,9 +167,15 @@ def _run_checked(seed: int, workload: str, faults: str,
 
 
 def _run_chunk(seeds: list, workload: str, faults: str,
-               determinism_every: int) -> list:
-    """A ``--jobs`` worker's share (in a process of its own)."""
-    return [_run_checked(seed, workload, faults, determinism_every) for seed in seeds]
+               determinism_every: int, coverage: bool = False) -> list:
+    """A ``--jobs`` worker's share (in a process of its own); with
+    ``coverage``, what the process measured is saved after it."""
+    results = [_run_checked(seed, workload, faults, determinism_every) for seed in seeds]
+    if coverage:
+        from . import coverage as coverage_module
+
+        coverage_module.save_worker()
+    return results
 
 
 # Seeds per unit of work handed to a --jobs process: small enough that the
@@ -143,21 +183,31 @@ def _run_chunk(seeds: list, workload: str, faults: str,
 JOB_CHUNK_SEEDS = 5
 
 
-def _results(seeds: list, workload: str, faults: str, determinism_every: int, jobs: int):
+def _results(seeds: list, workload: str, faults: str, determinism_every: int, jobs: int,
+             coverage=None):
     """Yield each seed's result: in order in this process, or as chunks
     finish in ``jobs`` processes (fresh interpreters: a simulation patches
-    process-wide state, which a forked copy must not inherit mid-run)."""
+    process-wide state, which a forked copy must not inherit mid-run).
+    ``coverage`` (a ``coverage.Session``) measures whichever runs the seeds."""
     if jobs <= 1:
-        for seed in seeds:
-            yield _run_checked(seed, workload, faults, determinism_every)
+        if coverage is not None:
+            coverage.start()
+        try:
+            for seed in seeds:
+                yield _run_checked(seed, workload, faults, determinism_every)
+        finally:
+            if coverage is not None:
+                coverage.stop()
         return
     import concurrent.futures
     import multiprocessing
 
     chunks = [seeds[i:i + JOB_CHUNK_SEEDS] for i in range(0, len(seeds), JOB_CHUNK_SEEDS)]
+    options = coverage.pool_options() if coverage is not None else {}
     with concurrent.futures.ProcessPoolExecutor(
-            jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-        futures = [pool.submit(_run_chunk, chunk, workload, faults, determinism_every)
+            jobs, mp_context=multiprocessing.get_context("spawn"), **options) as pool:
+        futures = [pool.submit(_run_chunk, chunk, workload, faults, determinism_every,
+                               coverage is not None)
                    for chunk in chunks]
         try:
             for future in concurrent.futures.as_completed(futures):
@@ -169,8 +219,9 @@ def _results(seeds: list, workload: str, faults: str, determinism_every: int, jo
 
 def sweep(seeds, workload: str, faults: str, *, determinism_every: int = 10,
           max_failures: int = 0, progress: bool = False, on_failure=None,
-          jobs: int = 1) -> dict:
-    """Run ``seeds``; returns the summary (the JSON ``run --json`` prints)."""
+          jobs: int = 1, coverage=None) -> dict:
+    """Run ``seeds``; returns the summary (the JSON ``run --json`` prints).
+    ``coverage``: a ``tray.simtest.coverage.Session`` that measures the sweep."""
     if jobs < 1:
         raise ValueError(f"jobs must be at least 1, not {jobs}")
     seeds = list(seeds)
@@ -178,20 +229,24 @@ def sweep(seeds, workload: str, faults: str, *, determinism_every: int = 10,
     started = time.perf_counter()
     failures, digests, virtual_s, tasks, ran = [], {}, 0.0, 0, 0
     nondeterministic = []
-    for result in _results(seeds, workload, faults, determinism_every, jobs):
-        ran += 1
-        digests[str(result.seed)] = result.digest
-        virtual_s += result.virtual_time_s
-        tasks += result.tasks
-        if result.invariant == "determinism":
-            nondeterministic.append(result.seed)
-        if not result.ok:
-            failures.append(result)
-            if on_failure is not None:
-                on_failure(result)
-        bar.update(ran, len(failures))
-        if max_failures and len(failures) >= max_failures:
-            break
+    results = _results(seeds, workload, faults, determinism_every, jobs, coverage)
+    try:
+        for result in results:
+            ran += 1
+            digests[str(result.seed)] = result.digest
+            virtual_s += result.virtual_time_s
+            tasks += result.tasks
+            if result.invariant == "determinism":
+                nondeterministic.append(result.seed)
+            if not result.ok:
+                failures.append(result)
+                if on_failure is not None:
+                    on_failure(result)
+            bar.update(ran, len(failures))
+            if max_failures and len(failures) >= max_failures:
+                break
+    finally:
+        results.close()  # (this process stops measuring at once)
     failures.sort(key=lambda result: result.seed)
     nondeterministic.sort()
     wall_s = time.perf_counter() - started
@@ -216,19 +271,99 @@ def run(args) -> int:
             sys.stderr.write("\n" if sys.stderr.isatty() else "")
             print(result.report(), flush=True)
 
-    summary = sweep(args.seeds, args.workload, args.faults,
-                    determinism_every=args.determinism_every, max_failures=args.max_failures,
-                    progress=not args.json, on_failure=show, jobs=args.jobs)
+    session = None
+    if args.coverage:
+        from . import coverage as coverage_module
+
+        session = coverage_module.Session(args.coverage_data)
+    elif args.coverage_data or args.coverage_missing or args.coverage_html:
+        raise SystemExit("tray simtest run: --coverage-data, --coverage-missing and "
+                         "--coverage-html go with --coverage")
+    summaries, failed = [], 0
+    try:
+        for workload in args.workloads:
+            left = args.max_failures - failed if args.max_failures else 0
+            if args.max_failures and left <= 0:
+                break
+            summary = sweep(args.seeds, workload, args.faults,
+                            determinism_every=args.determinism_every, max_failures=left,
+                            progress=not args.json, on_failure=show, jobs=args.jobs,
+                            coverage=session)
+            failed += len(summary["failures"])
+            summaries.append(summary)
+            if not args.json:
+                _print_summary(summary)
+        measured = _coverage_output(session, args) if session is not None else None
+    finally:
+        if session is not None:
+            session.close()
     if args.json:
-        print(json.dumps(summary, sort_keys=True))
+        out = summaries[0] if len(summaries) == 1 else {
+            "sweeps": summaries, "failures": [f for s in summaries for f in s["failures"]]}
+        if measured is not None:
+            out = {**out, "coverage": measured}
+        print(json.dumps(out, sort_keys=True))
+    return 1 if failed else 0
+
+
+def _print_summary(summary: dict) -> None:
+    print(f"simtest: {summary['seeds']} seeds (workload {summary['workload']}, faults "
+          f"{summary['faults']}), {len(summary['failures'])} failed; "
+          f"{summary['virtual_time_s']:.1f} s of virtual time simulated in "
+          f"{summary['wall_s']:.1f} s; {summary['seeds_per_minute']:.0f} seeds/min, "
+          f"{summary['tasks_per_second']:.0f} simulated tasks/s; "
+          f"{summary['determinism_checked']} seeds re-run for determinism", flush=True)
+
+
+def _coverage_output(session, args) -> dict:
+    """Combine what the sweeps measured; print the table (or return it for --json)."""
+    from . import coverage as coverage_module
+
+    data_file = session.finish()
+    result = coverage_module.report(data_file)
+    if args.coverage_html:
+        where = coverage_module.html(data_file, args.coverage_html)
+        print(f"coverage: HTML report written to {where}", file=sys.stderr)
+    if args.coverage_data:
+        print(f"coverage: data added to {args.coverage_data} (tray simtest coverage "
+              f"{args.coverage_data} reports everything it holds)", file=sys.stderr)
+    if not args.json:
+        print(coverage_module.format_table(result, missing=args.coverage_missing))
+    return coverage_module.summary_dict(result)
+
+
+def coverage_report(args) -> int:
+    """``tray simtest coverage FILE [FILE...]``: the table of what the runs
+    that wrote FILE (``run --coverage --coverage-data FILE``) reached, together."""
+    import tempfile
+
+    from . import coverage as coverage_module
+
+    missing = [path for path in args.files if not os.path.exists(path)]
+    if missing:
+        raise SystemExit(f"tray simtest coverage: no data file {', '.join(missing)}")
+    with tempfile.TemporaryDirectory() as folder:
+        data_file = args.files[0] if len(args.files) == 1 else \
+            coverage_module.combine_files(args.files, os.path.join(folder, "union"))
+        result = coverage_module.report(data_file)
+        if args.coverage_html:
+            where = coverage_module.html(data_file, args.coverage_html)
+            print(f"coverage: HTML report written to {where}", file=sys.stderr)
+    if args.json:
+        print(json.dumps(result, sort_keys=True))
     else:
-        print(f"simtest: {summary['seeds']} seeds (workload {args.workload}, faults "
-              f"{args.faults}), {len(summary['failures'])} failed; "
-              f"{summary['virtual_time_s']:.1f} s of virtual time simulated in "
-              f"{summary['wall_s']:.1f} s; {summary['seeds_per_minute']:.0f} seeds/min, "
-              f"{summary['tasks_per_second']:.0f} simulated tasks/s; "
-              f"{summary['determinism_checked']} seeds re-run for determinism")
-    return 1 if summary["failures"] else 0
+        print(coverage_module.format_table(result, missing=args.coverage_missing))
+    return 0
+
+
+def add_coverage_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("files", nargs="+", metavar="FILE",
+                        help="coverage data files (run --coverage --coverage-data FILE); "
+                             "several are reported together")
+    parser.add_argument("--json", action="store_true",
+                        help="print the numbers per file and group as JSON (missed lines, "
+                             "branches and functions included)")
+    add_report_arguments(parser, prefix="--")
 
 
 def replay(args) -> int:
@@ -296,23 +431,31 @@ def add_parsers(commands) -> None:
     add_arguments(run_parser, replay=False)
     replay_parser = sub.add_parser("replay", help="re-run one seed; print its trace digest")
     add_arguments(replay_parser, replay=True)
+    coverage_parser = sub.add_parser("coverage", help="report the coverage that runs with "
+                                                      "--coverage-data FILE gathered")
+    add_coverage_arguments(coverage_parser)
 
 
 def dispatch(args) -> int:
-    return run(args) if args.simtest_command == "run" else replay(args)
+    return {"run": run, "replay": replay,
+            "coverage": coverage_report}[args.simtest_command](args)
 
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m tray.simtest`` (what ``nox -s simtest`` runs): no
-    arguments run the default sweep; ``--seed N`` replays one seed; anything
-    else is ``tray simtest run``'s options."""
+    arguments run the default sweep; ``--seed N`` replays one seed;
+    ``coverage FILE`` reports coverage data; anything else is ``tray simtest
+    run``'s options."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] in (["run"], ["replay"]):
+    if argv[:1] in (["run"], ["replay"], ["coverage"]):
         command, argv = argv[0], argv[1:]
     else:
         command = "replay" if any(a == "--seed" or a.startswith("--seed=") for a in argv) \
             else "run"
     parser = argparse.ArgumentParser(prog=f"python -m tray.simtest {command}")
-    add_arguments(parser, replay=command == "replay")
+    if command == "coverage":
+        add_coverage_arguments(parser)
+    else:
+        add_arguments(parser, replay=command == "replay")
     args = parser.parse_args(argv)
-    return run(args) if command == "run" else replay(args)
+    return {"run": run, "replay": replay, "coverage": coverage_report}[command](args)
