@@ -130,6 +130,21 @@ def test_memory_kept_by_a_dead_process_is_caught_within_5_seeds(monkeypatch):
     _first_failure(range(5), "memory", "none", "memory-returned-when-process-ends")
 
 
+def test_a_memory_kill_retried_at_once_is_caught_within_5_seeds(monkeypatch):
+    from tray.core.worker.normal_task_submitter import NormalTaskSubmitter
+    from tray.core.worker.task_manager import next_attempt
+
+    async def at_once(self, task):
+        task.oom_retries += 1
+        next_attempt(task)
+        self._tracer.record(self._name, "task_retry", task=task.spec.task_id,
+                            attempt=task.spec.attempt, reason="out of memory")
+        self.enqueue(task)
+
+    monkeypatch.setattr(NormalTaskSubmitter, "_retry_after_oom", at_once)
+    _first_failure(range(5), "memory", "none", "memory-kill-retried-after-its-backoff")
+
+
 # ================================================================ inflight
 
 

@@ -208,32 +208,41 @@ def _judge(program, sim, tasks, refs, calls, samples) -> None:
             starts.setdefault((key, worker), []).append(t)
         elif function == "memory_hog:end":
             ends.setdefault((key, worker), []).append(t)
-    cut: dict = {}  # key -> [(kill time, retried by the policy)]
+    # key -> [(kill time, retried by the policy, its body had ended)]: the
+    # last run on the killed worker before the kill was this task's (a run
+    # whose body ended may not have sent its reply yet: killed, it is
+    # retried as well).
+    latest: dict = {}  # worker -> [(start, key)]
+    for (key, worker), began in starts.items():
+        latest.setdefault(worker, []).extend((t, key) for t in began)
+    cut: dict = {}
     for t, _node, worker, retried in kills:
-        for (key, run_worker), began in starts.items():
-            if run_worker != worker or not any(s <= t for s in began):
-                continue
-            last = max(s for s in began if s <= t)
-            if any(last <= e <= t for e in ends.get((key, run_worker), [])):
-                continue  # it had ended before the kill
-            cut.setdefault(key, []).append((t, retried))
+        before = [run for run in latest.get(worker, []) if run[0] <= t]
+        if not before:
+            continue
+        start, key = max(before)
+        ended = any(start <= e <= t for e in ends.get((key, worker), []))
+        cut.setdefault(key, []).append((t, retried, ended))
     deadline = sim.clock.current_time() + LIVENESS_S
     for key, x, retries, owner in tasks:
         label = f"memory hog {key} (max_retries={retries}, owner #{owner})"
         runs = ledger.executions.get(key, 0)
-        retried_kills = sum(1 for _, retried in cut.get(key, []) if retried)
+        retried_kills = sum(1 for _, retried, _ in cut.get(key, []) if retried)
         if retries >= 0 and runs > 1 + retries + retried_kills:
             raise InvariantViolation(
                 "task-executes-at-most-1+max_retries",
                 f"{label} ran {runs} times; max_retries={retries} and {retried_kills} memory "
                 f"kill(s) the policy retries allow {1 + retries + retried_kills}")
-        gave_up = [t for t, retried in cut.get(key, []) if not retried]
+        gave_up = [t for t, retried, ended in cut.get(key, []) if not retried and not ended]
+        # (The owner asks the node why its worker died: a fault in between
+        # may leave it a plain crash, retried within max_retries.)
+        strict = not program.kills and all(_quiet_around(sim, t) for t in gave_up)
         ref = refs.get(key)
         if ref is None:
             continue  # its owner died before handing it over
         error = _get(ref, label, sim, deadline)
         if error is None:
-            if gave_up and not program.kills:
+            if gave_up and strict:
                 raise InvariantViolation(
                     "memory-kill-without-retry-fails-with-OutOfMemoryError",
                     f"{label}: the memory monitor killed it at t={gave_up[0]:.6f} where the "
@@ -254,19 +263,20 @@ def _judge(program, sim, tasks, refs, calls, samples) -> None:
                     f"policy retries ({why}): {str(error)[:400]}")
             if not gave_up:
                 continue
-            later = [t for t, retried in cut.get(key, []) if t > gave_up[0]]
+            later = [t for t, _, _ in cut.get(key, []) if t > gave_up[0]]
             if later:
                 raise InvariantViolation(
                     "memory-kill-without-retry-fails-with-OutOfMemoryError",
                     f"{label}: ran again after the kill at t={gave_up[0]:.6f} that gave it up "
                     f"(killed again at t={later[0]:.6f})")
             continue
-        if gave_up and not program.kills:
+        if gave_up and strict:
             raise InvariantViolation(
                 "memory-kill-without-retry-fails-with-OutOfMemoryError",
                 f"{label}: killed for memory at t={gave_up[0]:.6f} (not retried by the "
                 f"policy), and failed with {type(error).__name__}: {str(error)[:400]}")
         _delegate(program, ref, x * x + 1, label, retries, error)
+    _check_backoff(sim)
     _check_actor_calls(program, sim, calls, kills, deadline)
     _check_memory_returned(program, sim)
 
@@ -290,6 +300,45 @@ def _delegate(program, ref, expected, label, retries, error) -> None:
 
     check_error(program, Expectation(ref, expected, label,
                                      budget=retries if retries >= 0 else None), error)
+
+
+def _quiet_around(sim, t: float) -> bool:
+    """No fault (but worker kills) acted from a second before ``t`` until
+    the owner's question about a death there is answered or given up."""
+    from .attribution import fault_spans
+
+    if sim.trace.event_count > len(sim.trace.events):
+        return False
+    until = t + sim.config.worker_failure_cause_timeout_s
+    return not any(span.start_s <= until and span.end_s >= t - 1.0 and
+                   span.kind not in ("kill_worker", "memory_kill")
+                   for span in fault_spans(list(sim.trace.events), sim.node_ids()[0]))
+
+
+def _check_backoff(sim) -> None:
+    """A task killed for memory runs again only after its backoff:
+    ``oom_retry_delay_base_s * 2 ** (its memory kills - 1)``, at most
+    ``oom_retry_delay_max_s`` (a node short of memory is not handed the
+    same work at once)."""
+    if sim.trace.event_count > len(sim.trace.events):
+        return
+    config = sim.config
+    retried: dict = {}  # task -> (kills so far, when the last was retried)
+    for event in sim.trace.events:
+        if event["event"] == "task_retry" and event.get("reason") == "out of memory":
+            kills = retried.get(event["task"], (0, 0.0))[0] + 1
+            retried[event["task"]] = (kills, event["t"])
+        elif event["event"] == "task_started" and event["task"] in retried:
+            kills, since = retried[event["task"]]
+            delay = min(config.oom_retry_delay_base_s * 2 ** (kills - 1),
+                        config.oom_retry_delay_max_s)
+            if event["t"] < since + delay - 1e-6:
+                raise InvariantViolation(
+                    "memory-kill-retried-after-its-backoff",
+                    f"task {event.get('name')} {event['task'][:12]} ran again at "
+                    f"t={event['t']:.6f}, {event['t'] - since:.3f} s after its memory kill "
+                    f"#{kills} was retried at t={since:.6f}; its backoff is {delay} s")
+            del retried[event["task"]]
 
 
 def _check_acts(sim, kills, samples) -> None:

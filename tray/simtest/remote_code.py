@@ -32,7 +32,7 @@ class Ledger:
     gpu_spans: dict = field(default_factory=dict)
     workers: dict = field(default_factory=dict)  # key -> ids of the workers that ran it
     # Runs of the lifecycle pieces' code, in order: (key, function, worker id,
-    # process address, virtual start time); a run that got to its end also
+    # process address, the trace's virtual time); a run that got to its end also
     # counts ``<key>:end`` in ``executions``.
     runs: list = field(default_factory=list)
 
@@ -70,10 +70,11 @@ def _log_worker(key: str, worker_id: str) -> None:
 
 def _log_run(key: str, function: str) -> None:
     from ..core.context import current_worker
+    from . import cluster
 
     worker = current_worker.get(None)
     LEDGER.runs.append((key, function, tray.get_runtime_context().get_worker_id(),
-                        getattr(worker, "address", ""), time.time()))
+                        getattr(worker, "address", ""), cluster().clock.current_time()))
 
 
 def _gpu_span(node_id: str, gpu_ids: list, start_s: float, end_s: float) -> None:
