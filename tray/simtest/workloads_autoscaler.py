@@ -3,13 +3,20 @@ for it, under the seed's faults, with boot failures injected.
 
 The work needs the resource ``scaled``, which only autoscaled node types
 have, so every unit of it runs on nodes the autoscaler launched: bursts of
-tasks (with the seed's retry budget), a few actors, and a placement group
-whose bundles need ``scaled`` too. The simulated provider boots nodes
+tasks (with the seed's retry budget), a few actors, a placement group
+whose bundles need ``scaled`` too (PACK, SPREAD, STRICT_PACK or
+STRICT_SPREAD), and in some seeds tasks that need the GPU (and ``accel``)
+only the ``gpu`` type has, and a ``request_resources`` floor (with an infeasible bundle in
+some) standing while the work runs. The config (``max_workers``, the
+period, the idle timeout, ``small``'s ``min_workers``) is drawn per seed. The simulated provider boots nodes
 after a seeded delay and fails a seeded share of the boots; when the
 seed's faults kill processes, the workload also crashes one autoscaled node
 while it runs work.
 
-Reference models and invariants:
+Reference models and invariants (``model_autoscaler`` holds the policy's
+model, checked at every round the monitor plays: launches for demand, only
+for demand, infeasible shapes reported, idle nodes terminated and only
+they):
 
 * every task returns its input doubled, every actor call its running sum,
   the placement group's task its value (or an error the faults permit): the
@@ -27,7 +34,10 @@ Reference models and invariants:
   later may live there);
 * ``autoscaler-terminates-only-idle-nodes``: the provider saw no node
   terminated with a lease or an object in its store;
-* ``autoscaler-scaled-up``: the work ran, so at least one node was launched.
+* ``autoscaler-scaled-up``: the work ran, so at least one node was launched;
+* ``autoscaler-runs-every-period``: a round starts one period after the
+  last one ended;
+* the model's invariants, each round (see ``model_autoscaler``).
 """
 
 from __future__ import annotations
@@ -36,23 +46,35 @@ import time
 
 import tray
 
-IDLE_TIMEOUT_S = 12.0
 WORK_TIMEOUT_S = 200.0
-PERIOD_S = 1.0
-CONFIG = {
-    "cluster_name": "simtest",
-    "max_workers": 6,
-    "upscaling_speed": 1.0,
-    "idle_timeout_minutes": IDLE_TIMEOUT_S / 60.0,
-    "autoscaler_period_s": PERIOD_S,
-    "head_node_type": "head",
-    "available_node_types": {
-        "head": {"resources": {}, "max_workers": 0},
-        "small": {"resources": {"CPU": 2, "scaled": 2}, "min_workers": 1, "max_workers": 4},
-        "large": {"resources": {"CPU": 4, "scaled": 4}, "min_workers": 0, "max_workers": 2},
-    },
-    "provider": {"type": "sim", "boot_delay_s": [0.5, 3.0], "boot_failure_probability": 0.2},
-}
+# A bundle no node type holds: request_resources of it is reported infeasible.
+INFEASIBLE_BUNDLE = {"scaled": 64.0}
+
+
+def make_config(rng) -> dict:
+    """The seed's cluster config: the bounds and timers vary, the node types
+    stay (``small``'s min_workers varies)."""
+    return {
+        "cluster_name": "simtest",
+        "max_workers": rng.choice([5, 6, 8]),
+        "upscaling_speed": rng.choice([0.5, 1.0]),
+        "idle_timeout_minutes": rng.choice([8.0, 12.0]) / 60.0,
+        "autoscaler_period_s": rng.choice([1.0, 1.0, 2.0]),
+        "head_node_type": "head",
+        "available_node_types": {
+            "head": {"resources": {}, "max_workers": 0},
+            "small": {"resources": {"CPU": 2, "scaled": 2}, "min_workers": rng.choice([0, 1]),
+                      "max_workers": 4},
+            "large": {"resources": {"CPU": 4, "scaled": 4}, "min_workers": 0, "max_workers": 2},
+            # "accel": the GPU tasks need it, so a GPU on a cluster node of
+            # the seed's shape does not serve them; they need no "scaled",
+            # which the actors (on any scaled node) hold until the end.
+            "gpu": {"resources": {"CPU": 2, "GPU": 1, "accel": 1, "scaled": 2},
+                    "min_workers": 0, "max_workers": 1},
+        },
+        "provider": {"type": "sim", "boot_delay_s": [0.5, 3.0],
+                     "boot_failure_probability": 0.2},
+    }
 
 
 def _violation(invariant: str, message: str):
@@ -65,6 +87,12 @@ def _violation(invariant: str, message: str):
 def _scaled_double(value: int, sleep_s: float) -> int:
     time.sleep(sleep_s)
     return 2 * value
+
+
+@tray.remote(resources={"accel": 1}, num_gpus=1)
+def _scaled_gpu(value: int) -> int:
+    time.sleep(0.3)
+    return 3 * value
 
 
 @tray.remote(resources={"scaled": 1})
@@ -80,22 +108,55 @@ class _ScaledSum:
 
 def autoscaler_bursts(program) -> None:
     import tray.autoscaler as autoscaler
+    from tray.autoscaler.sdk import request_resources
     from tray.simtest import cluster as current_cluster
     from tray.util.placement_group import placement_group, remove_placement_group
     from tray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+    from .model_autoscaler import PolicyModel
+
+    import random
+
     rng = program.rng
+    # What this workload added later draws from an RNG of its own, so that
+    # the original draws (and the seeds pinned by them) stay as they were.
     cluster = current_cluster()
-    monitor = autoscaler.start(CONFIG)
+    extra = random.Random(f"{cluster.seed}:autoscaler-variations")
+    config = make_config(extra)
+    monitor = autoscaler.start(config)
+    model = PolicyModel(monitor.config)
     counts_seen: list = []
-    original = monitor.run_once
+    rounds: list = []  # (start, end) of each round, virtual time
+    original_round = monitor.run_once
+    policy = monitor.autoscaler
+    original_update = policy.update
+
+    def provider_nodes() -> list:
+        # The provider's own record: its nodes() reports a failed boot once
+        # and forgets it, which would take the report from the policy.
+        return [node for _, node in sorted(monitor.provider._nodes.items())]
+
+    def checked_update(load, nodes, now, objects_held=None):
+        decisions = original_update(load, nodes, now, objects_held)
+        try:
+            model.check_round(load, nodes, now, objects_held, decisions, policy.status)
+        except Exception as error:  # noqa: BLE001 - the model's own bug: never the round's
+            model.violations.append(("simtest-model-runs", f"the policy's model raised "
+                                     f"{type(error).__name__}: {error}"))
+        return decisions
+    policy.update = checked_update
 
     idle_since: dict = {}  # provider id -> since when this workload saw it idle
 
     async def checked_round():
-        decisions = await original()
+        started = cluster.clock.current_time()
+        try:
+            decisions = await original_round()
+        finally:
+            rounds.append((started, cluster.clock.current_time()))
+            del rounds[:-2000]
         now = cluster.clock.current_time()
-        nodes = monitor.provider.nodes()
+        nodes = provider_nodes()
         by_type: dict = {}
         for node in nodes:
             by_type[node.node_type] = by_type.get(node.node_type, 0) + 1
@@ -118,6 +179,12 @@ def autoscaler_bursts(program) -> None:
         return decisions
     monitor.run_once = checked_round
 
+    requested = []
+    if extra.random() < 0.5:
+        requested = [{"CPU": 1, "scaled": 1}] * extra.randint(1, 6)
+        if extra.random() < 0.5:
+            requested.append(dict(INFEASIBLE_BUNDLE))
+        request_resources(bundles=requested)
     retries = program.task_retries()
     refs, labels = [], []
     for burst in range(rng.randint(2, 3)):
@@ -137,7 +204,15 @@ def autoscaler_bursts(program) -> None:
                        unlimited=True)
         refs.append(ref)
         labels.append(f"actor {index}")
+    for i in range(extra.choice([0, 0, 1, 3])):
+        value = extra.randint(0, 1000)
+        ref = _scaled_gpu.options(max_retries=-1).remote(value)
+        program.expect(ref, 3 * value, label=f"GPU task {i}", unlimited=True)
+        refs.append(ref)
+        labels.append(f"GPU task {i}")
     strategy = rng.choice(["PACK", "SPREAD"])
+    if extra.random() < 0.5:
+        strategy = extra.choice(["STRICT_PACK", "STRICT_SPREAD"])
     group = placement_group([{"CPU": 1, "scaled": 1}] * 2, strategy=strategy)
     group_ref = _scaled_double.options(
         max_retries=-1, scheduling_strategy=PlacementGroupSchedulingStrategy(group)).remote(
@@ -148,8 +223,8 @@ def autoscaler_bursts(program) -> None:
 
     if program.kills:
         def crash_one() -> None:
-            running = [node for node in monitor.provider.nodes() if node.node_id and
-                       cluster.is_alive(node.node_id)]
+            running = [node for _, node in sorted(monitor.provider._nodes.items())
+                       if node.node_id and cluster.is_alive(node.node_id)]
             if running:
                 program.kill_node(running[0].node_id, restart_after_s=None)
         cluster.at(rng.uniform(2.0, 5.0), crash_one)
@@ -158,6 +233,8 @@ def autoscaler_bursts(program) -> None:
         ready, _ = tray.wait(refs, num_returns=len(refs), timeout=WORK_TIMEOUT_S,
                              fetch_local=False)
         if len(ready) < len(refs):
+            # A round that broke the policy's model explains the hang.
+            _check_model(model, rounds, monitor.config.autoscaler_period_s, [])
             stuck = [labels[i] for i, ref in enumerate(refs) if ref not in ready]
             gcs = cluster.processes.get(cluster.gcs_address)
             if gcs is not None and gcs.component is not None:
@@ -191,13 +268,17 @@ def autoscaler_bursts(program) -> None:
         for actor in actors:
             tray.kill(actor)
         remove_placement_group(group)
+        if requested:
+            request_resources(bundles=[])
         done_at = cluster.clock.current_time()
         # Idle timeout + one period, + a heartbeat and a period for the last
         # lease's return to be reported and read.
-        cluster.advance(IDLE_TIMEOUT_S + 2 * PERIOD_S + 2 * cluster.config.heartbeat_period_s
-                        + 1.0)
+        period_s = monitor.config.autoscaler_period_s
+        cluster.advance(monitor.config.idle_timeout_s + 2 * period_s
+                        + 2 * cluster.config.heartbeat_period_s + 1.0)
         monitor.stop()
         _check(monitor, cluster, counts_seen, done_at, idle_since)
+        _check_model(model, rounds, period_s, requested)
     program.later(scale_down)
 
 
@@ -226,9 +307,14 @@ def _check(monitor, cluster, counts_seen: list, done_at: float, idle_since: dict
     idle_s = {provider_id: now - since for provider_id, since in idle_since.items()}
     limit_s = config.idle_timeout_s + config.autoscaler_period_s
     left: dict = {}
-    for node in monitor.provider.nodes():
-        if node.state != "launching":  # a replacement may be booting: not idle yet
-            left.setdefault(node.node_type, []).append(node.provider_id)
+    for node in sorted(monitor.provider._nodes.values(), key=lambda n: n.provider_id):
+        if node.state != "running":  # a replacement may be booting: not idle yet
+            continue
+        if node.node_id and not cluster.is_alive(node.node_id):
+            # Crashed (a fault): its last reading stands until the GCS
+            # declares it dead (node_death_timeout_s), then it is lost.
+            continue
+        left.setdefault(node.node_type, []).append(node.provider_id)
     for name, node_type in sorted(config.node_types.items()):
         if name == config.head_node_type or len(left.get(name, [])) <= node_type.min_workers:
             continue
@@ -247,20 +333,37 @@ def _check(monitor, cluster, counts_seen: list, done_at: float, idle_since: dict
                              f"{_readings(monitor, left[name])}; status: {monitor.status}")
 
 
+def _check_model(model, rounds: list, period_s: float, requested: list) -> None:
+    from .model_autoscaler import _shape, period_gaps
+
+    found = model.first_violation()
+    if found is not None:
+        invariant, message = found
+        more = len(model.violations) - 1
+        raise _violation(invariant, message + (f" (and {more} more)" if more else ""))
+    gap = period_gaps(rounds, period_s)
+    if gap is not None:
+        raise _violation("autoscaler-runs-every-period", gap)
+    if INFEASIBLE_BUNDLE in requested and _shape(INFEASIBLE_BUNDLE) not in model.infeasible_seen:
+        raise _violation("autoscaler-reports-infeasible",
+                         f"request_resources asked for {INFEASIBLE_BUNDLE} while "
+                         f"{model.rounds} rounds ran, and no round's load held it")
+
+
 def _holds_objects(monitor, provider_id: str) -> bool:
     """Whether the last reading saw objects in the node's store: the
     workload's results are still referenced (the runner reads them after
     this check), so such a node is rightly kept (when the seed's knobs
     store small results in the node's store rather than inline)."""
     load, objects = monitor.last_load
-    by_id = {node.provider_id: node.node_id for node in monitor.provider.nodes()}
+    by_id = {node.provider_id: node.node_id for node in monitor.provider._nodes.values()}
     return objects.get(by_id.get(provider_id), 0) > 0
 
 
 def _readings(monitor, provider_ids: list) -> list:
     """What the last round read of these nodes (for a failure's message)."""
     load, objects = monitor.last_load
-    by_id = {node.provider_id: node.node_id for node in monitor.provider.nodes()}
+    by_id = {node.provider_id: node.node_id for node in monitor.provider._nodes.values()}
     loads = {node.node_id: node for node in load.nodes}
     found = []
     for provider_id in provider_ids:

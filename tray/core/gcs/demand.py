@@ -13,7 +13,8 @@ picture from four sources, none of them polled per query:
     a gang: a group's bundles must be placed together (``strategy`` kept);
   * ``tray.autoscaler.sdk.request_resources``: a standing request the
     cluster must be able to hold at once (replaced by the next call, as in
-    Ray; an empty call withdraws it).
+    Ray; an empty call withdraws it), kept in the GCS's storage so that a
+    GCS restart does not withdraw it.
 
 ``get_cluster_load`` hands the autoscaler all of it with the nodes' totals,
 free resources and whether each runs anything (``ClusterLoad``). The
@@ -31,6 +32,7 @@ actors read per query (the rest wait for a later round)."""
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass
 
@@ -41,6 +43,7 @@ from ..scheduling import PlacementGroupStrategy
 logger = logging.getLogger("tray.gcs")
 
 REQUESTED_BUNDLES_MAX = 10_000
+T_DEMAND = "demand"  # the durable table: "requested" -> the standing request (JSON)
 PENDING_GROUPS_MAX = 1_000
 PENDING_ACTORS_MAX = 10_000
 
@@ -73,14 +76,21 @@ class DemandTableStatistics:
 
 
 class DemandTable:
-    def __init__(self, *, nodes, actors=None, placement_groups=None, tracer=None) -> None:
+    def __init__(self, *, nodes, actors=None, placement_groups=None, tracer=None,
+                 storage=None) -> None:
         self._nodes = nodes
         self._actors = actors
         self._placement_groups = placement_groups
         self._tracer = tracer
+        self._storage = storage
         # node id -> its last NodeDemand (a lease_manager.NodeDemand).
         self.reports: dict = {}
+        # The standing request is durable: a GCS restart must not withdraw it
+        # (the user's floor stands until the next call replaces it).
         self.requested: tuple = ()
+        saved = storage.get(T_DEMAND, "requested") if storage is not None else None
+        if saved is not None:
+            self.requested = tuple(json.loads(saved))
 
     def statistics(self) -> DemandTableStatistics:
         return DemandTableStatistics(reports=len(self.reports),
@@ -106,6 +116,10 @@ class DemandTable:
             raise ValueError(f"request_resources takes at most {REQUESTED_BUNDLES_MAX} "
                              f"bundles, got {len(bundles)}")
         self.requested = tuple(scheduling.normalize_resources(bundle) for bundle in bundles)
+        if self._storage is not None:
+            self._storage.put(T_DEMAND, "requested",
+                              json.dumps([dict(b) for b in self.requested],
+                                         sort_keys=True).encode())
         if self._tracer is not None:
             self._tracer.record("gcs", "resources_requested", bundles=len(self.requested))
 

@@ -68,7 +68,8 @@ class GcsServer:
         self.kv = KvStore(env.storage, env.tracer, env.config)
         # What the cluster waits for, for the autoscaler (demand.py).
         self.demand = DemandTable(nodes=self.node_table, actors=self.actor_manager,
-                                  placement_groups=self.placement_groups, tracer=env.tracer)
+                                  placement_groups=self.placement_groups, tracer=env.tracer,
+                                  storage=env.storage)
         self.task_events = TaskEventTable(config=env.config, tracer=env.tracer,
                                           storage=env.storage)
         # The messages the GCS answers, by table (every handle_* method must

@@ -1,0 +1,169 @@
+"""Proving the libraries' reference models: bugs planted one at a time in
+tray.autoscaler, tray.tune and tray.train (by monkeypatching, never by
+editing them) must make their workload's sweep fail on the right
+invariant, within a stated number of seeds."""
+
+from __future__ import annotations
+
+import pytest
+
+from tray.autoscaler import monitor as autoscaler_monitor
+from tray.autoscaler import policy
+from tray.simtest import runner
+
+
+def _first_failure(seeds, workload: str, faults: str, invariant: str):
+    seen = []
+    for seed in seeds:
+        result = runner.run_seed(seed, workload, faults)
+        if not result.ok:
+            seen.append((seed, result.invariant, result.message[:300]))
+            if result.invariant == invariant:
+                return result
+    pytest.fail(f"the planted bug went unnoticed (failures on other invariants: {seen})")
+
+
+# ------------------------------------------------------------------ autoscaler
+
+
+def _plant_update(monkeypatch, change) -> None:
+    """Autoscaler.update's decisions pass through ``change(self, decisions, now)``."""
+    update = policy.Autoscaler.update
+
+    def planted(self, load, provider_nodes, now, objects_held=None):
+        return change(self, update(self, load, provider_nodes, now, objects_held), now)
+
+    monkeypatch.setattr(policy.Autoscaler, "update", planted)
+
+
+def test_a_policy_that_launches_one_node_too_few_is_caught_within_3_seeds(monkeypatch):
+    def one_fewer(self, decisions, now):
+        for index, decision in enumerate(decisions):
+            if decision.action == "launch" and decision.reason == "pending demand":
+                if decision.count == 1:
+                    return decisions[:index] + decisions[index + 1:]
+                return decisions[:index] + [policy.Decision(
+                    now, "launch", decision.node_type, count=decision.count - 1,
+                    reason=decision.reason)] + decisions[index + 1:]
+        return decisions
+
+    _plant_update(monkeypatch, one_fewer)
+    _first_failure(range(3), "autoscaler", "none", "autoscaler-launches-for-demand")
+
+
+def test_a_policy_that_waits_an_extra_period_to_launch_is_caught_within_3_seeds(monkeypatch):
+    def a_round_late(self, decisions, now):
+        launches = [d for d in decisions if d.action == "launch"]
+        if launches and not getattr(self, "_planted_waited", False):
+            self._planted_waited = True  # launch next round, when it asks again
+            return [d for d in decisions if d.action != "launch"]
+        self._planted_waited = False
+        return decisions
+
+    _plant_update(monkeypatch, a_round_late)
+    _first_failure(range(3), "autoscaler", "none", "autoscaler-launches-for-demand")
+
+
+def test_a_policy_that_never_scales_down_is_caught_per_round_within_3_seeds(monkeypatch):
+    # The end-of-run check (autoscaler-scales-down) sees it too
+    # (tests/test_autoscaler_simtest.py); the model's round check names the
+    # round, the node and how long it was idle.
+    from tray.simtest import workloads_autoscaler
+
+    monkeypatch.setattr(workloads_autoscaler, "_check", lambda *args: None)
+    _plant_update(monkeypatch, lambda self, decisions, now: [
+        d for d in decisions if d.action != "terminate"])
+    _first_failure(range(3), "autoscaler", "none", "autoscaler-terminates-idle-nodes")
+
+
+def test_a_policy_that_scales_down_before_the_idle_timeout_is_caught_within_3_seeds(
+        monkeypatch):
+    original = policy.Autoscaler.__init__
+
+    def impatient(self, config):
+        import dataclasses
+
+        original(self, dataclasses.replace(
+            config, idle_timeout_minutes=config.idle_timeout_minutes / 3))
+
+    monkeypatch.setattr(policy.Autoscaler, "__init__", impatient)
+    _first_failure(range(3), "autoscaler", "none", "autoscaler-terminates-only-idle-nodes")
+
+
+def test_a_policy_that_launches_gpu_nodes_for_cpu_work_is_caught_within_5_seeds(monkeypatch):
+    # The GPU type is chosen for CPU work while it is below its max_workers
+    # (the scorer's GPU avoidance lost).
+    update = policy.Autoscaler.update
+
+    def gpu_first(self, load, provider_nodes, now, objects_held=None):
+        decisions = update(self, load, provider_nodes, now, objects_held)
+        if any(n.node_type == "gpu" and n.state != "failed" for n in provider_nodes):
+            return decisions
+        for index, d in enumerate(decisions):
+            if d.action == "launch" and d.node_type != "gpu" and d.reason == "pending demand":
+                return decisions[:index] + [policy.Decision(now, "launch", "gpu", count=1,
+                                                            reason=d.reason)]
+        return decisions
+
+    monkeypatch.setattr(policy.Autoscaler, "update", gpu_first)
+    _first_failure(range(5), "autoscaler", "none", "autoscaler-launches-only-for-demand")
+
+
+def test_a_policy_that_does_not_report_infeasible_shapes_is_caught_within_6_seeds(monkeypatch):
+    update = policy.Autoscaler.update
+
+    def silent(self, load, provider_nodes, now, objects_held=None):
+        decisions = update(self, load, provider_nodes, now, objects_held)
+        import dataclasses
+
+        self.status = dataclasses.replace(self.status, infeasible=())
+        return decisions
+
+    monkeypatch.setattr(policy.Autoscaler, "update", silent)
+    _first_failure(range(6), "autoscaler", "none", "autoscaler-reports-infeasible")
+
+
+def test_a_monitor_that_sleeps_two_periods_is_caught_within_2_seeds(monkeypatch):
+    import trio
+
+    async def slow_run(self):
+        while not self._stopped:
+            try:
+                await self.run_once()
+            except Exception:  # noqa: BLE001
+                self.failed_rounds += 1
+            await trio.sleep(2 * self.config.autoscaler_period_s)
+
+    monkeypatch.setattr(autoscaler_monitor.Monitor, "run", slow_run)
+    _first_failure(range(2), "autoscaler", "none", "autoscaler-runs-every-period")
+
+
+def test_request_resources_survives_a_gcs_restart():
+    # Found by autoscaler-reports-infeasible (default seed 14): the GCS kept
+    # the standing request in memory only, and its restart withdrew it.
+    import tray
+    import tray.simtest
+    from tray.autoscaler.sdk import request_resources
+    from tray.simtest.pytest_plugin import simtest_cluster
+
+    with simtest_cluster(0, num_nodes=1) as sim:
+        request_resources(bundles=[{"CPU": 1.0, "scaled": 1.0}, {"scaled": 64.0}])
+        sim.restart_gcs(down_for_s=0.2)
+        sim.advance(1.0)
+        gcs = sim.processes[sim.gcs_address].component
+        assert [dict(b) for b in gcs.demand.requested] == [{"CPU": 1.0, "scaled": 1.0},
+                                                           {"scaled": 64.0}]
+    assert not tray.is_initialized()
+
+
+AUTOSCALER_PINNED = [
+    # The standing request_resources was lost with a GCS restart (above).
+    (14, "default", "request_resources withdrawn by a GCS restart"),
+]
+
+
+@pytest.mark.parametrize("seed,faults,bug", AUTOSCALER_PINNED,
+                         ids=[f"{s}-{f}" for s, f, _ in AUTOSCALER_PINNED])
+def test_autoscaler_seed_stays_fixed(seed, faults, bug):
+    result = runner.run_seed(seed, "autoscaler", faults)
+    assert result.ok, f"{bug}: {result.report()}"
