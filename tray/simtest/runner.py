@@ -51,6 +51,7 @@ from .checks import (
 )
 from .introspection import leaks, wait_for_graph
 from .invariants import InvariantViolation
+from .liveness import LivenessMonitor
 from .model import Program
 from .stories import failure_story
 
@@ -270,6 +271,12 @@ def _run_seed(seed, workload, faults, trace_path, config, started,
                                   shape["num_nodes"])
     program = Program(seed, kills=faults_module.kills(schedule))
     injector = faults_module.Injector(cluster, seed, schedule)
+    # Liveness and efficiency, in virtual time, all along (see liveness.py);
+    # workloads reach it as program.liveness (expect_end).
+    monitor = LivenessMonitor(cluster)
+    program.liveness = monitor
+    if validate_every_steps:
+        monitor.install()
     failure: InvariantViolation | None = None
     virtual_time_s = 0.0
     tasks = 0
@@ -299,6 +306,7 @@ def _run_seed(seed, workload, faults, trace_path, config, started,
             if held_twice is not None:
                 raise InvariantViolation("gpu-held-by-one-task-at-a-time", held_twice)
             _quiesce(cluster, program)
+            monitor.finish()
             # After quiescence: a cancelled body that was not interrupted
             # has had time to reach its end.
             check_cancels(cluster, program, ledger)
@@ -321,6 +329,7 @@ def _run_seed(seed, workload, faults, trace_path, config, started,
         if trace_path is not None:
             write_trace(cluster, trace_path)
     finally:
+        monitor.uninstall()
         cluster.time_limit_s = float("inf")
         program.expectations.clear()
         program.actors.clear()
@@ -331,6 +340,11 @@ def _run_seed(seed, workload, faults, trace_path, config, started,
             if failure is None:
                 failure = InvariantViolation("clean-shutdown",
                                              f"shutdown raised {type(error).__name__}: {error}")
+    if monitor.failure is not None:
+        # Raised at the step that showed it (into whatever the driver was
+        # doing: a get that reported it as its error, a workload that
+        # swallowed it); whatever else failed came after.
+        failure = monitor.failure
     if cluster.crashes and (failure is None or failure.invariant == "no-hang"):
         lines = []
         for address, error in cluster.crashes[:5]:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from .pieces_actors import actors, named, restarts, restarts_unretried
 from .pieces_lifecycle import inflight, recycle
+from .pieces_lifetimes import backlog, lifetimes, waiting_groups
 from .pieces_memory import memory
 from .pieces_objects import chains, lineage, objects, returns, wait_loop
 from .pieces_tasks import cancellation, dag, gpus, nested, placement_groups, retries
@@ -31,6 +32,7 @@ PIECES = {
     "groups": placement_groups, "chains": chains, "returns": returns, "named": named,
     "gpus": gpus, "lineage": lineage, "memory": memory,
     "inflight": inflight, "recycle": recycle,
+    "lifetimes": lifetimes, "waiting_groups": waiting_groups, "backlog": backlog,
 }
 # Pieces that run after every other piece of ``mixed`` (memory pressure:
 # the monitor may kill any work on its node, which other pieces' checks do

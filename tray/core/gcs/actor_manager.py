@@ -458,7 +458,19 @@ class ActorManager:
         if node_id in self._nodes.nodes:
             await self._kill_worker(node_id, worker_id)
 
-    def handle_worker_died(self, conn, worker_id: str, node_id: str, reason: str) -> None:
+    def handle_worker_died(self, conn, worker_id: str, node_id: str, reason: str,
+                           address: str = "") -> None:
+        """A node reports a leased or actor worker dead (``address``: where
+        it served). What it hosted fails; what it owned goes with it, as
+        Ray's GCS destroys the actors of a dead owner (``OnWorkerDead``):
+        the GCS hears of an owner's end from its own connection to it too,
+        but there is none when the owner died while the GCS restarted, or
+        before it called the restarted GCS (lifetimes default seed 14: an
+        actor made inside a task lived on after the task's worker died)."""
+        if address:
+            if self.owns_any(address):
+                self.handle_owner_died(None, address)
+            self._placement_groups.owner_died(address)
         creation = self._creating.get(worker_id)
         if creation is not None:
             self._creation_lost(worker_id, creation, f"its worker died ({reason})")

@@ -408,17 +408,19 @@ class WorkerPool:
         self.release_leases_of(worker.worker_id)
         self._wake_waiters()  # below the cap again: a waiting lease may start a worker
         if previous in (WorkerState.LEASED, WorkerState.ACTOR):
-            self._nursery.start_soon(self._report_worker_death, worker.worker_id, reason)
+            self._nursery.start_soon(self._report_worker_death, worker.worker_id, reason,
+                                     worker.address)
 
-    async def _report_worker_death(self, worker_id: str, reason: str) -> None:
+    async def _report_worker_death(self, worker_id: str, reason: str, address: str) -> None:
         """Tell the GCS, as a call it must answer: a report lost while the
         GCS restarts would leave an actor that died then "alive" for good
-        (and its callers waiting). Retried for ``gcs_reconnect_timeout_s``."""
+        (and its callers waiting). Retried for ``gcs_reconnect_timeout_s``.
+        With the worker's address: the actors and groups it owned go too."""
         deadline = trio.current_time() + self._config.gcs_reconnect_timeout_s
         while True:
             try:
                 await self._endpoint.call(self._gcs_address, "worker_died", worker_id,
-                                          self._node_id, reason)
+                                          self._node_id, reason, address)
                 return
             except PeerDisconnected:
                 if trio.current_time() >= deadline:

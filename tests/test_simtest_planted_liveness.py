@@ -1,0 +1,153 @@
+"""Proving the liveness and efficiency invariants (tray/simtest/liveness.py):
+a bug planted in the core by monkeypatching (never by editing it) that
+makes work merely *late* — a grant, a spill, a placement, an actor's end —
+must fail the sweep on the right invariant within a stated number of seeds;
+and the monitor must leave every digest as it was."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+
+from tray.core import scheduling
+from tray.core.gcs.placement_group_manager import PlacementGroupManager
+from tray.core.ids import ObjectID
+from tray.core.messages import PlacementGroupStatus
+from tray.core.node.lease_manager import LeaseManager
+from tray.core.worker.actor_task_submitter import ActorTaskSubmitter
+from tray.core.worker.outbox import Outbox
+from tray.core.worker.reference_counter import ReferenceCounter, is_actor_handle
+from tray.simtest import liveness, runner
+
+
+def _first_failure(seeds, workload: str, faults: str, invariant: str):
+    seen = []
+    for seed in seeds:
+        result = runner.run_seed(seed, workload, faults)
+        if not result.ok:
+            seen.append((seed, result.invariant))
+            if result.invariant == invariant:
+                return result
+    pytest.fail(f"the planted bug went unnoticed (failures on other invariants: {seen})")
+
+
+# ------------------------------------------------------------ work-conserving-leases
+
+
+def test_a_grant_left_for_the_next_request_is_caught_within_3_seeds(monkeypatch):
+    # A returned lease frees its resources, but the node does not offer them
+    # to the requests queued there: they are granted only when some other
+    # event (the next request, a blocked worker) runs the dispatch.
+    def release_lease(self, lease_id, worker_ok):
+        lease = self.leases.pop(lease_id, None)
+        if lease is None:
+            return
+        available, _, gpus = self._pool_of(lease)
+        for name, amount in lease.resources.items():
+            if not (name == "CPU" and lease.blocked):
+                available[name] = available.get(name, 0.0) + amount
+        gpus.release(lease.gpu_allocation)
+        owned = self._leases_by_owner[lease.owner]
+        owned.discard(lease_id)
+        if not owned:
+            del self._leases_by_owner[lease.owner]
+        self._pool.lease_ended(lease.worker_id, worker_ok, lease.for_actor is not None)
+
+    monkeypatch.setattr(LeaseManager, "release_lease", release_lease)
+    result = _first_failure(range(3), "backlog", "none", "work-conserving-leases")
+    assert "fits this node's free resources" in result.message
+
+
+def test_requests_never_moved_to_an_idle_node_are_caught_within_3_seeds(monkeypatch):
+    # A node never sends its queued requests to the nodes that went idle
+    # (neither every heartbeat nor when a node joins): they wait for its
+    # own leases to end.
+    monkeypatch.setattr(LeaseManager, "_respill", lambda self, node_ids, waited_s: None)
+    result = _first_failure(range(3), "backlog", "none", "work-conserving-leases")
+    assert "has had the free resources it needs" in result.message
+
+
+# ---------------------------------------------------- fitting-placement-group-placed
+
+
+def test_a_group_retried_only_on_a_long_timer_is_caught_within_2_seeds(monkeypatch):
+    # A group that did not fit at once is tried again only after 30 s (far
+    # longer than the bound): it waits while the CPUs it needs sit free.
+    async def schedule(self, pg_id):
+        while True:
+            group = self.groups[pg_id]
+            if group.state not in (PlacementGroupStatus.PENDING,
+                                   PlacementGroupStatus.RESCHEDULING):
+                return
+            placement = scheduling.place_bundles(group.spec.bundles, group.spec.strategy,
+                                                 self._nodes.view(), fixed=group.bundle_nodes)
+            if placement is not None and await self._reserve(group, placement):
+                return
+            await trio.sleep(30.0)
+
+    monkeypatch.setattr(PlacementGroupManager, "_schedule", schedule)
+    result = _first_failure(range(2), "waiting_groups", "none",
+                            "fitting-placement-group-placed")
+    assert "fits the free resources of the live nodes" in result.message
+
+
+# ---------------------------------------------------------- unreferenced-actor-ends
+
+
+def test_an_owner_that_never_tells_the_gcs_is_caught_within_2_seeds(monkeypatch):
+    # The owner's last handle goes, and the GCS is never told.
+    monkeypatch.setattr(ActorTaskSubmitter, "actor_out_of_scope", lambda self, actor_id: None)
+    result = _first_failure(range(2), "lifetimes", "none", "unreferenced-actor-ends")
+    assert "ALIVE by the GCS" in result.message
+
+
+def test_a_lost_borrower_release_is_caught_within_5_seeds(monkeypatch):
+    # A borrower of an actor's handle lets go of it, and its message to the
+    # owner is lost: the owner counts a borrower that holds nothing.
+    original = Outbox.send_later
+
+    def send_later(self, address, method, *args):
+        if method == "remove_borrower" and is_actor_handle(ObjectID(args[0])):
+            return None
+        return original(self, address, method, *args)
+
+    monkeypatch.setattr(Outbox, "send_later", send_later)
+    _first_failure(range(5), "lifetimes", "none", "unreferenced-actor-ends")
+
+
+def test_an_actor_ended_while_borrowed_is_caught_within_8_seeds(monkeypatch):
+    # The owner does not count borrowers of actor handles: the actor ends
+    # when the owner's own handles go, under a borrower still using it.
+    original = ReferenceCounter.handle_add_borrower
+
+    def add_borrower(self, conn, object_id, borrower):
+        if is_actor_handle(ObjectID(object_id)):
+            return self.refs.get(ObjectID(object_id)) is not None
+        return original(self, conn, object_id, borrower)
+
+    monkeypatch.setattr(ReferenceCounter, "handle_add_borrower", add_borrower)
+    result = _first_failure(range(8), "lifetimes", "none", "actor-outlives-its-handles")
+    assert "still held a handle" in result.message
+
+
+# ------------------------------------------------------------------ regressions
+
+
+def test_an_actor_whose_owner_died_while_the_gcs_restarted_ends():
+    # lifetimes default seed 14: a task made an actor and its worker died
+    # while the GCS was down; the GCS, which hears of an owner's end from its
+    # connection to it, had none, and the node's report of the death ended
+    # only what the worker hosted. The actor lived on, ALIVE, for good.
+    result = runner.run_seed(14, "lifetimes", "default")
+    assert result.ok, result.report()
+
+
+# ------------------------------------------------------------------ the monitor
+
+
+def test_the_monitor_leaves_the_digest_as_it_was(monkeypatch):
+    watched = runner.run_seed(3, "lifetimes", "default")
+    monkeypatch.setattr(liveness.LivenessMonitor, "install", lambda self: None)
+    unwatched = runner.run_seed(3, "lifetimes", "default")
+    assert watched.ok and unwatched.ok
+    assert watched.digest == unwatched.digest
