@@ -274,3 +274,129 @@ def deaths(cluster) -> Deaths | None:
                                             event.get("reason") != "out of memory"):
             found.retries[event["task"]] = found.retries.get(event["task"], 0) + 1
     return found
+
+
+# ====================================================== failures a user sees
+
+# Fault spans that can kill or cut off a process (a stall or a slow node
+# only delays: the GCS takes 10 s of silence to declare a node dead).
+_KILLING_SPANS = frozenset({"worker_crash", "kill_worker", "node_crash", "kill_node",
+                            "partition", "reset", "duplicate", "memory_kill", "node_dead",
+                            "force_exit", "gcs_restart"})
+_CRASHED_TASK = re.compile(r"running task .* \(([0-9a-f]{32})\) on node ([0-9a-f]+) died")
+_ACTOR_ID = re.compile(r"actor ([0-9a-f]{16,})")
+_NODE_MANAGER_GONE = re.compile(r"node manager of this process \((n\d+)/raylet\) is gone")
+
+
+def unexplained_failure(cluster, error: BaseException) -> str | None:
+    """Why the trace explains no fault error a user got (a WorkerCrashedError,
+    ActorDiedError, ActorUnavailableError or NodeDiedError): the worker,
+    node or actor it names was hit by no injected fault (a worker or node
+    killed, its node cut off, reset, or declared dead, a memory kill, a
+    force cancel, the actor killed, a GCS restart for an actor) before it.
+    None when a fault explains it, or the trace kept too few events, or
+    the error names nothing to check."""
+    from tray import exceptions
+
+    trace = cluster.trace
+    if trace.event_count > len(trace.events):
+        return None
+    events = list(trace.events)
+    now = cluster.clock.current_time()
+    spans = [span for span in fault_spans(events, cluster.node_ids()[0])
+             if span.kind in _KILLING_SPANS and span.start_s <= now]
+    workers: dict[str, str] = {}  # worker id -> its node id prefix
+    task_workers: dict[str, set] = {}  # task -> workers' id suffixes that started it
+    submitted_s: dict[str, float] = {}
+    owners: dict[str, str] = {}  # task -> the component that submitted it
+    actor_workers: dict[str, set] = {}  # actor -> suffixes of its workers and owner
+    actor_nodes: dict[str, set] = {}
+    for event in events:
+        name = event["event"]
+        if name == "worker_start":
+            workers[event["worker"]] = event["component"]
+        elif name == "task_started":
+            task_workers.setdefault(event["task"], set()).add(
+                event["component"].split(":", 1)[-1])
+        elif name == "task_submitted":
+            submitted_s.setdefault(event["task"], event["t"])
+            owners.setdefault(event["task"], event["component"])
+        elif name == "actor_created":
+            actor_workers.setdefault(event["actor"], set()).add(
+                event["component"].split(":", 1)[-1])
+        elif name == "actor_submitted":
+            actor_workers.setdefault(event["actor"], set()).add(
+                event["component"].split(":", 1)[-1])
+        elif name == "actor_alive":
+            actor_nodes.setdefault(event["actor"], set()).add(event["node"])
+        elif name in ("kill_node", "node_dead", "node_fenced"):
+            node = event.get("node") or event["component"]
+            spans.append(FaultSpan(event["t"], event["t"], "node_dead", node=node))
+        elif name == "force_exit":
+            for suffix in task_workers.get(event["task"], ()):
+                spans.append(FaultSpan(event["t"], event["t"], "force_exit", worker=suffix))
+        elif name == "actor_kill":
+            spans.append(FaultSpan(event["t"], event["t"], "actor_kill",
+                                   worker=f"actor:{event['actor']}"))
+
+    def full_ids(suffixes) -> dict:
+        return {worker: node for worker, node in workers.items()
+                if any(worker.endswith(suffix) for suffix in suffixes)}
+
+    def hit(span: FaultSpan, since_s: float, worker_ids: dict, nodes: set) -> bool:
+        if span.end_s < since_s:
+            return False
+        if span.worker is not None:
+            return any(worker.startswith(span.worker) or worker.endswith(span.worker)
+                       for worker in worker_ids)
+        return span.node is not None and any(
+            node and (node.startswith(span.node) or span.node.startswith(node))
+            for node in nodes)
+
+    cause = getattr(error, "cause", None)
+    cause = cause if isinstance(cause, BaseException) else error
+    text = str(cause)
+    if isinstance(cause, exceptions.WorkerCrashedError):
+        match = _CRASHED_TASK.search(text)
+        if match is None:
+            return None
+        task, node = match.group(1), match.group(2)
+        ran_on = full_ids(task_workers.get(task, ()))
+        # (A fault on its owner's node counts: the owner's connection to the
+        # worker broke there, and it gave the worker up as broken.)
+        owner = owners.get(task, "")
+        owner_nodes = {cluster.node_ids()[0]} if owner.startswith("driver:") else \
+            set(full_ids([owner.split(":", 1)[-1]]).values()) if owner else set()
+        nodes = {node, *ran_on.values(), *owner_nodes}
+        since_s = submitted_s.get(task, 0.0)
+        if any(hit(span, since_s, ran_on, nodes) for span in spans):
+            return None
+        return (f"task {task[:16]} failed as if its worker died, and no injected fault hit "
+                f"node {node[:8]} or a worker that ran it ({sorted(w[:8] for w in ran_on)}) "
+                f"after it was submitted (t={since_s:.6f})")
+    if isinstance(cause, exceptions.ActorPlacementGroupRemoved):
+        return None  # the program removed the group
+    if isinstance(cause, (exceptions.ActorDiedError, exceptions.ActorUnavailableError)):
+        actor = getattr(cause, "actor_id", None)
+        if actor is None:
+            match = _ACTOR_ID.search(text)
+            actor = match.group(1) if match else None
+        if actor is None:
+            return None
+        actor = str(actor)
+        hosts = full_ids(actor_workers.get(actor, ()))
+        nodes = set(actor_nodes.get(actor, ())) | set(hosts.values())
+        if isinstance(cause, exceptions.ActorUnavailableError):
+            nodes.add(cluster.node_ids()[0])  # the caller's connection, the driver's
+        for span in spans:
+            if span.kind == "gcs_restart" or span.worker == f"actor:{actor}" or \
+                    hit(span, 0.0, hosts, nodes):
+                return None
+        return (f"{type(cause).__name__} for actor {actor[:16]}, and no injected fault hit "
+                f"its workers ({sorted(w[:8] for w in hosts)}) or nodes "
+                f"({sorted(n[:8] for n in nodes)}), nor was it killed")
+    if isinstance(cause, exceptions.NodeDiedError):
+        if _NODE_MANAGER_GONE.search(text) and not any(span.kind == "node_dead"
+                                                       for span in spans):
+            return f"{text[:200]}, and no node died in the trace"
+    return None

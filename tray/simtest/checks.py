@@ -21,7 +21,7 @@ import numpy as np
 
 from tray import exceptions
 
-from .attribution import deaths, spent, unattributed_executions
+from .attribution import deaths, spent, unattributed_executions, unexplained_failure
 from .invariants import (
     FREED_WHILE_REFERENCED,
     GIVING_UP_ERRORS,
@@ -82,6 +82,7 @@ def check_error(program: Program, expectation: Expectation, error: BaseException
     if _check_object_lost(program, error, where) and not expectation.strict:
         return  # its owner died: true whatever the schedule (see _check_object_lost)
     if program.kills and _is_fault_error(error) and not expectation.strict:
+        _check_failure_explained(program, error, where)
         return
     if program.kills and expectation.app_retries and \
             isinstance(error, FlakyError):
@@ -90,6 +91,18 @@ def check_error(program: Program, expectation: Expectation, error: BaseException
                              f"{where}: got the error {type(error).__name__}: {text[:600]}\n"
                              f"the reference model says {expected!r}, and the injected faults "
                              f"(kills={program.kills}) do not permit this error")
+
+
+def _check_failure_explained(program: Program, error: BaseException, where: str) -> None:
+    """A fault error must name what a fault of the schedule hit (its
+    worker, node or actor), not merely come from a run that had faults."""
+    if program.cluster is None:
+        return
+    why = unexplained_failure(program.cluster, error)
+    if why is not None:
+        raise InvariantViolation("every-failure-has-a-fault-behind-it",
+                                 f"{where}: got the error {type(error).__name__}: "
+                                 f"{str(error)[:400]}\n{why}")
 
 
 def check_cancels(cluster, program: Program, ledger: Ledger) -> None:
