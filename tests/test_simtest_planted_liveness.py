@@ -10,10 +10,12 @@ import pytest
 import trio
 
 from tray.core import scheduling
+from tray.core.gcs import actor_manager
 from tray.core.gcs.placement_group_manager import PlacementGroupManager
 from tray.core.ids import ObjectID
 from tray.core.messages import PlacementGroupStatus
 from tray.core.node.lease_manager import LeaseManager
+from tray.core.node.worker_pool import WorkerPool
 from tray.core.worker.actor_task_submitter import ActorTaskSubmitter
 from tray.core.worker.outbox import Outbox
 from tray.core.worker.reference_counter import ReferenceCounter, is_actor_handle
@@ -65,6 +67,47 @@ def test_requests_never_moved_to_an_idle_node_are_caught_within_3_seeds(monkeypa
     monkeypatch.setattr(LeaseManager, "_respill", lambda self, node_ids, waited_s: None)
     result = _first_failure(range(3), "backlog", "none", "work-conserving-leases")
     assert "has had the free resources it needs" in result.message
+
+
+def test_a_worker_given_back_that_wakes_no_lease_is_caught_within_2_seeds(monkeypatch):
+    # A worker that comes back idle is not offered to the granted leases
+    # waiting for one: they wait for the next worker to start or return.
+    original = WorkerPool._wake_waiters
+
+    def wake_waiters(self, idle=None):
+        if idle is None:
+            original(self, idle)
+
+    monkeypatch.setattr(WorkerPool, "_wake_waiters", wake_waiters)
+    result = _first_failure(range(2), "backlog", "none", "work-conserving-leases")
+    assert "without a worker" in result.message
+
+
+# ----------------------------------------------------------------- fitting-actor-created
+
+
+def test_an_actor_retried_only_on_a_long_timer_is_caught_within_6_seeds(monkeypatch):
+    # After a lease request that was not granted (spilled back from a node
+    # that filled up), the GCS asks again only 30 s later, not after its
+    # retry period: the actor waits while CPUs sit free.
+    sleeps = {"sleep": trio.sleep}
+
+    async def sleep(seconds):
+        await sleeps["sleep"](30.0 if seconds == 1.0 else seconds)
+
+    monkeypatch.setattr(actor_manager, "trio", _TrioWith(sleep))
+    result = _first_failure(range(6), "backlog", "none", "fitting-actor-created")
+    assert "PENDING_CREATION" in result.message
+
+
+class _TrioWith:
+    """trio, as the GCS's actor manager sees it, with another sleep."""
+
+    def __init__(self, sleep) -> None:
+        self.sleep = sleep
+
+    def __getattr__(self, name):
+        return getattr(trio, name)
 
 
 # ---------------------------------------------------- fitting-placement-group-placed

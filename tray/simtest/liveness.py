@@ -9,12 +9,18 @@ eventually.
   them), or on another live node that the node would spill it to (a
   request not pinned to its node: not a placement group's, not a node
   affinity's) for longer than ``spill_bound_s`` (a resource report, a
-  view update and a re-spill: a few heartbeat periods);
+  view update and a re-spill: a few heartbeat periods); and no granted
+  lease holds its resources without a worker for longer than
+  ``worker_bound_s``;
 * ``fitting-placement-group-placed``: a pending (or rescheduling) placement
   group whose bundles *clearly fit* the free resources of the live nodes
   under its strategy (PACK, SPREAD, STRICT_PACK, STRICT_SPREAD; see
   ``_group_fits``) is placed within ``group_bound_s`` (its retry period, a
   report and a view update); an infeasible one is never judged;
+* ``fitting-actor-created``: a pending (or restarting) actor with no lease
+  granted or asked for, whose resources fit the free ones of a live node it
+  may go to (its bundle's pool, its hard affinity's node), is being created
+  within ``actor_create_bound_s``;
 * ``unreferenced-actor-ends``: a non-detached actor that no live process
   holds a handle to any more (no local, submitted or contained count of its
   handle reference in any core worker: the ground truth, not the owner's
@@ -75,6 +81,13 @@ class LivenessMonitor:
         # The owner's message to the GCS (retried every heartbeat period),
         # the worker asked to exit, the node releasing its lease.
         self.actor_end_bound_s = 4 * heartbeat_s + 0.5
+        # A pending actor: the GCS's view (a report), a spill from a node
+        # that filled up (as a request's), and the GCS's retry period.
+        self.actor_create_bound_s = self.spill_bound_s + config.infeasible_retry_period_s + \
+            2 * heartbeat_s
+        # A granted lease waits for its worker: idle ones are handed out at
+        # once, new ones start one at a time (a few ms each in the simulator).
+        self.worker_bound_s = 2 * heartbeat_s
         self.release_bound_s = GRACEFUL_EXIT_TIMEOUT_S + 4 * heartbeat_s
         self.settle_s = 4 * heartbeat_s
         self.local_grant_s = LOCAL_GRANT_S
@@ -92,6 +105,8 @@ class LivenessMonitor:
         self._lease_seq: dict = {}  # node id -> its lease counter at the last sample
         self._churned: set = set()  # nodes that allocated since the last sample
         self._groups: dict = {}  # pg id -> fitting since
+        self._workerless: dict = {}  # (node id, lease id) -> granted without a worker since
+        self._creatable: dict = {}  # actor id -> fitting (and not being created) since
         self._unreferenced: dict = {}  # actor id -> (since, why)
         self._expected_end: dict = {}  # actor id -> (since, label)
         self._dead: dict = {}  # actor id -> DEAD since (its release pending)
@@ -138,7 +153,8 @@ class LivenessMonitor:
         quiet_from = self._disturbed_s + self.settle_s
         self._note_churn(nodes)
         try:
-            self._check_leases(now, nodes, quiet_from)
+            self._check_leases(now, nodes, quiet_from,
+                               gcs.actor_manager.actors if gcs is not None else None)
             if gcs is not None:
                 self._check_groups(now, nodes, gcs, quiet_from)
                 self._check_actors(now, nodes, gcs, quiet_from)
@@ -224,9 +240,42 @@ class LivenessMonitor:
             return False
         return scheduling.fits(resources, manager.available) and manager.gpus.can_allocate(gpus)
 
-    def _check_leases(self, now: float, nodes: list, quiet_from: float) -> None:
-        local, spill = {}, {}
+    @staticmethod
+    def _pinned(request, gcs_actors) -> bool:
+        """Whether a queued request must stay on its node: a placement
+        group's (its bundle is there), a task's with node affinity; an
+        actor's only if its own strategy pins it (the GCS asks with an
+        affinity to the node it picked, and picks again after a spill)."""
+        strategy = request.strategy
+        if request.for_actor is not None and isinstance(strategy, NodeAffinityStrategy):
+            record = gcs_actors.get(request.for_actor) if gcs_actors is not None else None
+            if record is None:
+                return True
+            strategy = record.spec.strategy
+        return isinstance(strategy, (PlacementGroupStrategy, NodeAffinityStrategy))
+
+    def _check_leases(self, now: float, nodes: list, quiet_from: float,
+                      gcs_actors) -> None:
+        local, spill, workerless = {}, {}, {}
         for node_id, manager in nodes:
+            for lease_id, lease in manager.leases.items():
+                if lease.worker_id:
+                    continue
+                since = self._workerless.get((node_id, lease_id), now)
+                workerless[(node_id, lease_id)] = since
+                started = max(since, quiet_from)
+                self._note("worker", now - started, self.worker_bound_s)
+                if now - started > self.worker_bound_s:
+                    pool = getattr(manager, "_pool", None)
+                    idle = len(pool.idle) if pool is not None else "?"
+                    raise InvariantViolation(
+                        "work-conserving-leases",
+                        f"lease {lease_id} at node {node_id[:8]} ({lease.owner}, "
+                        f"{dict(sorted(lease.resources.items()))}"
+                        + (f", for actor {lease.for_actor[:8]}" if lease.for_actor else "")
+                        + f") has held its resources without a worker for {now - started:.3f} "
+                        f"s of virtual time with no fault ({idle} idle worker(s) on the node; "
+                        f"the bound, a worker's start, is {self.worker_bound_s} s)")
             for waiter in manager.waiting:
                 request = waiter.request
                 if self._fits_pool(manager, request):
@@ -243,7 +292,7 @@ class LivenessMonitor:
                             f"time (a node grants in the step that frees what a request "
                             f"needs; the bound is {self.local_grant_s} s)"))
                     continue
-                if isinstance(request.strategy, (PlacementGroupStrategy, NodeAffinityStrategy)):
+                if self._pinned(request, gcs_actors):
                     continue  # pinned to this node
                 for other_id, other in nodes:
                     if other_id == node_id or other.draining or \
@@ -265,7 +314,7 @@ class LivenessMonitor:
                             f"for {now - started:.3f} s of virtual time with no allocation "
                             f"there and no fault (the bound, a few resource reports and "
                             f"a re-spill, is {self.spill_bound_s} s)"))
-        self._local, self._spill = local, spill
+        self._local, self._spill, self._workerless = local, spill, workerless
 
     def _waiter_story(self, node_id: str, manager, waiter, what: str) -> str:
         request = waiter.request
@@ -365,7 +414,13 @@ class LivenessMonitor:
     def _check_actors(self, now: float, nodes: list, gcs, quiet_from: float) -> None:
         processes = self.cluster.processes
         workers = None
-        unreferenced = {}
+        unreferenced, creatable = {}, {}
+        nodes_by_id = dict(nodes)
+        leased = {lease.for_actor for _, manager in nodes for lease in manager.leases.values()
+                  if lease.for_actor is not None}
+        leased.update(request.for_actor for _, manager in nodes for request in
+                      (waiter.request for waiter in manager.waiting)
+                      if request.for_actor is not None)
         for actor_id, record in gcs.actor_manager.actors.items():
             if actor_id in self._settled:
                 continue
@@ -387,6 +442,26 @@ class LivenessMonitor:
                 if not _held(workers, actor_handle_id(actor_id)):
                     why = "no live process holds a handle to it"
             if not why:
+                fitting = self._creatable_on(record, nodes, leased)
+                if fitting:
+                    since = self._creatable.get(actor_id, now)
+                    if fitting <= self._churned:
+                        since = now
+                    creatable[actor_id] = since
+                    started = max(since, quiet_from)
+                    self._note("actor create", now - started, self.actor_create_bound_s)
+                    if now - started > self.actor_create_bound_s:
+                        free = {node_id[:8]: dict(sorted(nodes_by_id[node_id].available.items()))
+                                for node_id in sorted(fitting)}
+                        raise InvariantViolation(
+                            "fitting-actor-created",
+                            f"actor {actor_id} ({record.spec.class_name}, "
+                            f"{dict(sorted(record.spec.resources.items()))}, "
+                            f"{type(record.spec.strategy).__name__}) has been "
+                            f"{record.state.value} for {now - started:.3f} s of virtual time "
+                            f"with no lease or creation under way, while node(s) {free} had "
+                            f"the free resources it needs with no allocation and no fault "
+                            f"(the bound is {self.actor_create_bound_s} s)")
                 continue
             since = self._unreferenced.get(actor_id, (now, why))[0]
             if expected is not None:
@@ -403,6 +478,33 @@ class LivenessMonitor:
                     f"{now - started:.3f} s of virtual time after {why}, with no fault "
                     f"meanwhile (the bound is {self.actor_end_bound_s} s)")
         self._unreferenced = unreferenced
+        self._creatable = creatable
+
+    def _creatable_on(self, record, nodes: list, leased: set) -> set:
+        """The live nodes a pending (or restarting) actor could be created
+        on now, by its strategy and their free resources; empty while a
+        lease for it is granted or asked for, or it is not pending."""
+        if record.state not in (ActorStatus.PENDING_CREATION, ActorStatus.RESTARTING) or \
+                record.actor_id in leased:
+            return set()
+        spec = record.spec
+        resources, strategy = spec.resources, spec.strategy
+        gpus = resources.get("GPU", 0.0)
+        found = set()
+        for node_id, manager in nodes:
+            if manager.draining:
+                continue
+            if isinstance(strategy, PlacementGroupStrategy):
+                if self._fits_pool(manager, _Asking(resources, strategy)):
+                    found.add(node_id)
+                continue
+            if isinstance(strategy, NodeAffinityStrategy) and not strategy.soft and \
+                    node_id != strategy.node_id:
+                continue
+            if scheduling.fits(resources, manager.available) and \
+                    manager.gpus.can_allocate(gpus):
+                found.add(node_id)
+        return found
 
     def _check_dead(self, now: float, nodes: list, actor_id: str, record,
                     quiet_from: float) -> None:
@@ -457,6 +559,14 @@ class LivenessMonitor:
         finds, as a sample does."""
         if self.failure is None and self._original is not None:
             self.sample(self.cluster.clock.current_time())
+
+
+class _Asking:
+    """What ``_fits_pool`` reads of a lease request."""
+
+    def __init__(self, resources: dict, strategy) -> None:
+        self.resources = resources
+        self.strategy = strategy
 
 
 def _held(workers: list, oid) -> bool:

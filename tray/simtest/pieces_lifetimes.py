@@ -277,3 +277,12 @@ def backlog(program) -> None:
         ref = remote_code.sleeper.options(num_cpus=1, memory=1e6 * (i % classes + 1),
                                           max_retries=retries).remote(key, sleep_s)
         program.expect(ref, key, label=f"backlog task {i} ({sleep_s:.2f} s)", retries=retries)
+        if rng.random() < 0.15:
+            # An actor asked for amid the backlog: its creation waits like a task.
+            restarts = -1 if program.kills else 0
+            actor = Scoped.options(num_cpus=1, max_restarts=restarts,
+                                   max_task_retries=restarts).remote(program.key("amid"))
+            x = rng.randint(2, 30)
+            program.expect(actor.square.remote(x), x * x, label="an actor made amid the backlog",
+                           actor_call=True, unlimited=restarts == -1)
+            del actor  # (it ends once its call is done)
