@@ -24,6 +24,7 @@ from .pieces_lifecycle import inflight, recycle
 from .pieces_lifetimes import backlog, lifetimes, waiting_groups
 from .pieces_memory import memory
 from .pieces_objects import chains, lineage, objects, returns, wait_loop
+from .pieces_recovery import copies
 from .pieces_tasks import cancellation, dag, gpus, nested, placement_groups, retries
 
 PIECES = {
@@ -32,7 +33,7 @@ PIECES = {
     "groups": placement_groups, "chains": chains, "returns": returns, "named": named,
     "gpus": gpus, "lineage": lineage, "memory": memory,
     "inflight": inflight, "recycle": recycle,
-    "lifetimes": lifetimes, "waiting_groups": waiting_groups, "backlog": backlog,
+    "lifetimes": lifetimes, "copies": copies, "waiting_groups": waiting_groups, "backlog": backlog,
 }
 # Pieces that run after every other piece of ``mixed`` (memory pressure:
 # the monitor may kill any work on its node, which other pieces' checks do
@@ -68,4 +69,5 @@ def _library_workloads() -> dict:
 WORKLOADS = {**PIECES, "mixed": mixed, "lineage": lambda program: lineage(program, alone=True),
              "restarts_unretried": restarts_unretried,
              "memory": lambda program: memory(program, alone=True),
+             "copies": lambda program: copies(program, alone=True),
              **_library_workloads()}
