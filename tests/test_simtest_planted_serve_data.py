@@ -15,6 +15,12 @@ import tray
 from tray.simtest import runner
 
 
+# How many seeds each planted bug may take (the first that catches it, from
+# the sweep that found it, plus a margin).
+SEEDS = {"union": 5, "zip": 3, "sort": 10, "retry": 10,
+         "healthy": 4, "impatient": 3, "count": 3, "spread": 4, "ongoing": 3}
+
+
 def _first_failure(seeds, workload: str, faults: str, invariant: str):
     seen = []
     for seed in seeds:
@@ -72,3 +78,144 @@ def test_sort_takes_one_direction_per_key(two_cpus):
         [(r["g"], r["k"]) for r in sorted(rows, key=lambda r: (-r["g"], r["k"]))]
     with pytest.raises(ValueError, match="one per key"):
         td.from_items(rows).sort(["g", "k"], descending=[True])
+
+
+# ================================================================ Data, planted
+
+
+def test_a_union_that_reorders_its_inputs_is_caught(monkeypatch):
+    from tray.data._operators import UnionOperator
+
+    def later_first(self):  # every input's bundles as they come, the last input first
+        for index in reversed(range(len(self.queues))):
+            while self.queues[index]:
+                self.emit(self.queues[index].popleft())
+
+    monkeypatch.setattr(UnionOperator, "pump", later_first)
+    _first_failure(range(SEEDS["union"]), "data", "none", "get-returns-model-value")
+
+
+def test_a_zip_that_misaligns_its_rows_is_caught(monkeypatch):
+    from tray.data import _shuffle
+
+    original = _shuffle.zip_plan
+
+    def misaligned(left, right):  # the right dataset's blocks in reverse order
+        return (yield from original(left, list(reversed(right))))
+
+    monkeypatch.setattr(_shuffle, "zip_plan", misaligned)
+    _first_failure(range(SEEDS["zip"]), "data", "none", "get-returns-model-value")
+
+
+def test_a_sort_that_ignores_a_direction_is_caught(monkeypatch):
+    from tray.data import _shuffle
+
+    def first_only(keys, descending):  # the first key's direction for every key
+        first = descending[0] if isinstance(descending, (list, tuple)) else descending
+        return [bool(first)] * len(keys)
+
+    monkeypatch.setattr(_shuffle, "_directions", first_only)
+    _first_failure(range(SEEDS["sort"]), "data", "none", "get-returns-model-value")
+
+
+def test_a_block_dropped_when_its_task_was_retried_is_caught(monkeypatch):
+    from tray.core.ids import TaskID
+    from tray.core.worker.task_manager import TaskManager
+    from tray.data._operators import MapOperator
+
+    retried: set = set()
+    complete, on_ready = TaskManager.complete, MapOperator.on_ready
+
+    def noting(self, task, results):
+        if task.spec.attempt > 0:
+            retried.add(TaskID(task.spec.task_id))
+        complete(self, task, results)
+
+    def dropping(self, ref, executor):
+        task = self._tasks.get(ref)
+        on_ready(self, ref, executor)
+        if task is not None and ref.task_id() in retried:
+            for bundle in [*self._finished.values(), *self.outputs]:
+                if task.block_ref in bundle.refs:
+                    bundle.refs.clear()
+                    bundle.metas.clear()
+
+    monkeypatch.setattr(TaskManager, "complete", noting)
+    monkeypatch.setattr(MapOperator, "on_ready", dropping)
+    _first_failure(range(SEEDS["retry"]), "data", "crash", "get-returns-model-value")
+
+
+# =============================================================== Serve, planted
+
+
+def test_a_status_healthy_too_early_is_caught(monkeypatch):
+    # HEALTHY as soon as one replica of the new version runs, old ones or not.
+    from tray.serve._deployment_state import DeploymentStateManager
+    from tray.serve._status import DeploymentStatus, ReplicaState
+
+    original = DeploymentStateManager.update_status
+
+    def early(self, dep):
+        original(self, dep)
+        if dep.status == DeploymentStatus.UPDATING and any(
+                r.version == dep.spec.version and r.state == ReplicaState.RUNNING
+                for r in dep.replicas):
+            dep.status = DeploymentStatus.HEALTHY
+
+    monkeypatch.setattr(DeploymentStateManager, "update_status", early)
+    _first_failure(range(SEEDS["healthy"]), "serve", "none", "serve-status-follows-the-rollout")
+
+
+def test_old_replicas_stopped_before_new_ones_serve_are_caught(monkeypatch):
+    from tray.serve._deployment_state import DeploymentStateManager
+
+    original = DeploymentStateManager.reconcile
+
+    def impatient(self, dep, now):
+        original(self, dep, now)
+        for replica in list(dep.replicas):  # every old replica goes at once
+            if replica.version != dep.spec.version and replica.serving():
+                self._stop_replica(dep, replica, graceful=True)
+
+    monkeypatch.setattr(DeploymentStateManager, "reconcile", impatient)
+    _first_failure(range(SEEDS["impatient"]), "serve", "none",
+                   "serve-replica-count-follows-the-target")
+
+
+def test_a_replica_count_off_by_one_is_caught(monkeypatch):
+    from tray.serve._deployment_state import DeploymentStateManager
+
+    original = DeploymentStateManager.reconcile
+
+    def one_more(self, dep, now):
+        dep.target_num += 1
+        try:
+            original(self, dep, now)
+        finally:
+            dep.target_num -= 1
+
+    monkeypatch.setattr(DeploymentStateManager, "reconcile", one_more)
+    _first_failure(range(SEEDS["count"]), "serve", "none",
+                   "serve-replica-count-follows-the-target")
+
+
+def test_a_router_that_always_picks_the_first_replica_is_caught(monkeypatch):
+    # tray before issue 41's fix: ties went to the first replica of the list.
+    from tray.serve._handle import Router
+
+    monkeypatch.setattr(Router, "_candidates", lambda self: list(self.replicas[:2]))
+    _first_failure(range(SEEDS["spread"]), "serve", "none", "serve-requests-spread-over-replicas")
+
+
+def test_a_replica_past_max_ongoing_requests_is_caught(monkeypatch):
+    from tray.serve._replica import _Limiter
+
+    original = _Limiter.__init__
+
+    def one_more(self, limit):
+        original(self, limit + 1)
+
+    monkeypatch.setattr(_Limiter, "__init__", one_more)
+    monkeypatch.setattr(_Limiter, "set_limit", lambda self, limit: None)
+    _first_failure(range(SEEDS["ongoing"]), "serve", "none",
+                   "serve-replica-runs-at-most-max_ongoing_requests")

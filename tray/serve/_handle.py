@@ -208,10 +208,13 @@ class Router:
     # ------------------------------------------------- choosing a replica
 
     def _candidates(self) -> list[ReplicaInfo]:
-        if len(self.replicas) <= 2:
-            return list(self.replicas)
-        first, second = self.rng.sample(range(len(self.replicas)), 2)
-        return [self.replicas[first], self.replicas[second]]
+        """Two replicas drawn at random, in random order: ``min`` keeps the
+        first of equal loads, so with two replicas the order is the draw
+        too (before, the first of the list won every tie, and a caller
+        that waits for each reply sent all its requests to one replica:
+        issue 41)."""
+        picks = self.rng.sample(range(len(self.replicas)), min(2, len(self.replicas)))
+        return [self.replicas[i] for i in picks]
 
     def _choose(self, reap) -> ReplicaInfo:
         """Power of two choices; ``reap(replica)`` refreshes a synchronous

@@ -1,17 +1,39 @@
-"""tray.data under faults: pipelines whose output rows must equal the
-fault-free answer.
+"""tray.data under faults: whole pipelines on distinct inputs, each checked
+against a model of what every step promises.
 
-Each seed builds one or two Data pipelines of a random shape (fused maps,
-an actor pool, a shuffle, a sort, a groupby, a union/limit), runs them in
-the driver while the seed's faults fire, and records the rows it got with
-``program.expect``; the reference model is plain Python over the same
-input. Block tasks are retried and lost blocks rebuilt through lineage, so
-a crash should change nothing but the time taken; an error the faults
-permit (a worker crashed past its retries, an object lost with its
-lineage) is re-raised by a task so the runner judges it as it judges any.
+Each seed builds one to three pipelines of a random shape. Two sources
+with distinct rows (``a``: ``td.range`` through a task ``map_batches``;
+``b``: ``td.from_items`` of other ids and values) each go through a random
+chain of row-wise steps (``map``, ``map_batches`` with or without a batch
+size, ``flat_map``, ``filter``, an actor pool, ``add_column``), then are
+combined or not (``union`` of both, ``zip`` of two row-count-preserving
+chains), then maybe go through an all-to-all step (a ``sort`` by one to
+three keys with a list of directions, a ``groupby`` with ``sum``, ``count``,
+``min`` and ``max``, ``repartition``, ``random_shuffle`` with a seed), and
+are consumed in one of several ways (``take_all``, ``take``, ``limit``,
+``iter_batches``, ``split``, ``count``, a global ``sum``/``max``). The
+reference model is plain Python over the same rows, step by step.
+
+What is checked, as tray.data documents it (``preserve_order``, tray's
+default: outputs leave every operator in input order):
+
+* the rows, **in order**, wherever the order is defined: maps, unions (the
+  first dataset's rows, then the next's), zips (row ``i`` of one beside row
+  ``i`` of the other), limits and takes (a prefix), repartition and split
+  (the same rows in the same order); a sort's key columns come out in the
+  model's order exactly (rows with equal keys may come in any order, so
+  the rows are compared as a multiset); a groupby's groups in key order;
+* ``random_shuffle(seed=...)``: a permutation of the model's rows;
+* ``repartition(k)``: ``k`` blocks; ``split(k)``: ``k`` datasets;
+* a pool as large as the cluster (every CPU held by its actors) followed
+  by ``take``/``take_all``/``iter_batches`` finishes (issue 41: it hung).
+
+An error the faults permit (a worker crashed past its retries, an object
+lost with its lineage) is re-raised by a task so that the runner judges it
+as it judges any; a wrong answer fails ``values-match-model``.
 
 Map functions sleep a little virtual time, so that the pipelines are still
-running when the faults fire (the fault window is 0.6 virtual seconds).
+running when the faults fire.
 """
 
 from __future__ import annotations
@@ -22,19 +44,46 @@ import numpy as np
 
 import tray
 
+B_OFFSET = 1_000_000  # source b's ids: distinct from a's whatever the steps
+
 
 @tray.remote(max_retries=3)
 def _reraise(error: BaseException):
     raise error
 
 
-def _slow_square(batch, sleep_s: float):
+# ============================================================ the steps (tray)
+
+
+def _slow_tag(batch, sleep_s: float, salt: int):
     time.sleep(sleep_s)
-    return {"id": batch["id"], "sq": batch["id"] * batch["id"]}
+    ids = batch["id"]
+    return {"id": ids, "x": (ids * 7919 + salt) % 1000}
+
+
+def _map_row(row, k: int):
+    return {**row, "x": row["x"] * 3 + k}
+
+
+def _map_batch(batch, k: int, sleep_s: float):
+    time.sleep(sleep_s)
+    return {**batch, "x": batch["x"] + k}
+
+
+def _flat_row(row):
+    return [{**row, "id": row["id"] * 3 + j} for j in range(row["x"] % 3)]
+
+
+def _keep(row) -> bool:
+    return (row["x"] + row["id"]) % 4 != 0
+
+
+def _g_column(batch):
+    return batch["x"] % 5
 
 
 class _Offset:
-    """A callable class for the actor pool; state: its offset."""
+    """A callable class for the actor pool; its state is its offset."""
 
     def __init__(self, offset: int, sleep_s: float) -> None:
         self.offset = offset
@@ -42,90 +91,326 @@ class _Offset:
 
     def __call__(self, batch):
         time.sleep(self.sleep_s)
-        return {"id": batch["id"], "sq": batch["sq"] + self.offset}
+        return {**batch, "x": batch["x"] + self.offset}
 
 
-def _not_multiple_of_3(row) -> bool:
-    return row["id"] % 3 != 0
+# ============================================================ the model
 
 
-def _by_id(row):
-    return row["id"]
+def _model_step(rows: list, step: tuple) -> list:
+    kind = step[0]
+    if kind == "map":
+        return [{**r, "x": r["x"] * 3 + step[1]} for r in rows]
+    if kind in ("map_batches", "actors"):
+        return [{**r, "x": r["x"] + step[1]} for r in rows]
+    if kind == "flat_map":
+        return [{**r, "id": r["id"] * 3 + j} for r in rows for j in range(r["x"] % 3)]
+    if kind == "filter":
+        return [r for r in rows if (r["x"] + r["id"]) % 4 != 0]
+    if kind == "add_column":
+        return [{**r, "g": r["x"] % 5} for r in rows]
+    raise AssertionError(kind)
 
 
-def _run(program, build, expected, label: str) -> None:
-    try:
-        rows = build()
-        ref = tray.put(rows)
-    except Exception as error:  # noqa: BLE001 - judged by the runner like any error
-        ref = _reraise.remote(error)
-    program.expect(ref, expected, label=f"data: {label}")
+def _zip_rows(left: list, right: list) -> list:
+    out = []
+    for one, two in zip(left, right, strict=True):
+        row = dict(one)
+        for name, value in two.items():
+            new_name, suffix = name, 1
+            while new_name in row:
+                new_name = f"{name}_{suffix}"
+                suffix += 1
+            row[new_name] = value
+        out.append(row)
+    return out
 
 
-def data_pipeline(program) -> None:
-    import tray.data as td
+def _sorted_rows(rows: list, keys: list, descending: list) -> list:
+    out = list(rows)
+    for key, down in reversed(list(zip(keys, descending, strict=True))):
+        out.sort(key=lambda r, key=key: r[key], reverse=down)  # stable: keys compose
+    return out
 
-    rng = program.rng
-    for _ in range(rng.randint(1, 2)):
-        n = rng.randint(20, 300)
-        blocks = rng.randint(1, 8)
-        sleep_s = rng.choice([0.0, 0.01, 0.05, 0.1])
-        strategy = rng.choice(["DEFAULT", "SPREAD"])
-        shape = rng.choice(["map", "actors", "shuffle", "sort", "groupby", "union"])
-        squares = [{"id": i, "sq": i * i} for i in range(n)]
 
-        def base(n=n, blocks=blocks, sleep_s=sleep_s, strategy=strategy):
-            return td.range(n, override_num_blocks=blocks).map_batches(
-                _slow_square, fn_kwargs={"sleep_s": sleep_s}, scheduling_strategy=strategy)
+def _groups(rows: list, how: str) -> list:
+    """A groupby on "g", in key order: one aggregation, or map_groups."""
+    groups: dict = {}
+    for row in rows:
+        groups.setdefault(row["g"], []).append(row["x"])
+    if how == "map_groups":
+        return [{"g": g, "n": len(xs), "spread": max(xs) - min(xs)}
+                for g, xs in sorted(groups.items())]
+    name, fn = {"count": ("count()", len), "sum": ("sum(x)", sum), "min": ("min(x)", min),
+                "max": ("max(x)", max)}[how]
+    return [{"g": g, name: fn(xs)} for g, xs in sorted(groups.items())]
 
-        if shape == "map":
-            def build(base=base):
-                return base().filter(_not_multiple_of_3).take_all()
-            expected = [row for row in squares if row["id"] % 3 != 0]
-        elif shape == "actors":
-            offset = rng.randint(1, 100)
 
-            def build(base=base, offset=offset, sleep_s=sleep_s):
-                # No CPUs for the pool: on one-CPU nodes, actors holding half a
-                # CPU each would leave no room for the one-CPU tasks feeding them.
-                return base().map_batches(_Offset, concurrency=2, batch_size=16,
-                                          fn_constructor_args=(offset, sleep_s),
-                                          num_cpus=0).take_all()
-            expected = [{"id": r["id"], "sq": r["sq"] + offset} for r in squares]
-        elif shape == "shuffle":
-            seed = rng.randint(0, 2**31)
+def _per_group(batch):
+    xs = batch["x"]
+    return {"g": batch["g"][:1], "n": np.array([len(xs)]),
+            "spread": np.array([int(xs.max() - xs.min())])}
 
-            def build(base=base, seed=seed):
-                rows = base().random_shuffle(seed=seed).take_all()
-                return sorted(rows, key=_by_id)
-            expected = squares
-        elif shape == "sort":
-            def build(base=base):
-                return base().sort("sq", descending=True).take_all()
-            expected = sorted(squares, key=lambda row: -row["sq"])
-        elif shape == "groupby":
-            groups = rng.randint(1, 6)
 
-            def build(base=base, groups=groups):
-                keyed = base().map_batches(
-                    lambda b, groups=groups: {"k": b["id"] % groups, "sq": b["sq"]})
-                return keyed.groupby("k").sum("sq").take_all()
-            totals: dict = {}
-            for row in squares:
-                totals[row["id"] % groups] = totals.get(row["id"] % groups, 0) + row["sq"]
-            expected = [{"k": k, "sum(sq)": totals[k]} for k in sorted(totals)]
-        else:
-            limit = rng.randint(0, 2 * n)
+def _grouped(ds, how: str):
+    grouped = ds.groupby("g")
+    if how == "map_groups":
+        return grouped.map_groups(_per_group)
+    if how == "count":
+        return grouped.count()
+    return getattr(grouped, how)("x")
 
-            def build(base=base, limit=limit):
-                return base().union(base()).limit(limit).take_all()
-            expected = (squares + squares)[:limit]
-        _run(program, build, _normalize(expected), f"{shape} of {n} rows in {blocks} blocks")
+
+def _key(row: dict) -> tuple:
+    return tuple(sorted(row.items()))
 
 
 def _normalize(rows: list) -> list:
     return [{k: (v.item() if isinstance(v, np.generic) else v) for k, v in row.items()}
             for row in rows]
+
+
+# ============================================================ one pipeline
+
+
+class _Pipeline:
+    """A random pipeline and its model, built side by side."""
+
+    def __init__(self, program, cluster) -> None:
+        self.rng = program.rng
+        self.cluster = cluster
+        self.sleep_s = self.rng.choice([0.0, 0.01, 0.05, 0.1])
+        self.strategy = self.rng.choice(["DEFAULT", "SPREAD"])
+        self.steps: list = []  # what it does, for the label
+
+    # -- sources
+    def source(self, name: str):
+        import tray.data as td
+
+        rng = self.rng
+        n = rng.randint(0 if rng.random() < 0.05 else 10, 160)
+        blocks = rng.randint(1, 8)
+        salt = rng.randint(0, 999)
+        if name == "a":
+            rows = [{"id": i, "x": (i * 7919 + salt) % 1000} for i in range(n)]
+
+            def make(n=n, blocks=blocks, salt=salt, sleep_s=self.sleep_s,
+                     strategy=self.strategy):
+                spread = {"scheduling_strategy": "SPREAD"} if strategy == "SPREAD" else {}
+                return td.range(n, override_num_blocks=blocks).map_batches(
+                    _slow_tag, fn_kwargs={"sleep_s": sleep_s, "salt": salt}, **spread)
+        else:
+            rows = [{"id": B_OFFSET + 2 * i, "x": (i * 104729 + salt) % 997}
+                    for i in range(n)]
+
+            def make(rows=rows, blocks=blocks):
+                return td.from_items(list(rows), override_num_blocks=blocks)
+        self.steps.append(f"{name}: {n} rows in {blocks} blocks")
+        return make, rows
+
+    # -- row-wise chains
+    def chain(self, make, rows: list, columns: list, *, keep_count: bool,
+              allow_full_pool: bool):
+        rng = self.rng
+        kinds = ["map", "map_batches", "actors", "add_column"]
+        if not keep_count:
+            kinds += ["flat_map", "filter"]
+        for _ in range(rng.randint(0, 3)):
+            kind = rng.choice(kinds)
+            full = False
+            if kind == "map":
+                k = rng.randint(0, 9)
+                step, build = ("map", k), (lambda ds, k=k: ds.map(_map_row, fn_kwargs={"k": k}))
+            elif kind == "map_batches":
+                k = rng.randint(1, 50)
+                size = rng.choice([None, 1, 7, 32])
+                step = ("map_batches", k)
+
+                def build(ds, k=k, size=size, sleep_s=self.sleep_s):
+                    return ds.map_batches(_map_batch, batch_size=size,
+                                          fn_kwargs={"k": k, "sleep_s": sleep_s})
+            elif kind == "actors":
+                k = rng.randint(1, 100)
+                full = allow_full_pool and rng.random() < 0.5
+                step, build = ("actors", k), self._pool(k, full)
+            elif kind == "flat_map":
+                step, build = ("flat_map",), (lambda ds: ds.flat_map(_flat_row))
+            elif kind == "filter":
+                step, build = ("filter",), (lambda ds: ds.filter(_keep))
+            else:
+                if "g" in columns:
+                    continue
+                step, build = ("add_column",), (lambda ds: ds.add_column("g", _g_column))
+                columns = [*columns, "g"]
+            # Only right after the source may a pool hold the whole cluster
+            # (a map with a batch size of its own runs as tasks before it).
+            allow_full_pool = False
+            rows = _model_step(rows, step)
+            self.steps.append(step[0] + ("(whole cluster)" if full else ""))
+            make = (lambda make=make, build=build: build(make()))
+        return make, rows, columns
+
+    def _pool(self, offset: int, full: bool):
+        """An actor pool: zero-CPU actors, or (``full``) one actor per node
+        holding every CPU of it, so the pool holds the whole cluster."""
+        concurrency = self.cluster.num_nodes if full else self.rng.randint(1, 2)
+        num_cpus = self.cluster.node_resources["CPU"] if full else 0
+
+        def build(ds, offset=offset, sleep_s=self.sleep_s):
+            return ds.map_batches(_Offset, concurrency=concurrency, batch_size=16,
+                                  fn_constructor_args=(offset, sleep_s), num_cpus=num_cpus)
+        return build
+
+    # -- the whole
+    def build(self):
+        """(make, model rows, order, checks): ``order`` says how far the
+        rows' order is defined: "all", "keys" (a sort's key columns; rows
+        with equal keys may come in any order) or "none" (a shuffle)."""
+        rng = self.rng
+        combine = rng.choice(["none", "none", "union", "union", "zip"])
+        make, rows = self.source("a")
+        # A pool may hold the whole cluster where nothing it needs runs as
+        # tasks before it (the source's read and map run on its actors).
+        make, rows, columns = self.chain(make, rows, ["id", "x"], keep_count=combine == "zip",
+                                         allow_full_pool=combine == "none" and
+                                         self.strategy == "DEFAULT")
+        if combine != "none":
+            other, other_rows = self.source("b")
+            if combine == "zip":
+                n = min(len(rows), len(other_rows))  # zip needs equal counts
+                rows, other_rows = rows[:n], other_rows[:n]
+                make = (lambda make=make, n=n: make().limit(n))
+                other = (lambda other=other, n=n: other().limit(n))
+                self.steps.append(f"limit({n}) of both")
+            other, other_rows, other_columns = self.chain(
+                other, other_rows, ["id", "x"], keep_count=combine == "zip",
+                allow_full_pool=False)
+            if combine == "union":
+                if other_columns != columns:  # the same columns, in the same order
+                    for column in columns:
+                        if column not in other_columns:
+                            other_rows = _model_step(other_rows, ("add_column",))
+                            other = (lambda other=other: other().add_column("g", _g_column))
+                    if "g" not in columns:
+                        rows = _model_step(rows, ("add_column",))
+                        make = (lambda make=make: make().add_column("g", _g_column))
+                        columns = [*columns, "g"]
+                self.steps.append("union")
+                rows = rows + other_rows
+                make = (lambda make=make, other=other: make().union(other()))
+            else:
+                self.steps.append("zip")
+                rows = _zip_rows(rows, other_rows)
+                columns = list(_zip_rows([dict.fromkeys(columns, 0)],
+                                         [dict.fromkeys(other_columns, 0)])[0])
+                make = (lambda make=make, other=other: make().zip(other()))
+        order, checks = "all", []
+        last = rng.choice(["none", "none", "sort", "sort", "groupby", "repartition", "shuffle"])
+        if last in ("sort", "groupby") and "g" not in columns:
+            rows = _model_step(rows, ("add_column",))
+            make = (lambda make=make: make().add_column("g", _g_column))
+            self.steps.append("add_column")
+        if last == "sort":
+            keys = rng.sample(["g", "x", "id"], rng.randint(1, 3))
+            descending = [rng.random() < 0.5 for _ in keys]
+            if rng.random() < 0.2:  # one bool for every key
+                descending = [descending[0]] * len(keys)
+                arg = descending[0]
+            else:
+                arg = descending
+            rows = _sorted_rows(rows, keys, descending)
+            make = (lambda make=make, keys=keys, arg=arg:
+                    make().sort(keys if len(keys) > 1 else keys[0], descending=arg))
+            self.steps.append(f"sort({keys}, descending={arg})")
+            order = "keys"
+            checks.append(("keys", keys))
+        elif last == "groupby":
+            how = rng.choice(["count", "sum", "min", "max", "map_groups"])
+            rows = _groups(rows, how)
+            make = (lambda make=make, how=how: _grouped(make(), how))
+            self.steps.append(f"groupby(g).{how}")
+        elif last == "repartition":
+            k = rng.randint(1, 6)
+            make = (lambda make=make, k=k: make().repartition(k))
+            self.steps.append(f"repartition({k})")
+            checks.append(("blocks", k))
+        elif last == "shuffle":
+            seed = rng.randint(0, 2**31)
+            make = (lambda make=make, seed=seed: make().random_shuffle(seed=seed))
+            self.steps.append("random_shuffle(seed)")
+            order = "none"
+        return make, rows, order, checks
+
+
+# ============================================================ consuming
+
+
+def _consume(pipeline: _Pipeline, make, rows: list, order: str, checks: list) -> list:
+    """Run the pipeline one of several ways; what to check, as
+    ``(label, the model's answer, tray's answer)``."""
+    rng = pipeline.rng
+    how = rng.choice(["take_all", "take_all", "take", "limit", "iter_batches", "split",
+                      "count", "aggregate"] if order == "all" else
+                     ["take_all", "take_all", "iter_batches", "count"])
+    label = " -> ".join(pipeline.steps) + f" -> {how}"
+    if how == "count":
+        return [(label, len(rows), make().count())]
+    if how == "aggregate":
+        if not rows:
+            return [(label, len(rows), make().count())]
+        return [(label, (sum(r["x"] for r in rows), max(r["x"] for r in rows)),
+                 (make().sum("x"), make().max("x")))]
+    if how in ("take", "limit"):
+        m = rng.randint(0, len(rows) + 3)
+        got = make().take(m) if how == "take" else make().limit(m).take_all()
+        return [(label + f"({m})", _normalize(rows[:m]), _normalize(got))]
+    if how == "split":
+        k = rng.randint(1, 4)
+        parts = make().split(k)
+        got = [row for part in parts for row in part.take_all()]
+        return [(label + f"({k}): datasets", k, len(parts)),
+                (label + f"({k})", _normalize(rows), _normalize(got))]
+    found = []
+    if how == "iter_batches":
+        size = rng.choice([None, 1, 5, 64])
+        got = []
+        for batch in make().iter_batches(batch_size=size, batch_format="numpy"):
+            names = list(batch)
+            got.extend(dict(zip(names, values, strict=True))
+                       for values in zip(*(batch[n] for n in names), strict=True))
+    else:
+        dataset = make()
+        for check in checks:
+            if check[0] == "blocks":
+                dataset = dataset.materialize()
+                found.append((label + f": blocks after repartition({check[1]})", check[1],
+                              dataset.num_blocks()))
+        got = dataset.take_all()
+    got, model = _normalize(got), _normalize(rows)
+    if order == "all":
+        return [*found, (label, model, got)]
+    if order == "keys":  # the key columns in the model's order exactly
+        keys = checks[0][1]
+        found.append((label + f": the sort keys {keys}", [tuple(r[k] for k in keys) for r in model],
+                      [tuple(r[k] for k in keys) for r in got]))
+    # Rows with equal keys, or a shuffle: a permutation of the model's rows.
+    return [*found, (label + " (as a multiset)", sorted(map(_key, model)),
+                     sorted(map(_key, got)))]
+
+
+def data_pipeline(program) -> None:
+    import tray.simtest
+
+    cluster = tray.simtest.cluster()
+    for _ in range(program.rng.randint(1, 3)):
+        pipeline = _Pipeline(program, cluster)
+        make, rows, order, checks = pipeline.build()
+        try:
+            for label, expected, got in _consume(pipeline, make, rows, order, checks):
+                program.expect(tray.put(got), expected, label=f"data: {label}")
+        except Exception as error:  # noqa: BLE001 - judged by the runner like any error
+            program.expect(_reraise.remote(error), _normalize(rows),
+                           label="data: " + " -> ".join(pipeline.steps))
 
 
 WORKLOADS = {"data": data_pipeline}

@@ -29,11 +29,17 @@ Reference model and invariants:
 from __future__ import annotations
 
 import asyncio
+import collections
 import math
 import time
 
 import tray
 from tray import serve
+
+# Imported here, not once the seed runs: a module imported mid-run is heap
+# the collector sees in the first run of a process only (the determinism
+# check's rerun differed: chaos seed 10).
+from . import model_serve
 
 APP = "serve-simtest"
 TARGET_ONGOING = 2
@@ -41,6 +47,13 @@ MIN_REPLICAS, MAX_REPLICAS = 1, 4
 CONVERGE_S = 30.0  # virtual seconds allowed to reach a target
 HOLD_S = 8.0  # how long the held requests run: the scale-up must come sooner
 EXECUTIONS: dict = {}  # request id -> times a replica ran it
+RAN_ON: dict = {}  # request id -> the replica that ran it (last)
+ONGOING: dict = {}  # replica id -> requests it runs now
+MOST_ONGOING: dict = {}  # replica id -> the most it ran at once
+FIXED_APP = "serve-simtest-fixed"
+BROKEN_APP = "serve-simtest-broken"
+MAX_ONGOING = 4
+SPREAD_REQUESTS = 40  # sequential requests: each of 2-3 replicas gets some
 
 
 class _SimWorker:
@@ -52,8 +65,59 @@ class _SimWorker:
 
         ledger = workloads_serve.EXECUTIONS
         ledger[request_id] = ledger.get(request_id, 0) + 1
-        await asyncio.sleep(sleep_s)
+        with workloads_serve.running(request_id):
+            await asyncio.sleep(sleep_s)
         return request_id, self.version
+
+
+class _running:
+    """Counts the requests a replica runs at once (its ledger: one process
+    in the simulator), and which replica ran each request."""
+
+    def __init__(self, request_id: str) -> None:
+        self.request_id = request_id
+
+    def __enter__(self):
+        replica = serve.get_replica_context().replica_id
+        self.replica = replica
+        RAN_ON[self.request_id] = replica
+        ONGOING[replica] = ONGOING.get(replica, 0) + 1
+        MOST_ONGOING[replica] = max(MOST_ONGOING.get(replica, 0), ONGOING[replica])
+        return self
+
+    def __exit__(self, *exc) -> None:
+        ONGOING[self.replica] -= 1
+
+
+running = _running
+
+
+class _Fixed:
+    """A deployment with a fixed number of replicas and a user_config."""
+
+    def __init__(self, version: str) -> None:
+        self.version = version
+        self.tag = None
+
+    def reconfigure(self, config: dict) -> None:
+        self.tag = config["tag"]
+
+    async def __call__(self, request_id: str, sleep_s: float):
+        from tray.simtest import workloads_serve
+
+        ledger = workloads_serve.EXECUTIONS
+        ledger[request_id] = ledger.get(request_id, 0) + 1
+        with workloads_serve.running(request_id):
+            await asyncio.sleep(sleep_s)
+        return request_id, self.version, self.tag
+
+
+class _Broken:
+    def __init__(self) -> None:
+        raise RuntimeError("this constructor always fails (the model says so)")
+
+    def __call__(self, *args):
+        return None
 
 
 # The class keeps a module-level name of its own, so it is pickled by
@@ -64,13 +128,20 @@ class _SimWorker:
 # (chaos seed 60's determinism check).
 SimWorker = serve.deployment(
     name="SimWorker", ray_actor_options={"num_cpus": 0},
-    max_ongoing_requests=4,
+    max_ongoing_requests=MAX_ONGOING,
     autoscaling_config={"min_replicas": MIN_REPLICAS, "max_replicas": MAX_REPLICAS,
                         "initial_replicas": 2, "target_ongoing_requests": TARGET_ONGOING,
                         "metrics_interval_s": 0.25, "look_back_period_s": 1.0,
                         "upscale_delay_s": 0.5, "downscale_delay_s": 1.0},
     health_check_period_s=1.0, health_check_timeout_s=3.0,
     graceful_shutdown_wait_loop_s=0.2, graceful_shutdown_timeout_s=20.0)(_SimWorker)
+
+
+Fixed = serve.deployment(
+    name="Fixed", ray_actor_options={"num_cpus": 0}, max_ongoing_requests=MAX_ONGOING,
+    health_check_period_s=1.0, health_check_timeout_s=3.0,
+    graceful_shutdown_wait_loop_s=0.2, graceful_shutdown_timeout_s=20.0)(_Fixed)
+Broken = serve.deployment(name="Broken", ray_actor_options={"num_cpus": 0})(_Broken)
 
 
 def _outcome(response) -> tuple:
@@ -184,13 +255,160 @@ def _wait_for_replicas(expected: int, what: str, excused=None) -> None:
         tray.get(controller.wait_for_applications.remote([APP], [], 0.5))
 
 
+def _check_ongoing() -> None:
+    for replica, most in sorted(MOST_ONGOING.items()):
+        if most > MAX_ONGOING:
+            raise _violation("serve-replica-runs-at-most-max_ongoing_requests",
+                             f"replica {replica} ran {most} requests at once "
+                             f"(max_ongoing_requests={MAX_ONGOING})")
+
+
+def _running_replicas(app: str, deployment: str) -> list:
+    from tray.serve import _api
+
+    return sorted(r[0] for r in _api._list_replicas(app, deployment) if r[2] == "RUNNING")
+
+
+def _fixed_phase(program, recorder) -> None:
+    """A deployment of a fixed size: requests spread over its replicas (power
+    of two choices), a user_config change applied in place (the same
+    replicas answer with the new config once serve.run returns), and a
+    scale up or down by redeploying (the count follows)."""
+    rng = program.rng
+    size = rng.randint(2, 3)
+    handle = serve.run(Fixed.options(num_replicas=size, user_config={"tag": "t1"}).bind("f1"),
+                       name=FIXED_APP, route_prefix=None)
+    recorder.raise_first()
+    before = _running_replicas(FIXED_APP, "Fixed")
+    outcomes = []
+    for i in range(SPREAD_REQUESTS):  # one at a time: every load is 0, ties decide
+        outcomes.append((f"s-{i}", *_outcome(handle.remote(f"s-{i}", 0.0))))
+    after = _running_replicas(FIXED_APP, "Fixed")
+    served = collections.Counter(RAN_ON.get(rid) for rid, kind, _v, _r in outcomes
+                                 if kind == "ok")
+    steady = [r for r in before if r in after]
+    if len(steady) >= 2 and all(kind == "ok" for _rid, kind, _v, _r in outcomes):
+        idle = [r for r in steady if served.get(r, 0) == 0]
+        if idle:
+            raise _violation("serve-requests-spread-over-replicas",
+                             f"{SPREAD_REQUESTS} requests sent one after another to "
+                             f"{len(steady)} running replicas; {idle} got none "
+                             f"(spread: {dict(served)})")
+    # A burst of long requests to two replicas: each goes to the less loaded.
+    if size == 2 and len(steady) == 2 and steady == before == after:
+        burst = [(f"sb-{i}", handle.remote(f"sb-{i}", 0.5)) for i in range(2 * rng.randint(1, 2))]
+        burst_outcomes = [(rid, *_outcome(r)) for rid, r in burst]
+        del burst
+        counts = collections.Counter(RAN_ON.get(rid) for rid, kind, _v, _r in burst_outcomes
+                                     if kind == "ok")
+        if all(kind == "ok" for _rid, kind, _v, _r in burst_outcomes) and \
+                max(counts.values()) - min(counts.get(r, 0) for r in steady) > 1:
+            raise _violation("serve-requests-spread-over-replicas",
+                             f"a burst of {len(burst_outcomes)} long requests to 2 replicas "
+                             f"went {dict(counts)}: not to the less loaded one")
+        outcomes += burst_outcomes
+    # user_config only: reconfigured in place.
+    serve.run(Fixed.options(num_replicas=size, user_config={"tag": "t2"}).bind("f1"),
+              name=FIXED_APP, route_prefix=None)
+    recorder.raise_first()
+    reconfigured = [(f"r-{i}", *_outcome(handle.remote(f"r-{i}", 0.0))) for i in range(4)]
+    for rid, kind, value, replica in reconfigured:
+        if kind == "ok" and value != (rid, "f1", "t2"):
+            raise _violation("serve-response-is-the-model's",
+                             f"request {rid} after the user_config update got {value!r} "
+                             f"(from replica {replica}); the model says {(rid, 'f1', 't2')}")
+    # Scale by redeploying.
+    new_size = rng.choice([s for s in (1, 2, 3, 4) if s != size])
+    serve.run(Fixed.options(num_replicas=new_size, user_config={"tag": "t2"}).bind("f1"),
+              name=FIXED_APP, route_prefix=None)
+    recorder.raise_first()
+    status = serve.status().applications[FIXED_APP].deployments["Fixed"]
+    if status.target_num_replicas != new_size:
+        raise _violation("serve-replica-count-follows-the-target",
+                         f"redeployed with num_replicas={new_size}, the target is "
+                         f"{status.target_num_replicas}")
+    scaled = [(f"n-{i}", *_outcome(handle.remote(f"n-{i}", 0.0))) for i in range(3)]
+    for rid, kind, value, replica in scaled:
+        if kind == "ok" and value != (rid, "f1", "t2"):
+            raise _violation("serve-response-is-the-model's",
+                             f"request {rid} after scaling got {value!r} (replica {replica})")
+    _judge_fixed(program, outcomes + reconfigured + scaled)
+    del handle
+    serve.delete(FIXED_APP)
+    if FIXED_APP in serve.status().applications:
+        raise _violation("serve-delete-removes-the-application",
+                         f"{FIXED_APP} is still there after serve.delete returned")
+
+
+def _judge_fixed(program, outcomes: list) -> None:
+    from .invariants import _is_fault_error
+
+    for rid, kind, value, replica in outcomes:
+        if kind == "ok":
+            if not (isinstance(value, tuple) and value[0] == rid and value[1] == "f1"):
+                raise _violation("serve-response-is-the-model's", f"request {rid} got {value!r}")
+        elif not (program.kills and _is_fault_error(value)):
+            raise _violation("serve-request-fails-only-by-fault",
+                             f"request {rid} (replica {replica}) failed with "
+                             f"{type(value).__name__}: {str(value)[:600]}")
+
+
+def _broken_phase(recorder) -> None:
+    """A deployment whose constructor always raises: serve.run raises, and
+    the status says DEPLOY_FAILED with the error (the recorder's model
+    permits DEPLOY_FAILED here only)."""
+    from tray.serve.exceptions import RayServeException
+
+    try:
+        serve.run(Broken.bind(), name=BROKEN_APP, route_prefix=None)
+    except RayServeException as error:
+        if "always fails" not in str(error):
+            raise _violation("serve-status-follows-the-rollout",
+                             f"serve.run of a failing deployment raised without its error: "
+                             f"{error}") from None
+    else:
+        raise _violation("serve-status-follows-the-rollout",
+                         "serve.run of a deployment whose constructor fails returned")
+    status = serve.status().applications[BROKEN_APP]
+    if status.status != "DEPLOY_FAILED" or \
+            status.deployments["Broken"].status != "DEPLOY_FAILED":
+        raise _violation("serve-status-follows-the-rollout",
+                         f"a failed deployment's status: {status}")
+    recorder.raise_first()
+    serve.delete(BROKEN_APP)
+
+
 def serve_stream(program) -> None:
+    from .invariants import InvariantViolation
+
+    for ledger in (EXECUTIONS, RAN_ON, ONGOING, MOST_ONGOING):
+        ledger.clear()
+    from tray.backends.sim.engine import SimulationTimeLimit
+
+    with model_serve.RolloutRecorder(apps=(APP, FIXED_APP, BROKEN_APP),
+                         failing={(BROKEN_APP, "Broken")}) as recorder:
+        try:
+            _stream(program, recorder)
+            if program.rng.random() < 0.6:
+                _fixed_phase(program, recorder)
+            if program.rng.random() < 0.25:
+                _broken_phase(recorder)
+        except (SimulationTimeLimit, InvariantViolation):
+            recorder.raise_first()  # what the recorder saw first, if it saw anything
+            raise
+        _check_ongoing()
+        recorder.raise_first()
+    serve.shutdown()
+    program.expect(tray.put(True), True, label="serve: the stream, the update and scaling")
+
+
+def _stream(program, recorder) -> None:
     import tray.simtest
 
     rng = program.rng
     sim = tray.simtest.cluster()
-    EXECUTIONS.clear()
     serve.run(SimWorker.bind("v1"), name=APP, route_prefix=None)
+    recorder.raise_first()
     callers = [_caller.remote(f"c{c}", rng.randint(5, 25), rng.choice([0.0, 0.05, 0.2]),
                               rng.choice([0.0, 0.05]))
                for c in range(rng.randint(1, 3))]
@@ -204,6 +422,7 @@ def serve_stream(program) -> None:
     del burst
     # The rolling update, while the callers still send.
     serve.run(SimWorker.bind("v2"), name=APP, route_prefix=None)
+    recorder.raise_first()
     after = [(f"u-{i}", handle.remote(f"u-{i}", 0.0)) for i in range(rng.randint(1, 6))]
     after_outcomes = [(rid, *_outcome(response)) for rid, response in after]
     del after
@@ -251,8 +470,8 @@ def serve_stream(program) -> None:
     _wait_for_replicas(MIN_REPLICAS, "no requests")
     _check_executions(driver_outcomes + caller_outcomes + after_outcomes + held_outcomes)
     del handle, driver_outcomes, caller_outcomes, after_outcomes, held_outcomes
-    serve.shutdown()
-    program.expect(tray.put(True), True, label="serve: the stream, the update and scaling")
+    recorder.raise_first()
+    serve.delete(APP)
 
 
 WORKLOADS = {"serve": serve_stream}

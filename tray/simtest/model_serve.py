@@ -1,0 +1,199 @@
+"""A model of a Serve rollout, checked at the end of every step of the
+controller's control loop (for the ``serve`` workload).
+
+``RolloutRecorder`` wraps ``ServeController._step`` (and notes which
+replicas the step stopped, gracefully or not) for the length of a workload,
+and restores it after. At the end of a step nothing runs between the
+reconcile that decided the replicas and the status it computed (the step
+has no ``await``), so the controller's state there is one consistent
+picture; the recorder reads it (it changes nothing: the digest is the same
+with or without it) and judges it against what Ray Serve documents:
+
+* **statuses** (``serve-status-follows-the-rollout``): a deployment is
+  ``HEALTHY`` exactly when its target number of replicas of the current
+  version run and nothing else does (no old version, none starting or
+  stopping); while a replica of an older version still takes requests
+  it is neither ``HEALTHY`` nor ``UPSCALING``/``DOWNSCALING``, and its
+  application is not ``RUNNING``; an application is ``RUNNING`` only when
+  each of its deployments is healthy (or scaling); ``DEPLOY_FAILED`` only
+  for a deployment whose constructor the workload made fail (and such a
+  deployment never ``HEALTHY``); ``UNHEALTHY`` only after a replica of it
+  was stopped for dying or failing its health checks, since it last was
+  ``HEALTHY``;
+* **replica counts** (``serve-replica-count-follows-the-target``): as many
+  replicas of the current version are starting or serving as the target
+  (not one more or less: extras stop, missing ones start, in the same
+  step); old-version replicas that still serve are at most the target less
+  the new ones that serve (an old one goes once a new one serves in its
+  place), and an old one is stopped gracefully only if the step leaves at
+  least the target serving (capacity never drops in a rolling update).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+SCALING = ("UPSCALING", "DOWNSCALING")
+
+
+def _where(app, dep) -> str:
+    from tray.serve._aio import loop_time
+
+    replicas = [(r.replica_id.split("#")[-1], r.version[:8], r.state.value)
+                for r in dep.replicas]
+    return (f"t={loop_time():.3f}s {app.name}/{dep.name}: status {dep.status.value} (app "
+            f"{app.status.value}), target {0 if dep.deleting else dep.target_num}, current "
+            f"version {dep.spec.version[:8]}, replicas {replicas}")
+
+
+@dataclass
+class RolloutRecorder:
+    apps: tuple  # the applications to judge
+    failing: set = field(default_factory=set)  # (app, deployment) made to fail
+    violations: list = field(default_factory=list)  # (invariant, message)
+    _stops: list = field(default_factory=list)
+    _explained: set = field(default_factory=set)  # deployments whose UNHEALTHY is explained
+    _saved: tuple = ()
+    _cluster: object = None
+
+    # -- installing
+    def __enter__(self) -> RolloutRecorder:
+        from tray.serve._controller import ServeController
+        from tray.serve._deployment_state import DeploymentStateManager
+
+        import tray.simtest
+
+        self._cluster = tray.simtest.cluster()
+        step, stop = ServeController._step, DeploymentStateManager._stop_replica
+        self._saved = (step, stop)
+        recorder = self
+
+        async def observed_step(controller):
+            recorder._stops.clear()
+            await step(controller)
+            recorder.observe(controller)
+
+        def noted_stop(manager, dep, replica, graceful):
+            if replica.state != "STOPPING":
+                recorder._stops.append((dep.app_name, dep.name, replica.replica_id,
+                                        replica.version, replica.serving(), graceful, ""))
+            return stop(manager, dep, replica, graceful)
+
+        ServeController._step = observed_step
+        DeploymentStateManager._stop_replica = noted_stop
+        return self
+
+    def __exit__(self, *exc) -> None:
+        from tray.serve._controller import ServeController
+        from tray.serve._deployment_state import DeploymentStateManager
+
+        ServeController._step, DeploymentStateManager._stop_replica = self._saved
+
+    # -- judging one step
+    def _fail(self, invariant: str, message: str) -> None:
+        if len(self.violations) < 20:
+            self.violations.append((invariant, message))
+        if self._cluster is not None:
+            # Fail fast: the driver's blocking call ends now (a wrong status
+            # may keep serve.run waiting forever); the workload raises this.
+            self._cluster.time_limit_s = min(self._cluster.time_limit_s,
+                                             self._cluster.clock.current_time())
+
+    def observe(self, controller) -> None:
+        """Judge the end of a step. It allocates as little as it can (counts,
+        no copies, the message only on a failure): the collector's timing
+        follows allocations, and what it frees may show in the trace."""
+        for app_name in self.apps:
+            app = controller._apps.get(app_name)
+            if app is not None:
+                self._observe_app(controller, app_name, app)
+
+    def _observe_app(self, controller, app_name: str, app) -> None:
+        from tray.serve._deployment_state import MAX_CONSTRUCTOR_FAILURES
+        from tray.serve._status import ReplicaState
+
+        stops = self._stops
+        app_status = app.status.value
+        healthy_deps = True
+        for dep_name in app.deployments:
+            dep = controller._deployments.get((app_name, dep_name))
+            if dep is None:
+                continue
+            key = (app_name, dep_name)
+            version = dep.spec.version
+            target = 0 if dep.deleting else dep.target_num
+            status = dep.status.value
+            active_new = serving_new = serving_old = running_new = 0
+            for r in dep.replicas:
+                if r.version == version:
+                    active_new += r.state != ReplicaState.STOPPING
+                    serving_new += r.serving()
+                    running_new += r.state == ReplicaState.RUNNING
+                else:
+                    serving_old += r.serving()
+            others = len(dep.replicas) - running_new
+            failed = dep.constructor_failures >= MAX_CONSTRUCTOR_FAILURES
+            old_stopped = 0
+            for s_app, s_dep, _rid, s_version, serving, graceful, _state in stops:
+                if s_app == app_name and s_dep == dep_name and serving:
+                    if not graceful:
+                        self._explained.add(key)
+                    elif s_version != version:
+                        old_stopped += 1
+            if dep.deleting:
+                continue
+            if status not in ("HEALTHY", *SCALING):
+                healthy_deps = False
+            # Statuses.
+            exact = running_new == target and others == 0
+            if status == "HEALTHY" and not exact:
+                self._fail("serve-status-follows-the-rollout",
+                           f"HEALTHY before the target ran alone: {_where(app, dep)}")
+            if exact and not failed and status != "HEALTHY" and key not in self.failing:
+                self._fail("serve-status-follows-the-rollout",
+                           f"exactly the target of the current version runs, yet not "
+                           f"HEALTHY: {_where(app, dep)}")
+            if serving_old and (status in ("HEALTHY", *SCALING) or app_status == "RUNNING"):
+                self._fail("serve-status-follows-the-rollout",
+                           f"an old-version replica still serves: {_where(app, dep)}")
+            if status == "DEPLOY_FAILED" and key not in self.failing:
+                self._fail("serve-status-follows-the-rollout",
+                           f"DEPLOY_FAILED, though no constructor of it fails: "
+                           f"{_where(app, dep)}")
+            if key in self.failing and (status == "HEALTHY" or app_status == "RUNNING"):
+                self._fail("serve-status-follows-the-rollout",
+                           f"a deployment whose constructor always fails is healthy: "
+                           f"{_where(app, dep)}")
+            if status == "UNHEALTHY" and key not in self._explained:
+                self._fail("serve-status-follows-the-rollout",
+                           f"UNHEALTHY, though no replica of it died or failed its health "
+                           f"checks since it was last HEALTHY: {_where(app, dep)}")
+            if status == "HEALTHY":
+                self._explained.discard(key)
+            # Replica counts.
+            if not failed and active_new != target:
+                self._fail("serve-replica-count-follows-the-target",
+                           f"{active_new} replicas of the current version start or serve, "
+                           f"for a target of {target}: {_where(app, dep)}")
+            if serving_old > max(0, target - serving_new):
+                self._fail("serve-replica-count-follows-the-target",
+                           f"{serving_old} old-version replicas still serve beside "
+                           f"{serving_new} new ones, for a target of {target}: "
+                           f"{_where(app, dep)}")
+            if old_stopped and serving_new + serving_old < target:
+                self._fail("serve-replica-count-follows-the-target",
+                           f"{old_stopped} old replicas stopped before new ones served in "
+                           f"their place: {serving_new} new and {serving_old} old serve, for "
+                           f"a target of {target}: {_where(app, dep)}")
+        if app_status == "RUNNING" and not healthy_deps:
+            self._fail("serve-status-follows-the-rollout",
+                       f"application {app_name} RUNNING while a deployment of it is not "
+                       f"healthy")
+
+    def raise_first(self) -> None:
+        from .invariants import InvariantViolation
+
+        if self.violations:
+            invariant, message = self.violations[0]
+            more = f" (and {len(self.violations) - 1} more)" if len(self.violations) > 1 else ""
+            raise InvariantViolation(invariant, message + more)
