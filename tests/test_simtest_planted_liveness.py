@@ -11,6 +11,7 @@ import trio
 
 from tray.core import scheduling
 from tray.core.gcs import actor_manager
+from tray.core.gcs.actor_manager import ActorManager
 from tray.core.gcs.placement_group_manager import PlacementGroupManager
 from tray.core.ids import ObjectID
 from tray.core.messages import PlacementGroupStatus
@@ -134,7 +135,51 @@ def test_a_group_retried_only_on_a_long_timer_is_caught_within_2_seeds(monkeypat
     assert "fits the free resources of the live nodes" in result.message
 
 
+# ------------------------------------------- placement-group-bundles-held-where-placed
+
+
+def test_bundles_kept_after_their_group_is_removed_are_caught_within_2_seeds(monkeypatch):
+    # The GCS never tells the nodes to give a removed group's bundles back,
+    # and answers their reconciliation as if it still placed them there.
+    async def release_on(self, node_id, pg_id, indexes):
+        return None
+
+    monkeypatch.setattr(PlacementGroupManager, "_release_on", release_on)
+    monkeypatch.setattr(PlacementGroupManager, "handle_held_bundles",
+                        lambda self, conn, node_id, bundles: list(bundles))
+    result = _first_failure(range(2), "waiting_groups", "none",
+                            "placement-group-bundles-held-where-placed")
+    assert "which the GCS removed" in result.message
+
+
+def test_a_commit_lost_on_its_node_is_caught_within_3_seeds(monkeypatch):
+    # A node drops the commit of a group's bundles when it holds others
+    # already: the GCS records the group CREATED, the node only prepared it.
+    original = LeaseManager.handle_commit_bundles
+
+    def commit(self, conn, pg_id, indexes):
+        if len(self.bundles) > 1:
+            return None
+        return original(self, conn, pg_id, indexes)
+
+    monkeypatch.setattr(LeaseManager, "handle_commit_bundles", commit)
+    result = _first_failure(range(3), "groups", "none",
+                            "placement-group-bundles-held-where-placed")
+    assert "not committed it" in result.message
+
+
 # ---------------------------------------------------------- unreferenced-actor-ends
+
+
+def test_an_ended_actor_whose_worker_is_never_stopped_is_caught_within_2_seeds(monkeypatch):
+    # The GCS marks an actor out of scope DEAD and never asks its worker to
+    # exit: the worker and its lease (its CPU) live on.
+    async def stop_worker(self, actor_id, node_id, worker_id, address, reason):
+        return None
+
+    monkeypatch.setattr(ActorManager, "_stop_worker", stop_worker)
+    _first_failure(range(2), "lifetimes", "none", "unreferenced-actor-ends")
+
 
 
 def test_an_owner_that_never_tells_the_gcs_is_caught_within_2_seeds(monkeypatch):

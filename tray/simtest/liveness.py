@@ -17,6 +17,9 @@ eventually.
   under its strategy (PACK, SPREAD, STRICT_PACK, STRICT_SPREAD; see
   ``_group_fits``) is placed within ``group_bound_s`` (its retry period, a
   report and a view update); an infeasible one is never judged;
+* ``placement-group-bundles-held-where-placed``: a created group's bundles
+  are held, committed, by the nodes the GCS placed them on, and a removed
+  group's are given back, within ``bundles_bound_s``;
 * ``fitting-actor-created``: a pending (or restarting) actor with no lease
   granted or asked for, whose resources fit the free ones of a live node it
   may go to (its bundle's pool, its hard affinity's node), is being created
@@ -89,6 +92,11 @@ class LivenessMonitor:
         # once, new ones start one at a time (a few ms each in the simulator).
         self.worker_bound_s = 2 * heartbeat_s
         self.release_bound_s = GRACEFUL_EXIT_TIMEOUT_S + 4 * heartbeat_s
+        # One ended as out of scope has no call left to finish: it goes at once.
+        self.scoped_release_bound_s = self.actor_end_bound_s + 2 * heartbeat_s
+        # A group's bundles: cancelled by the GCS at once, or reclaimed by
+        # the node's reconciliation every heartbeat.
+        self.bundles_bound_s = 4 * heartbeat_s + 0.5
         self.settle_s = 4 * heartbeat_s
         self.local_grant_s = LOCAL_GRANT_S
         self.sample_s = sample_s
@@ -106,6 +114,8 @@ class LivenessMonitor:
         self._churned: set = set()  # nodes that allocated since the last sample
         self._groups: dict = {}  # pg id -> fitting since
         self._workerless: dict = {}  # (node id, lease id) -> granted without a worker since
+        self._stray_bundles: dict = {}  # (node id, pg id) -> held for a removed group since
+        self._missing_bundles: dict = {}  # (pg id, index) -> CREATED, not held, since
         self._creatable: dict = {}  # actor id -> fitting (and not being created) since
         self._unreferenced: dict = {}  # actor id -> (since, why)
         self._expected_end: dict = {}  # actor id -> (since, label)
@@ -332,6 +342,7 @@ class LivenessMonitor:
 
     def _check_groups(self, now: float, nodes: list, gcs, quiet_from: float) -> None:
         groups = gcs.placement_groups.groups
+        self._check_bundles(now, nodes, groups, quiet_from)
         tracked = {}
         for pg_id, group in groups.items():
             if group.state not in _PENDING_GROUP:
@@ -358,6 +369,51 @@ class LivenessMonitor:
                     f"nodes and no fault (the bound, its retry period and a resource "
                     f"report, is {self.group_bound_s} s); free: {free}")
         self._groups = tracked
+
+    def _check_bundles(self, now: float, nodes: list, groups: dict, quiet_from: float) -> None:
+        """A removed group's bundles are given back, and a created group's
+        are held (committed) by the nodes the GCS placed them on."""
+        stray, missing = {}, {}
+        nodes_by_id = dict(nodes)
+        for node_id, manager in nodes:
+            for pg_id in sorted({key[0] for key in manager.bundles}):
+                group = groups.get(pg_id)
+                if group is not None and group.state != PlacementGroupStatus.REMOVED:
+                    continue
+                since = stray[(node_id, pg_id)] = self._stray_bundles.get((node_id, pg_id), now)
+                started = max(since, quiet_from)
+                self._note("bundles released", now - started, self.bundles_bound_s)
+                if now - started > self.bundles_bound_s:
+                    raise InvariantViolation(
+                        "placement-group-bundles-held-where-placed",
+                        f"node {node_id[:8]} has held bundles "
+                        f"{sorted(index for key, index in manager.bundles if key == pg_id)} of "
+                        f"placement group {pg_id}, which the GCS "
+                        f"{'does not know' if group is None else 'removed'}, for "
+                        f"{now - started:.3f} s of virtual time with no fault (the bound is "
+                        f"{self.bundles_bound_s} s)")
+        for pg_id, group in groups.items():
+            if group.state != PlacementGroupStatus.CREATED:
+                continue
+            for index, node_id in group.bundle_nodes.items():
+                manager = nodes_by_id.get(node_id)
+                if manager is None:
+                    continue  # a death the GCS has not heard of yet (a disturbance)
+                bundle = manager.bundles.get((pg_id, index))
+                if bundle is not None and bundle.committed:
+                    continue
+                since = missing[(pg_id, index)] = self._missing_bundles.get((pg_id, index), now)
+                started = max(since, quiet_from)
+                self._note("bundles held", now - started, self.bundles_bound_s)
+                if now - started > self.bundles_bound_s:
+                    raise InvariantViolation(
+                        "placement-group-bundles-held-where-placed",
+                        f"placement group {pg_id} is CREATED with bundle {index} on node "
+                        f"{node_id[:8]}, which has "
+                        f"{'not committed it' if bundle is not None else 'no such bundle'} "
+                        f"for {now - started:.3f} s of virtual time with no fault (the bound "
+                        f"is {self.bundles_bound_s} s)")
+        self._stray_bundles, self._missing_bundles = stray, missing
 
     @staticmethod
     def _group_fits(group, nodes: list) -> set | None:
@@ -508,9 +564,9 @@ class LivenessMonitor:
 
     def _check_dead(self, now: float, nodes: list, actor_id: str, record,
                     quiet_from: float) -> None:
+        cause = record.death_cause.reason if record.death_cause is not None else ""
         if actor_id not in self._dead:
             self._dead[actor_id] = now
-            cause = record.death_cause.reason if record.death_cause is not None else ""
             if cause == OUT_OF_SCOPE:
                 holders = [address for address, refs in self._holders(actor_id)]
                 if holders:
@@ -526,15 +582,17 @@ class LivenessMonitor:
             self._dead.pop(actor_id, None)
             return
         started = max(self._dead[actor_id], quiet_from)
-        self._note("actor release", now - started, self.release_bound_s)
-        if now - started > self.release_bound_s:
+        bound_s = self.scoped_release_bound_s if cause == OUT_OF_SCOPE else \
+            self.release_bound_s
+        self._note("actor release", now - started, bound_s)
+        if now - started > bound_s:
             raise InvariantViolation(
                 "unreferenced-actor-ends",
                 f"actor {actor_id} ({record.spec.class_name}) has been DEAD by the GCS for "
                 f"{now - started:.3f} s of virtual time with no fault meanwhile, and "
                 + (f"its lease(s) {leases} are still held" if leases else
                    f"its worker {record.address} still lives")
-                + f" (the bound is {self.release_bound_s} s)")
+                + f" (the bound is {bound_s} s)")
 
     def _note(self, check: str, waited_s: float, bound_s: float) -> None:
         if waited_s > 0:
