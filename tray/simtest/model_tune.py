@@ -1,0 +1,296 @@
+"""Models of Tune's trial schedulers, held against what the controller did.
+
+The ``tune`` workload's scheduler is a public scheduler with a recorder
+mixed in (``Recording*``): every call the controller makes to it — a
+trial added, a result (with the scheduler's answer, how many trials ran
+then, whether any waited), a trial completed or errored — goes, in order,
+into ``simtest_log`` on the scheduler. The log lives in the scheduler's
+state, so the controller's snapshots carry it and a controller restarted
+from a snapshot rolls it back with everything else; the workload reads it
+from the final snapshot (``experiment_state.pkl``).
+
+``replay`` feeds the log through a model of the scheduler written from
+its documentation (ASHA's rungs and quantile, the median stopping rule,
+FIFO) and returns the first answer that differs. ``check_histories``
+holds the log against what every trial did: a STOP ends a trial at that
+result, a trial that ends has been told to (or reached ``max_t``), every
+restart resumes from the latest checkpoint the controller registered (the
+last result it took, since every result carries one), each score follows
+from the checkpoint it resumed from, and no more trials run at once than
+``max_concurrent_trials``."""
+
+from __future__ import annotations
+
+import statistics
+
+from tray.tune.experiment import Trial
+from tray.tune.schedulers import (
+    ASHAScheduler,
+    FIFOScheduler,
+    MedianStoppingRule,
+    PopulationBasedTraining,
+    TrialScheduler,
+)
+
+# Scores are sums of 9-digit roundings: they agree with a product to ~1e-8.
+TOLERANCE = 1e-6
+
+
+class _Recorder:
+    """Records the controller's calls to the scheduler (see the module header)."""
+
+    def _log(self, entry: tuple) -> None:
+        log = self.__dict__.setdefault("simtest_log", [])
+        log.append(entry)
+
+    def on_trial_add(self, controller, trial: Trial) -> None:
+        super().on_trial_add(controller, trial)
+        self._log(("add", trial.trial_id, dict(trial.config)))
+
+    def on_trial_result(self, controller, trial: Trial, result: dict) -> str:
+        running = sum(1 for t in controller.get_trials() if t.status == Trial.RUNNING)
+        waiting = any(t.status in (Trial.PENDING, Trial.PAUSED)
+                      for t in controller.get_live_trials())
+        config = dict(trial.config)
+        action = super().on_trial_result(controller, trial, result)
+        self._log(("result", trial.trial_id, result.get("training_iteration"),
+                   result.get("score"), result.get("restored_t"), result.get("restored_total"),
+                   result.get("quality"), action, running, waiting, config,
+                   dict(trial.config) != config))
+        return action
+
+    def on_trial_complete(self, controller, trial: Trial, result: dict) -> None:
+        super().on_trial_complete(controller, trial, result)
+        self._log(("complete", trial.trial_id, result.get("training_iteration"),
+                   result.get("score")))
+
+    def on_trial_error(self, controller, trial: Trial) -> None:
+        super().on_trial_error(controller, trial)
+        self._log(("error", trial.trial_id))
+
+
+class RecordingASHA(_Recorder, ASHAScheduler):
+    pass
+
+
+class RecordingFIFO(_Recorder, FIFOScheduler):
+    pass
+
+
+class RecordingMedian(_Recorder, MedianStoppingRule):
+    pass
+
+
+class RecordingPBT(_Recorder, PopulationBasedTraining):
+    pass
+
+
+for _cls in (RecordingASHA, RecordingFIFO, RecordingMedian, RecordingPBT):
+    _cls.__module__ = __name__
+del _cls
+
+
+def _quantile(values: list, q: float) -> float:
+    """The q-quantile (0..1) by linear interpolation between order statistics."""
+    ordered = sorted(values)
+    position = q * (len(ordered) - 1)
+    low = int(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+class AshaModel:
+    """ASHA, one bracket: rungs at grace * rf**k up to max_t; a trial first
+    reaching a rung stops if below the (1 - 1/rf) quantile of the scores
+    recorded there before it; at max_t every trial stops."""
+
+    def __init__(self, max_t: float, grace_period: float, reduction_factor: float) -> None:
+        self.max_t, self.rf = max_t, reduction_factor
+        rungs, milestone = [], grace_period
+        while milestone <= max_t * (1 + 1e-9):
+            rungs.append(milestone)
+            milestone *= reduction_factor
+        self.rungs = {m: {} for m in rungs}
+        self.gone: set = set()
+
+    def _judge(self, trial_id: str, t: float, score: float) -> str:
+        for milestone in sorted(self.rungs, reverse=True):
+            recorded = self.rungs[milestone]
+            if t < milestone or trial_id in recorded:
+                continue
+            before = list(recorded.values())
+            recorded[trial_id] = score
+            if before and score < _quantile(before, 1 - 1 / self.rf):
+                return TrialScheduler.STOP
+            return TrialScheduler.CONTINUE
+        return TrialScheduler.CONTINUE
+
+    def result(self, trial_id: str, t: float, score: float, waiting: bool) -> str:
+        if t >= self.max_t:
+            return TrialScheduler.STOP
+        return self._judge(trial_id, t, score)
+
+    def complete(self, trial_id: str, t, score) -> None:
+        if trial_id not in self.gone and t is not None and score is not None:
+            self._judge(trial_id, t, score)
+        self.gone.add(trial_id)
+
+    def error(self, trial_id: str) -> None:
+        self.gone.add(trial_id)
+
+
+class MedianModel:
+    """The median stopping rule (time in iterations): after the grace period,
+    a trial whose best is worse than the median of the other trials' mean
+    results up to the same time stops (pauses without hard_stop, then runs
+    on unjudged); with fewer than min_samples_required others that got so
+    far, it pauses while other trials wait."""
+
+    def __init__(self, grace_period: float, min_samples: int, hard_stop: bool) -> None:
+        self.grace, self.min_samples, self.hard_stop = grace_period, min_samples, hard_stop
+        self.results: dict = {}
+        self.stopped: set = set()
+        self.last_pause: dict = {}
+
+    def _mean(self, trial_id: str, t: float) -> float:
+        scoped = [v for time, v in self.results[trial_id] if self.grace <= time <= t]
+        return sum(scoped) / len(scoped) if scoped else float("nan")
+
+    def result(self, trial_id: str, t: float, score: float, waiting: bool) -> str:
+        if trial_id in self.stopped:
+            return TrialScheduler.CONTINUE
+        self.results.setdefault(trial_id, []).append((t, float(score)))
+        if t < self.grace:
+            return TrialScheduler.CONTINUE
+        others = [o for o, rows in self.results.items() if o != trial_id and rows[-1][0] >= t]
+        if len(others) < self.min_samples:
+            if waiting and t > self.last_pause.get(trial_id, float("-inf")):
+                self.last_pause[trial_id] = t
+                return TrialScheduler.PAUSE
+            return TrialScheduler.CONTINUE
+        median = statistics.median(self._mean(o, t) for o in others)
+        best = max(v for _, v in self.results[trial_id])
+        if best < median:
+            self.stopped.add(trial_id)
+            return TrialScheduler.STOP if self.hard_stop else TrialScheduler.PAUSE
+        return TrialScheduler.CONTINUE
+
+    def complete(self, trial_id: str, t, score) -> None:
+        if t is None or score is None:
+            return
+        rows = self.results.setdefault(trial_id, [])
+        if not rows or rows[-1] != (t, float(score)):
+            rows.append((t, float(score)))
+
+    def error(self, trial_id: str) -> None:
+        pass
+
+
+class FifoModel:
+    def result(self, trial_id, t, score, waiting) -> str:
+        return TrialScheduler.CONTINUE
+
+    def complete(self, trial_id, t, score) -> None:
+        pass
+
+    def error(self, trial_id) -> None:
+        pass
+
+
+def replay(model, log: list) -> str | None:
+    """The first of the scheduler's answers that its model does not give."""
+    for entry in log:
+        kind = entry[0]
+        if kind == "result":
+            _, trial_id, t, score, *_rest = entry
+            action, waiting = entry[7], entry[9]
+            expected = model.result(trial_id, t, score, waiting)
+            if action != expected:
+                return (f"trial {trial_id} at iteration {t} (score {score}): the scheduler "
+                        f"answered {action}, its model {expected}")
+        elif kind == "complete":
+            model.complete(entry[1], entry[2], entry[3])
+        elif kind == "error":
+            model.error(entry[1])
+    return None
+
+
+def check_histories(log: list, trials: dict, max_t: int, max_concurrent: int | None,
+                    quality) -> tuple | None:
+    """(invariant, message) for the first thing the log and the trials'
+    final states disagree on, or None. ``trials``: trial id -> (status,
+    last iteration in result.json)."""
+    last: dict = {}  # trial id -> (iteration, score) of its last result taken
+    attempt: dict = {}  # trial id -> (restored_t, restored_total) of its current run
+    stopped: dict = {}  # trial id -> the iteration a STOP ended it at
+    exploited: set = set()  # PBT: restarts from another trial's checkpoint
+    reported: set = set()  # (iteration, score) of every result taken
+    for entry in log:
+        if entry[0] != "result":
+            continue
+        (_, trial_id, t, score, restored_t, restored_total, reported_quality, action,
+         running, _waiting, config, config_changed) = entry
+        where = f"trial {trial_id}, iteration {t}"
+        if max_concurrent is not None and running > max_concurrent:
+            return ("tune-max-concurrent-trials",
+                    f"{running} trials RUNNING at {where}; max_concurrent_trials is "
+                    f"{max_concurrent}")
+        if trial_id in stopped:
+            return ("tune-stopped-trials-stay-stopped",
+                    f"{where} was taken after a STOP at iteration {stopped[trial_id]}")
+        if abs(reported_quality - quality(config)) > TOLERANCE:
+            return ("tune-trials-run-their-config",
+                    f"{where} ran with quality {reported_quality}; its config {config} "
+                    f"has {quality(config)}")
+        previous = last.get(trial_id)
+        if attempt.get(trial_id) != (restored_t, restored_total) or previous is None or \
+                t != previous[0] + 1:
+            # A new run of the trial: it resumes from the latest checkpoint.
+            if trial_id in exploited:
+                if (restored_t, restored_total) not in reported:
+                    return ("tune-resumes-from-latest-checkpoint",
+                            f"{where}: the exploiting trial resumed from iteration "
+                            f"{restored_t} with total {restored_total}, a checkpoint no "
+                            f"trial reported")
+                exploited.discard(trial_id)
+            else:
+                latest = previous or (0, 0.0)
+                if restored_t != latest[0] or abs(restored_total - latest[1]) > TOLERANCE:
+                    return ("tune-resumes-from-latest-checkpoint",
+                            f"{where}: the run resumed from iteration {restored_t} (total "
+                            f"{restored_total}); the latest checkpoint the controller took "
+                            f"was iteration {latest[0]} (total {latest[1]})")
+            if t != restored_t + 1:
+                return ("tune-trial-iterations",
+                        f"{where} is the first result of a run resumed from iteration "
+                        f"{restored_t}")
+            attempt[trial_id] = (restored_t, restored_total)
+        expected = restored_total + (t - restored_t) * reported_quality
+        if abs(score - expected) > TOLERANCE * t:
+            return ("tune-scores-match-model",
+                    f"{where} scored {score}; from iteration {restored_t} (total "
+                    f"{restored_total}) at quality {reported_quality} the model says "
+                    f"{expected:.9g}")
+        last[trial_id] = (t, score)
+        reported.add((t, score))
+        if action == TrialScheduler.STOP:
+            stopped[trial_id] = t
+        if config_changed:
+            exploited.add(trial_id)
+    for trial_id, (status, final) in sorted(trials.items()):
+        if status != "TERMINATED" or final is None:
+            continue
+        if trial_id in stopped:
+            if final != stopped[trial_id]:
+                return ("tune-stopped-trials-stay-stopped",
+                        f"trial {trial_id} was stopped at iteration {stopped[trial_id]}, its "
+                        f"history ends at {final}")
+        elif final < max_t:
+            return ("tune-trials-end-when-told",
+                    f"trial {trial_id} ended TERMINATED at iteration {final} < max_t "
+                    f"{max_t}, with no STOP from its scheduler")
+        if trial_id in last and last[trial_id][0] != final:
+            return ("tune-result-history",
+                    f"trial {trial_id}: the controller's last result is iteration "
+                    f"{last[trial_id][0]}, result.json ends at {final}")
+    return None
