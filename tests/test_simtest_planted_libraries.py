@@ -167,3 +167,100 @@ AUTOSCALER_PINNED = [
 def test_autoscaler_seed_stays_fixed(seed, faults, bug):
     result = runner.run_seed(seed, "autoscaler", faults)
     assert result.ok, f"{bug}: {result.report()}"
+
+
+# ------------------------------------------------------------------------ tune
+# The tune workload's seeds 0..39 draw (scheduler, grid, max_concurrent_trials):
+# median 0, 16 (hard stop), 1, 7 (pausing); ASHA 2, 3 (grid), 9; FIFO 5, 13
+# (one trial at a time); grid 1, 3, 7.
+
+
+def test_asha_with_a_wrong_quantile_is_caught_within_3_seeds(monkeypatch):
+    import numpy as np
+
+    from tray.tune.schedulers import async_hyperband
+
+    def quarter(self, recorded):
+        return float(np.nanpercentile(list(recorded.values()), 25)) if recorded else None
+
+    monkeypatch.setattr(async_hyperband._Bracket, "cutoff", quarter)
+    _first_failure([2, 3, 9], "tune", "none", "tune-scheduler-decisions-match-model")
+
+
+def test_a_median_rule_that_stops_the_better_trials_is_caught_within_2_seeds(monkeypatch):
+    from tray.tune.schedulers import median_stopping_rule
+
+    original = median_stopping_rule.MedianStoppingRule.on_trial_result
+
+    def inverted(self, controller, trial, result):
+        self._mode = "min"  # compares the wrong way round
+        try:
+            return original(self, controller, trial, result)
+        finally:
+            self._mode = "max"
+
+    monkeypatch.setattr(median_stopping_rule.MedianStoppingRule, "on_trial_result", inverted)
+    _first_failure([0, 16], "tune", "none", "tune-scheduler-decisions-match-model")
+
+
+def test_asha_letting_trials_run_past_a_rung_unjudged_is_caught_within_3_seeds(monkeypatch):
+    from tray.tune.schedulers import async_hyperband
+
+    original = async_hyperband.AsyncHyperBandScheduler.results_ahead
+    monkeypatch.setattr(async_hyperband.AsyncHyperBandScheduler, "results_ahead",
+                        lambda self, trial, result: original(self, trial, result) + 2)
+    # The trial ran on past its STOP: its history holds iterations the
+    # controller never took.
+    _first_failure([2, 3, 9], "tune", "none", "tune-result-history")
+
+
+def test_resuming_from_the_oldest_checkpoint_is_caught_within_4_seeds(monkeypatch):
+    from tray.tune._controller import TuneController
+
+    original = TuneController._start
+
+    def oldest(self, trial, runner_id):
+        if len(trial.checkpoints) > 1:
+            trial.restore_from = trial.checkpoints[0]
+        return original(self, trial, runner_id)
+
+    monkeypatch.setattr(TuneController, "_start", oldest)
+    _first_failure([1, 7, 0, 16], "tune", "none", "tune-resumes-from-latest-checkpoint")
+
+
+def test_ignoring_max_concurrent_trials_is_caught_within_3_seeds(monkeypatch):
+    from tray.tune._controller import TuneController
+
+    original = TuneController.__init__
+
+    def unlimited(self, spec, trainable, restore=None):
+        original(self, spec, trainable, restore)
+        self.spec.max_concurrent_trials = None
+
+    monkeypatch.setattr(TuneController, "__init__", unlimited)
+    _first_failure([5, 13, 23], "tune", "none", "tune-max-concurrent-trials")
+
+
+def test_a_grid_that_reuses_its_random_draws_is_caught_within_3_seeds(monkeypatch):
+    from tray.tune.search import variant_generator
+
+    original = variant_generator.BasicVariantGenerator.setup
+
+    def constant(self, space, num_samples, seed):
+        original(self, space, num_samples, seed)
+        self.constant_grid_search = True  # as if set: every grid value, same draws
+
+    monkeypatch.setattr(variant_generator.BasicVariantGenerator, "setup", constant)
+    _first_failure([1, 3, 7], "tune", "none", "tune-trials-match-search-space")
+
+
+def test_a_best_result_picked_the_wrong_way_is_caught_within_2_seeds(monkeypatch):
+    from tray.tune.result_grid import ResultGrid
+
+    original = ResultGrid.get_best_result
+
+    def worst(self, metric=None, mode=None, scope="last", filter_nan_and_inf=True):
+        return original(self, metric, "min", scope, filter_nan_and_inf)
+
+    monkeypatch.setattr(ResultGrid, "get_best_result", worst)
+    _first_failure([2, 5], "tune", "none", "tune-best-result")

@@ -67,8 +67,9 @@ def make_config(rng) -> dict:
                       "max_workers": 4},
             "large": {"resources": {"CPU": 4, "scaled": 4}, "min_workers": 0, "max_workers": 2},
             # "accel": the GPU tasks need it, so a GPU on a cluster node of
-            # the seed's shape does not serve them; they need no "scaled",
-            # which the actors (on any scaled node) hold until the end.
+            # the seed's shape does not serve them; they need no "scaled" nor
+            # CPU, which the actors and the placement group (on any scaled
+            # node) may hold until the end.
             "gpu": {"resources": {"CPU": 2, "GPU": 1, "accel": 1, "scaled": 2},
                     "min_workers": 0, "max_workers": 1},
         },
@@ -89,7 +90,7 @@ def _scaled_double(value: int, sleep_s: float) -> int:
     return 2 * value
 
 
-@tray.remote(resources={"accel": 1}, num_gpus=1)
+@tray.remote(resources={"accel": 1}, num_gpus=1, num_cpus=0)
 def _scaled_gpu(value: int) -> int:
     time.sleep(0.3)
     return 3 * value

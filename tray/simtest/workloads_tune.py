@@ -1,20 +1,41 @@
-"""The tray.tune workload: an ASHA experiment under the seed's faults.
+"""The tray.tune workload: an experiment under the seed's faults, its
+trial histories checked against a model of the scheduler's decisions.
 
-The trainable's score is ``quality(config) * iteration``, accumulated from
-its checkpoint (so a trial restored from the wrong checkpoint reports a
-wrong score), and the config with the best quality is the best at every
-rung: ASHA never stops it, whatever order results arrive in. That makes a
-reference model possible without running the experiment twice:
+Each seed picks a scheduler (ASHA most often, FIFO with a stopping
+criterion, the median stopping rule with or without ``hard_stop``, PBT),
+a search space (``width`` sampled, or a grid over it: the trials are
+``num_samples`` x the grid), ``max_concurrent_trials`` and
+``FailureConfig.max_failures``. The trainable's score is ``quality(config)
+* iteration``, accumulated from its checkpoint, and every result says
+where its run resumed from (``restored_t``, ``restored_total``) and the
+quality it ran with. The scheduler is the public one with a recorder mixed
+in (``model_tune``): the controller's every call to it, in order, with its
+answers. Reference models and invariants:
 
-* every sampled trial is accounted for: TERMINATED (at ``max_t``, or
-  stopped early at a rung), or ERROR only after more than ``max_failures``
-  failures;
-* every reported score equals the model's, and a trial's ``result.json``
-  holds iterations 1..n exactly once each (retries drop what the lost
-  attempt wrote past its checkpoint);
-* when no trial errored, the best result is the best-quality config with
-  the score ``quality * max_t`` — what the fault-free run of the same seed
-  finds too (its configs come from the same seeded generator).
+* ``tune-trials-match-search-space``: ``num_samples`` x grid trials, each
+  grid value ``num_samples`` times, sampled values in their domain and
+  distinct, each trial run with the config it was created with (PBT's
+  exploits aside);
+* ``tune-every-trial-accounted-for``: TERMINATED, or ERROR only after more
+  than ``max_failures`` failures (exactly ``max_failures + 1``);
+* ``tune-scheduler-decisions-match-model``: the scheduler's every answer
+  equals its model's on the same sequence of results (ASHA's rungs and
+  quantile, the median stopping rule, FIFO);
+* ``tune-stopped-trials-stay-stopped``, ``tune-trials-end-when-told``: a
+  STOP ends the trial at that result; a trial ends before ``max_t`` only
+  when told to;
+* ``tune-resumes-from-latest-checkpoint``: every new run of a trial (after
+  a failure, a pause, a controller restart) resumes from the last result
+  the controller took (each carries a checkpoint); after a PBT exploit,
+  from a checkpoint some trial reported;
+* ``tune-scores-match-model``: every score follows from where its run
+  resumed; ``tune-result-history``: a trial's ``result.json`` holds
+  iterations 1..n once each, ending at the controller's last result;
+* ``tune-max-concurrent-trials``: never more trials RUNNING at once;
+* ``tune-best-result``: ``get_best_result()`` is the trial whose last
+  result (in its ``result.json``) scores best; with ASHA or FIFO and no
+  error, the best-quality config at ``quality * max_t`` (ASHA never stops
+  the best at any rung).
 """
 
 from __future__ import annotations
@@ -34,8 +55,9 @@ def _quality(config: dict) -> float:
 
 
 def tune_objective(config: dict) -> None:
-    """ASHA's trainable: one virtual sleep and one report per iteration,
-    checkpointing its running total every iteration."""
+    """One virtual sleep and one report per iteration up to ``max_t``,
+    checkpointing its running total every iteration; each result says
+    where the run resumed from and the quality it runs with."""
     quality = _quality(config)
     t, total = 0, 0.0
     checkpoint = tune.get_checkpoint()
@@ -43,14 +65,17 @@ def tune_objective(config: dict) -> None:
         with open(os.path.join(checkpoint.path, "state.json"), encoding="utf-8") as file:
             state = json.load(file)
         t, total = state["t"], state["total"]
-    while True:
+    restored_t, restored_total = t, total
+    while t < config["max_t"]:
         time.sleep(config["step_s"])
         t += 1
         total = round(total + quality, 9)
         with tempfile.TemporaryDirectory() as directory:
             with open(os.path.join(directory, "state.json"), "w", encoding="utf-8") as file:
                 json.dump({"t": t, "total": total}, file)
-            tune.report({"score": total}, checkpoint=tune.Checkpoint.from_directory(directory))
+            tune.report({"score": total, "restored_t": restored_t,
+                         "restored_total": restored_total, "quality": quality},
+                        checkpoint=tune.Checkpoint.from_directory(directory))
 
 
 # A score is a sum of 9-digit roundings, the model's a product: they agree to
@@ -65,67 +90,133 @@ def _violation(invariant: str, message: str):
     return InvariantViolation(invariant, message)
 
 
-def tune_asha(program) -> None:
+def _scheduler(kind: str, max_t: int, extra):
+    from . import model_tune
+
+    if kind == "asha":
+        return (model_tune.RecordingASHA(max_t=max_t, grace_period=1, reduction_factor=2),
+                model_tune.AshaModel(max_t, 1, 2))
+    if kind == "fifo":
+        return model_tune.RecordingFIFO(), model_tune.FifoModel()
+    if kind == "median":
+        grace, samples = extra.choice([1, 2]), extra.choice([1, 2, 3])
+        hard_stop = extra.random() < 0.5
+        return (model_tune.RecordingMedian(time_attr="training_iteration", grace_period=grace,
+                                           min_samples_required=samples, hard_stop=hard_stop),
+                model_tune.MedianModel(grace, samples, hard_stop))
+    return (model_tune.RecordingPBT(time_attr="training_iteration", perturbation_interval=2,
+                                    hyperparam_mutations={"x": tune.uniform(0.1, 1.0)},
+                                    quantile_fraction=extra.choice([0.25, 0.5])), None)
+
+
+def tune_experiment(program) -> None:
+    import random
+
+    import tray.simtest
+
     rng = program.rng
     num_samples = rng.randint(5, 10)
     max_t = rng.choice([4, 6, 8])
-    max_failures = 3
-    param_space = {"x": tune.uniform(0.1, 1.0), "width": tune.choice([1, 2, 4]),
-                   "step_s": rng.choice([0.05, 0.08, 0.12])}
+    step_s = rng.choice([0.05, 0.08, 0.12])
+    random_state = rng.randint(0, 9999)
+    # The draws added later come from an RNG of their own: the original
+    # ones (and the seeds pinned by them) stay as they were.
+    extra = random.Random(f"{tray.simtest.cluster().seed}:tune-variations")
+    kind = extra.choice(["asha", "asha", "asha", "fifo", "median", "pbt"])
+    grid = extra.random() < 0.3
+    if grid:
+        num_samples = max(1, num_samples // 3)
+    max_concurrent = extra.choice([None, None, 1, 2, 3])
+    max_failures = extra.choice([3, 3, 3, 1])
+    scheduler, model = _scheduler(kind, max_t, extra)
+    widths = [1, 2, 4]
+    param_space = {"x": tune.uniform(0.1, 1.0),
+                   "width": tune.grid_search(widths) if grid else tune.choice(widths),
+                   "step_s": step_s, "max_t": max_t}
     storage = tempfile.mkdtemp(prefix="tray-simtest-tune-")
     try:
         tuner = tune.Tuner(
             tune_objective, param_space=param_space,
             tune_config=tune.TuneConfig(
                 metric="score", mode="max", num_samples=num_samples,
-                search_alg=tune.search.BasicVariantGenerator(random_state=rng.randint(0, 9999)),
-                scheduler=tune.schedulers.ASHAScheduler(max_t=max_t, grace_period=1,
-                                                        reduction_factor=2)),
+                max_concurrent_trials=max_concurrent,
+                search_alg=tune.search.BasicVariantGenerator(random_state=random_state),
+                scheduler=scheduler),
             run_config=tune.RunConfig(
-                name="asha", storage_path=storage, verbose=0,
+                name="exp", storage_path=storage, verbose=0,
+                stop={"training_iteration": max_t} if kind == "fifo" else None,
                 failure_config=tune.FailureConfig(max_failures=max_failures),
                 checkpoint_config=tune.CheckpointConfig(num_to_keep=2)))
-        grid = tuner.fit()
-        _check(grid, num_samples, max_t, max_failures)
+        results = tuner.fit()
+        setting = (f"{kind} scheduler, {num_samples} sample(s){' x grid' if grid else ''}, "
+                   f"max_t {max_t}, max_concurrent_trials {max_concurrent}, max_failures "
+                   f"{max_failures}")
+        try:
+            _check(results, num_samples * (len(widths) if grid else 1), max_t, max_failures,
+                   kind)
+            added = _check_decisions(results, os.path.join(storage, "exp"), model, max_t,
+                                     max_concurrent)
+            _check_search_space(results, added, num_samples, widths if grid else None)
+        except Exception as error:
+            from .invariants import InvariantViolation
+
+            if isinstance(error, InvariantViolation):
+                error.message = f"({setting}) {error.message}"
+            raise
     finally:
         shutil.rmtree(storage, ignore_errors=True)
 
 
-def _check(grid, num_samples: int, max_t: int, max_failures: int) -> None:
+def _check(grid, expected_trials: int, max_t: int, max_failures: int, kind: str) -> None:
     from tray.tune.result_grid import read_results
 
-    if len(grid) != num_samples:
-        raise _violation("tune-every-trial-accounted-for",
-                         f"{num_samples} samples, {len(grid)} trials in the result grid")
+    if len(grid) != expected_trials:
+        raise _violation("tune-trials-match-search-space",
+                         f"{expected_trials} trials expected (num_samples x the grid), "
+                         f"{len(grid)} in the result grid")
     rungs = {1, 2, 4, 8}
     errored = []
+    last_scores = []  # (last score in result.json, trial id)
     for result in grid:
         trial = result._trial
         where = f"trial {result.trial_id} ({trial.num_failures} failures)"
+        history = read_results(result.path)
+        if history:
+            last_scores.append((history[-1]["score"], result.trial_id))
         if result.status == "ERROR":
-            if trial.num_failures <= max_failures:
+            if trial.num_failures != max_failures + 1:
                 raise _violation("tune-every-trial-accounted-for",
-                                 f"{where} is ERROR within max_failures={max_failures}:\n"
+                                 f"{where} is ERROR with max_failures={max_failures}:\n"
                                  f"{trial.error}")
             errored.append(result)
             continue
         if result.status != "TERMINATED":
             raise _violation("tune-every-trial-accounted-for",
                              f"{where} ended {result.status}, neither TERMINATED nor ERROR")
-        quality = _quality(result.config)
+        if trial.num_failures > max_failures:
+            raise _violation("tune-every-trial-accounted-for",
+                             f"{where} is TERMINATED after more than max_failures="
+                             f"{max_failures} failures")
         iteration = result.metrics.get("training_iteration")
         if iteration is None or not 1 <= iteration <= max_t:
             raise _violation("tune-trial-iterations",
                              f"{where} ended at iteration {iteration}; max_t is {max_t}")
-        if iteration < max_t and iteration not in rungs:
+        if kind == "asha" and iteration < max_t and iteration not in rungs:
             raise _violation("tune-asha-stops-at-rungs",
                              f"{where} stopped at iteration {iteration}, not at a rung")
-        history = read_results(result.path)
+        if kind == "fifo" and iteration != max_t:
+            raise _violation("tune-trials-end-when-told",
+                             f"{where} ended at iteration {iteration}; FIFO runs every trial "
+                             f"to max_t {max_t}")
         iterations = [row["training_iteration"] for row in history]
-        if iterations != list(range(1, iteration + 1)):
+        # (After a PBT exploit the history goes on from the donor's iteration.)
+        if kind != "pbt" and iterations != list(range(1, iteration + 1)):
             raise _violation("tune-result-history",
                              f"{where}: result.json holds iterations {iterations}, expected "
                              f"1..{iteration} once each")
+        if kind == "pbt":
+            continue  # exploits change the config: the log's check covers the scores
+        quality = _quality(result.config)
         for row in history:
             expected = quality * row["training_iteration"]
             if not math.isclose(row["score"], expected, rel_tol=0, abs_tol=SCORE_TOLERANCE):
@@ -133,9 +224,18 @@ def _check(grid, num_samples: int, max_t: int, max_failures: int) -> None:
                                  f"{where}: iteration {row['training_iteration']} scored "
                                  f"{row['score']}, the model says {expected:.9g} (a restore from "
                                  f"the wrong checkpoint?)")
-    if errored:
-        return
     best = grid.get_best_result()
+    if last_scores:
+        top_score, top_id = max(last_scores)
+        if best.trial_id != top_id and not math.isclose(
+                best.metrics.get("score", float("nan")), top_score, rel_tol=0,
+                abs_tol=SCORE_TOLERANCE):
+            raise _violation("tune-best-result",
+                             f"get_best_result() is trial {best.trial_id} (score "
+                             f"{best.metrics.get('score')}); the best last result on storage "
+                             f"is trial {top_id}'s, {top_score}")
+    if errored or kind not in ("asha", "fifo"):
+        return
     qualities = sorted(((_quality(r.config), r.trial_id) for r in grid), reverse=True)
     best_quality, best_id = qualities[0]
     if best.trial_id != best_id or not math.isclose(
@@ -145,4 +245,65 @@ def _check(grid, num_samples: int, max_t: int, max_failures: int) -> None:
                          f"model's best is {best_id} with {best_quality * max_t}")
 
 
-WORKLOADS = {"tune": tune_asha}
+def _check_search_space(grid, added: dict, num_samples: int, widths: list | None) -> None:
+    """``added``: trial id -> its config when created (PBT changes it later)."""
+    configs = sorted((r._trial.index, r.trial_id, added[r.trial_id]) for r in grid)
+    if [index for index, _, _ in configs] != list(range(len(configs))):
+        raise _violation("tune-trials-match-search-space",
+                         f"trial indexes {[index for index, _, _ in configs]}")
+    if widths is not None:
+        for width in widths:
+            count = sum(1 for _, _, config in configs if config["width"] == width)
+            if count != num_samples:
+                raise _violation("tune-trials-match-search-space",
+                                 f"{count} trials with grid value width={width}; num_samples "
+                                 f"is {num_samples}")
+    xs = [config["x"] for _, _, config in configs]
+    for _, trial_id, config in configs:
+        if config["width"] not in (1, 2, 4) or not 0.1 <= config["x"] <= 1.0:
+            raise _violation("tune-trials-match-search-space",
+                             f"trial {trial_id} has config {config}, outside the space")
+    if len(set(xs)) != len(xs) and len(xs) > 1:
+        raise _violation("tune-trials-match-search-space",
+                         f"sampled x values repeat across trials: {sorted(xs)}")
+
+
+def _check_decisions(grid, experiment_path: str, model, max_t: int,
+                     max_concurrent: int | None) -> dict:
+    import pickle
+
+    import cloudpickle  # noqa: F401 - the snapshot may hold cloudpickled code
+
+    from tray.tune.result_grid import read_results
+
+    from . import model_tune
+
+    with open(os.path.join(experiment_path, "experiment_state.pkl"), "rb") as file:
+        state = pickle.load(file)
+    log = state.scheduler.__dict__.get("simtest_log", [])
+    added = {entry[1]: entry[2] for entry in log if entry[0] == "add"}
+    for result in grid:
+        first = added.get(result.trial_id)
+        if first is None:
+            raise _violation("tune-trials-match-search-space",
+                             f"trial {result.trial_id} was never added to its scheduler")
+        if not isinstance(model, type(None)) and first != result.config:
+            raise _violation("tune-trials-match-search-space",
+                             f"trial {result.trial_id} was created with {first}, ended with "
+                             f"{result.config}")
+    if model is not None:
+        wrong = model_tune.replay(model, log)
+        if wrong is not None:
+            raise _violation("tune-scheduler-decisions-match-model", wrong)
+    trials = {}
+    for result in grid:
+        history = read_results(result.path)
+        trials[result.trial_id] = (result.status, history[-1]["training_iteration"]
+                                   if history else None)
+    found = model_tune.check_histories(log, trials, max_t, max_concurrent, _quality)
+    if found is not None:
+        raise _violation(*found)
+    return added
+
+
+WORKLOADS = {"tune": tune_experiment}
