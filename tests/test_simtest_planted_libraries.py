@@ -264,3 +264,78 @@ def test_a_best_result_picked_the_wrong_way_is_caught_within_2_seeds(monkeypatch
 
     monkeypatch.setattr(ResultGrid, "get_best_result", worst)
     _first_failure([2, 5], "tune", "none", "tune-best-result")
+
+
+# ----------------------------------------------------------------------- train
+# The train workload's seeds 10 (max_failures=0), 16 (max_failures=1) and 18
+# (max_failures=0) spend their budget under the default faults; 0, 9, 16, 18
+# also ask for a group the cluster can never hold.
+
+
+def test_a_trainer_that_gives_up_one_failure_early_is_caught_within_2_seeds(monkeypatch):
+    from tray.train import trainer
+
+    original = trainer._Run.execute
+
+    def early(self):
+        if self.max_failures > 0:
+            self.max_failures -= 1  # "failures >= max_failures"
+        return original(self)
+
+    monkeypatch.setattr(trainer._Run, "execute", early)
+    _first_failure([16, 11], "train", "default", "train-failure-budget")
+
+
+def test_a_run_that_keeps_its_first_checkpoint_as_latest_is_caught_within_4_seeds(
+        monkeypatch):
+    # Its restarts resume from there too; the Result's checkpoint shows it first.
+    from tray.train import _storage
+
+    original = _storage.RunStorage.add
+
+    def keep_first(self, row, metrics, checkpoint_path):
+        first = self.latest
+        original(self, row, metrics, checkpoint_path)
+        if first is not None:
+            self.latest = first  # the restart resumes from the first checkpoint kept
+
+    monkeypatch.setattr(_storage.RunStorage, "add", keep_first)
+    _first_failure([16, 10, 18, 11], "train", "default", "train-latest-checkpoint")
+
+
+def test_local_ranks_numbered_wrong_are_caught_within_6_seeds(monkeypatch):
+    import dataclasses
+
+    from tray.train import _worker_group
+
+    original = _worker_group.rank_bundles
+
+    def reversed_local(bundle_nodes):
+        ranked = original(bundle_nodes)
+        return [(bundle, dataclasses.replace(
+            info, local_rank=info.local_world_size - 1 - info.local_rank))
+            for bundle, info in ranked]
+
+    monkeypatch.setattr(_worker_group, "rank_bundles", reversed_local)
+    _first_failure(range(6), "train", "none", "train-ranks-follow-placement")
+
+
+def test_a_group_that_can_never_be_placed_is_refused_within_2_seeds(monkeypatch):
+    from tray.train import trainer
+
+    monkeypatch.setattr(trainer, "feasibility_error", lambda scaling, nodes: None)
+    _first_failure([0, 9], "train", "none", "train-refuses-what-never-fits")
+
+
+TRAIN_PINNED = [
+    # A run that spent its failure budget left its last attempt's staging
+    # directory in the run directory (only the next attempt cleaned up).
+    (10, "default", "a failed run's staging directory left on storage"),
+]
+
+
+@pytest.mark.parametrize("seed,faults,bug", TRAIN_PINNED,
+                         ids=[f"{s}-{f}" for s, f, _ in TRAIN_PINNED])
+def test_train_seed_stays_fixed(seed, faults, bug):
+    result = runner.run_seed(seed, "train", faults)
+    assert result.ok, f"{bug}: {result.report()}"

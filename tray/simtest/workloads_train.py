@@ -55,7 +55,11 @@ def train_counter(config: dict) -> None:
                         json.dump({"step": step, "total": total}, file)
                 with open(os.path.join(directory, f"rank-{rank}.json"), "w",
                           encoding="utf-8") as file:
-                    json.dump({"step": step}, file)
+                    json.dump({"step": step, "world_rank": rank,
+                               "local_rank": context.get_local_rank(),
+                               "local_world_size": context.get_local_world_size(),
+                               "node_rank": context.get_node_rank(),
+                               "node_id": tray.get_runtime_context().get_node_id()}, file)
             train.report({"step": step, "total": total,
                           "world_size": context.get_world_size()},
                          checkpoint=train.Checkpoint.from_directory(directory) if save else None)
@@ -68,6 +72,10 @@ def _violation(invariant: str, message: str):
 
 
 def train_data_parallel(program) -> None:
+    import random
+
+    import tray.simtest
+
     rng = program.rng
     cpus = int(tray.cluster_resources().get("CPU", 1))
     num_nodes = len(tray.nodes())
@@ -77,34 +85,98 @@ def train_data_parallel(program) -> None:
               "quality": round(rng.uniform(0.1, 1.0), 6),
               "checkpoint_every": rng.choice([1, 1, 2])}
     num_to_keep = rng.choice([None, 1, 2])
+    strategy = rng.choice(strategies)
+    # The draws added later come from an RNG of their own: the original
+    # ones (and the seeds pinned by them) stay as they were.
+    extra = random.Random(f"{tray.simtest.cluster().seed}:train-variations")
+    max_failures = extra.choice([50, 50, 50, 0, 1])
+    if extra.random() < 0.2 and _fits_on_one_node(num_workers):
+        strategy = "STRICT_PACK"
+    if extra.random() < 0.15:
+        _check_never_placed(extra)
     storage = tempfile.mkdtemp(prefix="tray-simtest-train-")
     try:
         trainer = train.DataParallelTrainer(
             train_counter, train_loop_config=config,
             scaling_config=train.ScalingConfig(num_workers=num_workers,
-                                               placement_strategy=rng.choice(strategies)),
+                                               placement_strategy=strategy),
             run_config=train.RunConfig(
                 name="run", storage_path=storage, verbose=0,
-                failure_config=train.FailureConfig(max_failures=50),
+                failure_config=train.FailureConfig(max_failures=max_failures),
                 checkpoint_config=train.CheckpointConfig(num_to_keep=num_to_keep)))
         try:
             result = trainer.fit()
         except train.TrainingFailedError as error:
-            raise _violation("train-finishes", f"the run failed after {error.num_restarts} "
-                             f"restarts:\n{error}") from None
-        _check(result, config, num_workers, num_to_keep)
+            if max_failures >= 50:
+                raise _violation("train-finishes", f"the run failed after "
+                                 f"{error.num_restarts} restarts:\n{error}") from None
+            # A small budget may be spent by the faults: then the run
+            # failed after exactly max_failures restarts, and what it did
+            # report holds as a finished run's would.
+            if error.num_restarts != max_failures or \
+                    f"max_failures={max_failures}" not in str(error):
+                raise _violation("train-failure-budget",
+                                 f"TrainingFailedError after {error.num_restarts} restart(s) "
+                                 f"with max_failures={max_failures}:\n{error}") from None
+            _check(error.result, config, num_workers, num_to_keep, strategy, finished=False)
+            return
+        if result.num_restarts > max_failures:
+            raise _violation("train-failure-budget",
+                             f"the run finished after {result.num_restarts} restarts; "
+                             f"max_failures is {max_failures}")
+        _check(result, config, num_workers, num_to_keep, strategy)
     finally:
         shutil.rmtree(storage, ignore_errors=True)
 
 
-def _check(result, config: dict, num_workers: int, num_to_keep) -> None:
+def _fits_on_one_node(num_workers: int) -> bool:
+    return any(node["Alive"] and node["Resources"].get("CPU", 0) >= num_workers
+               for node in tray.nodes())
+
+
+def _check_never_placed(extra) -> None:
+    """A group the cluster can never hold is refused before anything starts
+    (``ValueError``), whatever the strategy."""
+    nodes = [n for n in tray.nodes() if n["Alive"]]
+    strategy = extra.choice(["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"])
+    total = int(sum(n["Resources"].get("CPU", 0) for n in nodes))
+    workers = {"STRICT_SPREAD": len(nodes) + 1,
+               "STRICT_PACK": int(max(n["Resources"].get("CPU", 0) for n in nodes)) + 1
+               }.get(strategy, total + 1)
+    trainer = train.DataParallelTrainer(
+        train_counter, train_loop_config={"steps": 1, "step_s": 0.0, "quality": 1.0,
+                                          "checkpoint_every": 1},
+        scaling_config=train.ScalingConfig(num_workers=workers, placement_strategy=strategy),
+        run_config=train.RunConfig(name="never", storage_path=tempfile.gettempdir(), verbose=0))
+    try:
+        trainer.fit()
+    except Exception as error:  # noqa: BLE001 - only the ValueError will do
+        if not isinstance(error, ValueError) or "can never be placed" not in str(error):
+            raise _violation("train-refuses-what-never-fits",
+                             f"{workers} workers ({strategy}): fit() raised "
+                             f"{type(error).__name__}: {error}") from None
+        return
+    raise _violation("train-refuses-what-never-fits",
+                     f"{workers} workers ({strategy}) on nodes with "
+                     f"{[n['Resources'].get('CPU', 0) for n in nodes]} CPUs: fit() ran")
+
+
+def _check(result, config: dict, num_workers: int, num_to_keep, strategy: str,
+           finished: bool = True) -> None:
     steps, quality = config["steps"], config["quality"]
     expected_total = round(quality * steps, 6)
-    if result.metrics is None or result.metrics["step"] != steps or \
+    rows = result.metrics_dataframe.to_dict("records") if result.metrics_dataframe is not None \
+        else []
+    if not finished:
+        if rows and result.metrics != {k: rows[-1][k] for k in result.metrics}:
+            raise _violation("train-final-report", f"the failed run's result holds "
+                             f"{result.metrics}, its last report {rows[-1]}")
+        if not rows:
+            return
+    elif result.metrics is None or result.metrics["step"] != steps or \
             round(result.metrics["total"], 6) != expected_total:
         raise _violation("train-final-report", f"the run ended with {result.metrics}; the "
                          f"model says step {steps}, total {expected_total}")
-    rows = result.metrics_dataframe.to_dict("records")
     latest_step = 0  # the step of the latest checkpoint reported so far
     previous = None
     for row in rows:
@@ -133,12 +205,44 @@ def _check(result, config: dict, num_workers: int, num_to_keep) -> None:
     if result.num_restarts < rows[-1]["attempt"]:
         raise _violation("train-restarts-counted", f"num_restarts={result.num_restarts} but "
                          f"attempt {rows[-1]['attempt']} reported")
-    _check_storage(result, rows, num_workers, num_to_keep)
+    _check_storage(result, rows, num_workers, num_to_keep, strategy)
 
 
-def _check_storage(result, rows: list, num_workers: int, num_to_keep) -> None:
+def _check_placement(name: str, shards: list, strategy: str) -> None:
+    """The ranks of one checkpoint (one attempt's group) follow the
+    placement: nodes numbered in order, a node's workers consecutive
+    world ranks with local ranks 0..k-1, the strategy respected."""
+    shards = sorted(shards, key=lambda shard: shard["world_rank"])
+    nodes: list = []
+    for shard in shards:
+        if shard["node_id"] not in nodes:
+            nodes.append(shard["node_id"])
+    for shard in shards:
+        on_node = [s for s in shards if s["node_id"] == shard["node_id"]]
+        expected = {"node_rank": nodes.index(shard["node_id"]),
+                    "local_rank": on_node.index(shard),
+                    "local_world_size": len(on_node)}
+        got = {key: shard[key] for key in expected}
+        if got != expected:
+            raise _violation("train-ranks-follow-placement",
+                             f"{name}: rank {shard['world_rank']} has {got}; its place says "
+                             f"{expected}")
+    ranks_by_node = [[s["world_rank"] for s in shards if s["node_id"] == node] for node in nodes]
+    flat = [rank for ranks in ranks_by_node for rank in ranks]
+    if flat != list(range(len(shards))):
+        raise _violation("train-ranks-follow-placement",
+                         f"{name}: world ranks by node {ranks_by_node}, not consecutive")
+    if (strategy == "STRICT_SPREAD" and len(nodes) != len(shards)) or \
+            (strategy == "STRICT_PACK" and len(nodes) != 1):
+        raise _violation("train-ranks-follow-placement",
+                         f"{name}: {len(shards)} workers on {len(nodes)} node(s) with "
+                         f"{strategy}")
+
+
+def _check_storage(result, rows: list, num_workers: int, num_to_keep, strategy: str) -> None:
     names = sorted(os.listdir(result.path))
-    stray = [n for n in names if not n.startswith("checkpoint_") and n != "result.json"]
+    stray = [n for n in names if not n.startswith("checkpoint_") and
+             n not in ("result.json", "error.txt" if result.error is not None else "")]
     if stray:
         raise _violation("train-storage-clean", f"the run directory holds {stray}")
     kept = [n for n in names if n.startswith("checkpoint_")]
@@ -158,6 +262,7 @@ def _check_storage(result, rows: list, num_workers: int, num_to_keep) -> None:
         if state["step"] != row["step"]:
             raise _violation("train-checkpoints-match-reports",
                              f"{name} holds step {state['step']}, reported at step {row['step']}")
+        shards = []
         for rank in range(num_workers):
             try:
                 with open(os.path.join(path, f"rank-{rank}.json"), encoding="utf-8") as file:
@@ -165,9 +270,12 @@ def _check_storage(result, rows: list, num_workers: int, num_to_keep) -> None:
             except FileNotFoundError:
                 raise _violation("train-checkpoints-hold-every-rank",
                                  f"{name} has no file from rank {rank}") from None
-            if shard["step"] != row["step"]:
+            if shard["step"] != row["step"] or shard["world_rank"] != rank:
                 raise _violation("train-checkpoints-hold-every-rank",
-                                 f"{name}: rank {rank}'s file is from step {shard['step']}")
+                                 f"{name}: rank {rank}'s file is from step {shard['step']} "
+                                 f"(rank {shard['world_rank']})")
+            shards.append(shard)
+        _check_placement(name, shards, strategy)
     latest = max(named) if named else None
     actual = os.path.basename(result.checkpoint.path) if result.checkpoint else None
     if actual != latest or (latest is not None and latest not in kept):

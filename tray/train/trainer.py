@@ -316,6 +316,9 @@ class _Run:
             error = TrainingFailedError(message, failure.worker_failures, self.attempt)
             if failure.cause is not None:
                 error.__cause__ = failure.cause
+            # What the last, lost attempt left (a staging directory, a
+            # checkpoint no report recorded) goes, as before any attempt.
+            self.storage.begin_attempt()
             self.storage.write_error(message)
         result = Result(metrics=self.metrics, checkpoint=latest.checkpoint if latest else None,
                         error=error, path=self.run_dir,
