@@ -379,6 +379,10 @@ def _check_actor_calls(program, sim, calls, kills, deadline) -> None:
     killed = {worker for _, _, worker, _ in kills}
     for label, ref, kind in calls:
         error = _get(ref, label, sim, deadline)
+        if error is not None and not isinstance(error, _UNRETRIED_ERRORS):
+            # (A result lost with a node the faults crashed, say.)
+            _delegate(program, ref, kind, f"memory actor, {label}", -1, error)
+            continue
         if kind == "grab":
             if error is None:
                 continue
