@@ -224,7 +224,8 @@ def waiting_groups(program) -> None:
     if cpus < 1:
         return
     strategy = rng.choice(["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"])
-    most = {"STRICT_PACK": int(cpus), "STRICT_SPREAD": len(nodes)}.get(strategy, 3)
+    most = {"STRICT_PACK": int(cpus), "STRICT_SPREAD": len(nodes)}.get(
+        strategy, int(cpus) * len(nodes))  # (never infeasible)
     count = rng.randint(1, max(1, min(3, most)))
     # Work that holds the CPUs for a while first (so the group waits for them).
     holding = []
@@ -251,8 +252,13 @@ def waiting_groups(program) -> None:
         refs.append(ref)
 
     def remove() -> None:
-        tray.wait(refs, num_returns=len(refs), timeout=USERS_WAIT_S, fetch_local=False)
+        ready, _ = tray.wait(refs, num_returns=len(refs), timeout=USERS_WAIT_S,
+                             fetch_local=False)
+        done = len(ready) == len(refs)
+        del ready
         refs.clear()
+        if not done:
+            return  # its tasks still need it (removed at quiescence)
         try:
             remove_placement_group(group)
         except exceptions.TrayError:
