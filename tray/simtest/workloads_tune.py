@@ -48,6 +48,7 @@ import tempfile
 import time
 
 from tray import tune
+from tray.tune.search import ConcurrencyLimiter, Searcher
 
 
 def _quality(config: dict) -> float:
@@ -66,9 +67,12 @@ def tune_objective(config: dict) -> None:
             state = json.load(file)
         t, total = state["t"], state["total"]
     restored_t, restored_total = t, total
+    fail = config.get("fail", "never")
     while t < config["max_t"]:
         time.sleep(config["step_s"])
         t += 1
+        if (fail == "always" and t == 1) or (fail == "once" and t == 2 and restored_t == 0):
+            raise RuntimeError(f"the trainable fails ({fail}) at iteration {t}")
         total = round(total + quality, 9)
         with tempfile.TemporaryDirectory() as directory:
             with open(os.path.join(directory, "state.json"), "w", encoding="utf-8") as file:
@@ -88,6 +92,33 @@ def _violation(invariant: str, message: str):
     from .invariants import InvariantViolation
 
     return InvariantViolation(invariant, message)
+
+
+class SimtestSearcher(Searcher):
+    """A searcher of its own (seeded draws), recording what it is told: the
+    controller must tell it of every result and of every trial's end, once."""
+
+    def __init__(self, seed: int, widths: list, fixed: dict, fails: list) -> None:
+        super().__init__()
+        import random
+
+        self.rng = random.Random(seed)
+        self.widths, self.fixed, self.fails = widths, fixed, fails
+        self.suggested: list = []
+        self.completed: dict = {}  # trial id -> times told it ended
+        self.results: dict = {}  # trial id -> results seen
+
+    def suggest(self, trial_id: str) -> dict:
+        config = {"x": self.rng.uniform(0.1, 1.0), "width": self.rng.choice(self.widths),
+                  "fail": self.rng.choice(self.fails), **self.fixed}
+        self.suggested.append(trial_id)
+        return config
+
+    def on_trial_result(self, trial_id: str, result: dict) -> None:
+        self.results[trial_id] = self.results.get(trial_id, 0) + 1
+
+    def on_trial_complete(self, trial_id: str, result=None, error: bool = False) -> None:
+        self.completed[trial_id] = self.completed.get(trial_id, 0) + 1
 
 
 def _scheduler(kind: str, max_t: int, extra):
@@ -130,9 +161,20 @@ def tune_experiment(program) -> None:
     max_failures = extra.choice([3, 3, 3, 1])
     scheduler, model = _scheduler(kind, max_t, extra)
     widths = [1, 2, 4]
+    # Some trials raise: once (at iteration 2 of a run from scratch) or
+    # always (at iteration 1: ERROR after max_failures + 1 failures).
+    fails = ["never"] * 4 + ["once", "always"] if extra.random() < 0.35 else ["never"]
     param_space = {"x": tune.uniform(0.1, 1.0),
                    "width": tune.grid_search(widths) if grid else tune.choice(widths),
-                   "step_s": step_s, "max_t": max_t}
+                   "fail": tune.choice(fails), "step_s": step_s, "max_t": max_t}
+    search = tune.search.BasicVariantGenerator(random_state=random_state)
+    searcher_limit = None
+    if not grid and extra.random() < 0.3:
+        search = SimtestSearcher(random_state, widths, {"step_s": step_s, "max_t": max_t},
+                                 fails)
+        if extra.random() < 0.6:
+            searcher_limit = extra.choice([1, 2, 3])
+            search = ConcurrencyLimiter(search, max_concurrent=searcher_limit)
     storage = tempfile.mkdtemp(prefix="tray-simtest-tune-")
     try:
         tuner = tune.Tuner(
@@ -140,8 +182,7 @@ def tune_experiment(program) -> None:
             tune_config=tune.TuneConfig(
                 metric="score", mode="max", num_samples=num_samples,
                 max_concurrent_trials=max_concurrent,
-                search_alg=tune.search.BasicVariantGenerator(random_state=random_state),
-                scheduler=scheduler),
+                search_alg=search, scheduler=scheduler),
             run_config=tune.RunConfig(
                 name="exp", storage_path=storage, verbose=0,
                 stop={"training_iteration": max_t} if kind == "fifo" else None,
@@ -150,12 +191,13 @@ def tune_experiment(program) -> None:
         results = tuner.fit()
         setting = (f"{kind} scheduler, {num_samples} sample(s){' x grid' if grid else ''}, "
                    f"max_t {max_t}, max_concurrent_trials {max_concurrent}, max_failures "
-                   f"{max_failures}")
+                   f"{max_failures}, fails {sorted(set(fails))}, "
+                   f"{type(search).__name__}{f'({searcher_limit})' if searcher_limit else ''}")
         try:
             _check(results, num_samples * (len(widths) if grid else 1), max_t, max_failures,
                    kind)
             added = _check_decisions(results, os.path.join(storage, "exp"), model, max_t,
-                                     max_concurrent)
+                                     max_concurrent, searcher_limit, max_failures)
             _check_search_space(results, added, num_samples, widths if grid else None)
         except Exception as error:
             from .invariants import InvariantViolation
@@ -260,7 +302,8 @@ def _check_search_space(grid, added: dict, num_samples: int, widths: list | None
                                  f"is {num_samples}")
     xs = [config["x"] for _, _, config in configs]
     for _, trial_id, config in configs:
-        if config["width"] not in (1, 2, 4) or not 0.1 <= config["x"] <= 1.0:
+        if config["width"] not in (1, 2, 4) or not 0.1 <= config["x"] <= 1.0 or \
+                config.get("fail") not in ("never", "once", "always"):
             raise _violation("tune-trials-match-search-space",
                              f"trial {trial_id} has config {config}, outside the space")
     if len(set(xs)) != len(xs) and len(xs) > 1:
@@ -269,7 +312,8 @@ def _check_search_space(grid, added: dict, num_samples: int, widths: list | None
 
 
 def _check_decisions(grid, experiment_path: str, model, max_t: int,
-                     max_concurrent: int | None) -> dict:
+                     max_concurrent: int | None, searcher_limit: int | None,
+                     max_failures: int) -> dict:
     import pickle
 
     import cloudpickle  # noqa: F401 - the snapshot may hold cloudpickled code
@@ -303,7 +347,50 @@ def _check_decisions(grid, experiment_path: str, model, max_t: int,
     found = model_tune.check_histories(log, trials, max_t, max_concurrent, _quality)
     if found is not None:
         raise _violation(*found)
+    for result in grid:
+        trial, fail = result._trial, added[result.trial_id].get("fail")
+        if fail == "always" and (result.status != "ERROR" or
+                                 trial.num_failures != max_failures + 1):
+            raise _violation("tune-every-trial-accounted-for",
+                             f"trial {result.trial_id} fails at every run, and ended "
+                             f"{result.status} after {trial.num_failures} failure(s); "
+                             f"max_failures is {max_failures}")
+        if fail == "once" and trials[result.trial_id][1] and \
+                trials[result.trial_id][1] >= 2 and trial.num_failures < 1:
+            raise _violation("tune-failures-counted",
+                             f"trial {result.trial_id} failed at iteration 2 of its first "
+                             f"run, reached {trials[result.trial_id][1]}, and counts "
+                             f"{trial.num_failures} failures")
+    _check_searcher(state.search, grid, log, searcher_limit)
     return added
+
+
+def _check_searcher(search, grid, log: list, limit: int | None) -> None:
+    if isinstance(search, ConcurrencyLimiter):
+        search = search.searcher
+    if not isinstance(search, SimtestSearcher):
+        return
+    ids = sorted(r.trial_id for r in grid)
+    if sorted(search.suggested) != ids:
+        raise _violation("tune-searcher-sees-every-trial",
+                         f"the searcher suggested {sorted(search.suggested)}, the trials are "
+                         f"{ids}")
+    told = {trial_id: search.completed.get(trial_id, 0) for trial_id in ids}
+    if any(count != 1 for count in told.values()):
+        raise _violation("tune-searcher-sees-every-trial",
+                         f"times the searcher was told each trial ended: {told}")
+    if limit is None:
+        return
+    live: set = set()
+    for entry in log:
+        if entry[0] == "add":
+            live.add(entry[1])
+            if len(live) > limit:
+                raise _violation("tune-searcher-concurrency",
+                                 f"{len(live)} of the searcher's trials live at once "
+                                 f"({sorted(live)}); ConcurrencyLimiter({limit})")
+        elif entry[0] in ("complete", "error"):
+            live.discard(entry[1])
 
 
 WORKLOADS = {"tune": tune_experiment}
