@@ -171,8 +171,9 @@ def test_autoscaler_seed_stays_fixed(seed, faults, bug):
 
 # ------------------------------------------------------------------------ tune
 # The tune workload's seeds 0..39 draw (scheduler, grid, max_concurrent_trials):
-# median 0, 16 (hard stop), 1, 7 (pausing); ASHA 2, 3 (grid), 9; FIFO 5, 13
-# (one trial at a time); grid 1, 3, 7.
+# median 0, 16 (hard stop), 1, 7 (pausing); ASHA 2, 3 (grid), 20, 23 and 31 (one trial at
+# a time); FIFO 5 (one trial at a time); HyperBand 9, 10, 13, 14, 24, 27, 29;
+# grid 1, 3, 7.
 
 
 def test_asha_with_a_wrong_quantile_is_caught_within_3_seeds(monkeypatch):
@@ -184,7 +185,7 @@ def test_asha_with_a_wrong_quantile_is_caught_within_3_seeds(monkeypatch):
         return float(np.nanpercentile(list(recorded.values()), 25)) if recorded else None
 
     monkeypatch.setattr(async_hyperband._Bracket, "cutoff", quarter)
-    _first_failure([2, 3, 9], "tune", "none", "tune-scheduler-decisions-match-model")
+    _first_failure([2, 3, 20], "tune", "none", "tune-scheduler-decisions-match-model")
 
 
 def test_a_median_rule_that_stops_the_better_trials_is_caught_within_2_seeds(monkeypatch):
@@ -211,7 +212,7 @@ def test_asha_letting_trials_run_past_a_rung_unjudged_is_caught_within_3_seeds(m
                         lambda self, trial, result: original(self, trial, result) + 2)
     # The trial ran on past its STOP: its history holds iterations the
     # controller never took.
-    _first_failure([2, 3, 9], "tune", "none", "tune-result-history")
+    _first_failure([2, 3, 20], "tune", "none", "tune-result-history")
 
 
 def test_resuming_from_the_oldest_checkpoint_is_caught_within_4_seeds(monkeypatch):
@@ -238,7 +239,7 @@ def test_ignoring_max_concurrent_trials_is_caught_within_3_seeds(monkeypatch):
         self.spec.max_concurrent_trials = None
 
     monkeypatch.setattr(TuneController, "__init__", unlimited)
-    _first_failure([5, 13, 23], "tune", "none", "tune-max-concurrent-trials")
+    _first_failure([5, 23, 31], "tune", "none", "tune-max-concurrent-trials")
 
 
 def test_a_grid_that_reuses_its_random_draws_is_caught_within_3_seeds(monkeypatch):
@@ -338,4 +339,89 @@ TRAIN_PINNED = [
                          ids=[f"{s}-{f}" for s, f, _ in TRAIN_PINNED])
 def test_train_seed_stays_fixed(seed, faults, bug):
     result = runner.run_seed(seed, "train", faults)
+    assert result.ok, f"{bug}: {result.report()}"
+
+
+def _unit_controller(tmp_path, scheduler):
+    from tray import tune
+    from tray.tune._controller import ExperimentSpec, TuneController
+    from tray.tune.search import BasicVariantGenerator
+    from tray.tune.trainable import as_spec
+
+    def trainable(config):  # never run: the controller is fed events by hand
+        pass
+
+    spec = ExperimentSpec(
+        name="unit", experiment_path=str(tmp_path / "unit"), trainable_name="t",
+        param_space={"x": tune.grid_search([0.1, 0.2])}, metric="score", mode="max",
+        num_samples=1, search=BasicVariantGenerator(), scheduler=scheduler, stopper=None,
+        checkpoint_config=tune.CheckpointConfig(), failure_config=tune.FailureConfig(
+            max_failures=3), max_concurrent_trials=None, time_budget_s=None,
+        reuse_actors=False, seed=0, strict_metrics=("score",))
+    controller = TuneController(spec, as_spec(trainable))
+    controller._nodes = lambda: [{"Resources": {"CPU": 2.0}, "Alive": True}]
+    controller.start()
+    return controller
+
+
+class _PausingScheduler:
+    """Stops the other trial at the first result of ``x == 0.1``; answers
+    PAUSE to everything (as HyperBand at a milestone)."""
+
+    @staticmethod
+    def make():
+        from tray.tune.schedulers import FIFOScheduler, TrialScheduler
+
+        class Pausing(FIFOScheduler):
+            asked: list = []
+
+            def on_trial_result(self, controller, trial, result):
+                Pausing.asked.append((trial.trial_id, result["training_iteration"]))
+                if trial.config["x"] == 0.1:
+                    for other in controller.get_trials():
+                        if other is not trial:
+                            controller.stop_trial(other)
+                    return TrialScheduler.CONTINUE
+                return TrialScheduler.PAUSE
+
+        return Pausing()
+
+
+def test_a_trial_stopped_while_running_is_not_revived_by_a_pause(tmp_path):
+    # Found by tune-stopped-trials-stay-stopped (default seed 14, HyperBand):
+    # a trial its scheduler stopped while it ran got, at its next result, the
+    # scheduler's PAUSE (HyperBand counted it at its milestone again), was
+    # paused instead of stopped, and ran on later.
+    scheduler = _PausingScheduler.make()
+    controller = _unit_controller(tmp_path, scheduler)
+    shape = "num_cpus=1"
+    a, b = controller.next_work(0, shape), controller.next_work(1, shape)
+    result = {"score": 1.0, "training_iteration": 1}
+    controller.report(a.trial_id, a.attempt, [(dict(result), None)])  # stops b (running)
+    assert controller.report(b.trial_id, b.attempt, [(dict(result), None)]) == ("stop", False)
+    assert controller.get_trial(b.trial_id).status == "TERMINATED"
+    assert (b.trial_id, 1) not in type(scheduler).asked  # not asked again: it was stopped
+
+
+def test_a_trial_stopped_while_running_is_not_revived_by_a_failure(tmp_path):
+    # Its runner died before the stop took effect (at its next report): the
+    # failure used to put it back to PENDING, to run again.
+    scheduler = _PausingScheduler.make()
+    controller = _unit_controller(tmp_path, scheduler)
+    shape = "num_cpus=1"
+    a, b = controller.next_work(0, shape), controller.next_work(1, shape)
+    controller.report(a.trial_id, a.attempt, [({"score": 1.0, "training_iteration": 1}, None)])
+    controller.runner_lost(1, "node died")
+    assert controller.get_trial(b.trial_id).status == "TERMINATED"
+
+
+TUNE_PINNED = [
+    (14, "default", "a trial stopped by HyperBand while running was paused, then ran on"),
+]
+
+
+@pytest.mark.parametrize("seed,faults,bug", TUNE_PINNED,
+                         ids=[f"{s}-{f}" for s, f, _ in TUNE_PINNED])
+def test_tune_seed_stays_fixed(seed, faults, bug):
+    result = runner.run_seed(seed, "tune", faults)
     assert result.ok, f"{bug}: {result.report()}"

@@ -17,7 +17,9 @@ result, a trial that ends has been told to (or reached ``max_t``), every
 restart resumes from the latest checkpoint the controller registered (the
 last result it took, since every result carries one), each score follows
 from the checkpoint it resumed from, and no more trials run at once than
-``max_concurrent_trials``."""
+``max_concurrent_trials``. A scheduler may also stop other trials than
+the one reporting (``controller.stop_trial``: HyperBand's halving): the
+recorder logs those too, as ``told_stop``."""
 
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ from tray.tune.experiment import Trial
 from tray.tune.schedulers import (
     ASHAScheduler,
     FIFOScheduler,
+    HyperBandScheduler,
     MedianStoppingRule,
     PopulationBasedTraining,
     TrialScheduler,
@@ -47,26 +50,48 @@ class _Recorder:
         super().on_trial_add(controller, trial)
         self._log(("add", trial.trial_id, dict(trial.config)))
 
+    @staticmethod
+    def _states(controller) -> dict:
+        return {t.trial_id: (t.status, t.stop_requested) for t in controller.get_trials()}
+
+    def _told(self, controller, before: dict, current: str) -> None:
+        """Other trials the call stopped (``controller.stop_trial``): ended at
+        once, or told to stop at their next result."""
+        for trial in controller.get_trials():
+            status, requested = before.get(trial.trial_id, (None, None))
+            if trial.trial_id == current or status is None:
+                continue
+            if trial.status == Trial.TERMINATED and status != Trial.TERMINATED:
+                self._log(("told_stop", trial.trial_id, False))
+            elif trial.stop_requested == "stop" and requested != "stop":
+                self._log(("told_stop", trial.trial_id, True))
+
     def on_trial_result(self, controller, trial: Trial, result: dict) -> str:
         running = sum(1 for t in controller.get_trials() if t.status == Trial.RUNNING)
         waiting = any(t.status in (Trial.PENDING, Trial.PAUSED)
                       for t in controller.get_live_trials())
         config = dict(trial.config)
+        before = self._states(controller)
         action = super().on_trial_result(controller, trial, result)
         self._log(("result", trial.trial_id, result.get("training_iteration"),
                    result.get("score"), result.get("restored_t"), result.get("restored_total"),
                    result.get("quality"), action, running, waiting, config,
                    dict(trial.config) != config))
+        self._told(controller, before, trial.trial_id)
         return action
 
     def on_trial_complete(self, controller, trial: Trial, result: dict) -> None:
+        before = self._states(controller)
         super().on_trial_complete(controller, trial, result)
         self._log(("complete", trial.trial_id, result.get("training_iteration"),
                    result.get("score")))
+        self._told(controller, before, trial.trial_id)
 
     def on_trial_error(self, controller, trial: Trial) -> None:
+        before = self._states(controller)
         super().on_trial_error(controller, trial)
         self._log(("error", trial.trial_id))
+        self._told(controller, before, trial.trial_id)
 
 
 class RecordingASHA(_Recorder, ASHAScheduler):
@@ -85,7 +110,11 @@ class RecordingPBT(_Recorder, PopulationBasedTraining):
     pass
 
 
-for _cls in (RecordingASHA, RecordingFIFO, RecordingMedian, RecordingPBT):
+class RecordingHyperBand(_Recorder, HyperBandScheduler):
+    pass
+
+
+for _cls in (RecordingASHA, RecordingFIFO, RecordingMedian, RecordingPBT, RecordingHyperBand):
     _cls.__module__ = __name__
 del _cls
 
@@ -225,7 +254,15 @@ def check_histories(log: list, trials: dict, max_t: int, max_concurrent: int | N
     stopped: dict = {}  # trial id -> the iteration a STOP ended it at
     exploited: set = set()  # PBT: restarts from another trial's checkpoint
     reported: set = set()  # (iteration, score) of every result taken
+    told: dict = {}  # told to stop at their next result (stop_trial): -> last iteration
     for entry in log:
+        if entry[0] == "told_stop":
+            _, trial_id, at_next = entry
+            if at_next:
+                told.setdefault(trial_id, last.get(trial_id, (0, 0.0))[0])
+            elif trial_id not in stopped:
+                stopped[trial_id] = last.get(trial_id, (0, 0.0))[0]
+            continue
         if entry[0] != "result":
             continue
         (_, trial_id, t, score, restored_t, restored_total, reported_quality, action,
@@ -238,6 +275,10 @@ def check_histories(log: list, trials: dict, max_t: int, max_concurrent: int | N
         if trial_id in stopped:
             return ("tune-stopped-trials-stay-stopped",
                     f"{where} was taken after a STOP at iteration {stopped[trial_id]}")
+        if trial_id in told:
+            return ("tune-stopped-trials-stay-stopped",
+                    f"{where} went to its scheduler after the scheduler stopped the trial "
+                    f"(stop_trial) at iteration {told[trial_id]}")
         if abs(reported_quality - quality(config)) > TOLERANCE:
             return ("tune-trials-run-their-config",
                     f"{where} ran with quality {reported_quality}; its config {config} "
@@ -280,7 +321,13 @@ def check_histories(log: list, trials: dict, max_t: int, max_concurrent: int | N
     for trial_id, (status, final) in sorted(trials.items()):
         if status != "TERMINATED" or final is None:
             continue
-        if trial_id in stopped:
+        if trial_id in told and trial_id not in stopped:
+            if final not in (told[trial_id], told[trial_id] + 1):
+                return ("tune-stopped-trials-stay-stopped",
+                        f"trial {trial_id} was stopped (stop_trial) at iteration "
+                        f"{told[trial_id]}, to end at its next result; its history ends "
+                        f"at {final}")
+        elif trial_id in stopped:
             if final != stopped[trial_id]:
                 return ("tune-stopped-trials-stay-stopped",
                         f"trial {trial_id} was stopped at iteration {stopped[trial_id]}, its "
@@ -289,7 +336,7 @@ def check_histories(log: list, trials: dict, max_t: int, max_concurrent: int | N
             return ("tune-trials-end-when-told",
                     f"trial {trial_id} ended TERMINATED at iteration {final} < max_t "
                     f"{max_t}, with no STOP from its scheduler")
-        if trial_id in last and last[trial_id][0] != final:
+        if trial_id in last and last[trial_id][0] != final and trial_id not in told:
             return ("tune-result-history",
                     f"trial {trial_id}: the controller's last result is iteration "
                     f"{last[trial_id][0]}, result.json ends at {final}")

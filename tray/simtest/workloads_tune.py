@@ -2,7 +2,10 @@
 trial histories checked against a model of the scheduler's decisions.
 
 Each seed picks a scheduler (ASHA most often, FIFO with a stopping
-criterion, the median stopping rule with or without ``hard_stop``, PBT),
+criterion, the median stopping rule with or without ``hard_stop``, PBT,
+synchronous HyperBand), the searcher (the default generator, or one of
+the workload's own, maybe under a ``ConcurrencyLimiter``), trials that
+fail once or at every run,
 a search space (``width`` sampled, or a grid over it: the trials are
 ``num_samples`` x the grid), ``max_concurrent_trials`` and
 ``FailureConfig.max_failures``. The trainable's score is ``quality(config)
@@ -135,6 +138,9 @@ def _scheduler(kind: str, max_t: int, extra):
         return (model_tune.RecordingMedian(time_attr="training_iteration", grace_period=grace,
                                            min_samples_required=samples, hard_stop=hard_stop),
                 model_tune.MedianModel(grace, samples, hard_stop))
+    if kind == "hyperband":  # (no model of its brackets: the histories' checks hold)
+        return (model_tune.RecordingHyperBand(time_attr="training_iteration", max_t=max_t,
+                                              reduction_factor=2), None)
     return (model_tune.RecordingPBT(time_attr="training_iteration", perturbation_interval=2,
                                     hyperparam_mutations={"x": tune.uniform(0.1, 1.0)},
                                     quantile_fraction=extra.choice([0.25, 0.5])), None)
@@ -175,6 +181,10 @@ def tune_experiment(program) -> None:
         if extra.random() < 0.6:
             searcher_limit = extra.choice([1, 2, 3])
             search = ConcurrencyLimiter(search, max_concurrent=searcher_limit)
+    score_attribute = "score" if extra.random() < 0.3 else None
+    if extra.random() < 0.15:  # (drawn last: the draws before stay as they were)
+        kind = "hyperband"
+        scheduler, model = _scheduler(kind, max_t, extra)
     storage = tempfile.mkdtemp(prefix="tray-simtest-tune-")
     try:
         tuner = tune.Tuner(
@@ -187,7 +197,8 @@ def tune_experiment(program) -> None:
                 name="exp", storage_path=storage, verbose=0,
                 stop={"training_iteration": max_t} if kind == "fifo" else None,
                 failure_config=tune.FailureConfig(max_failures=max_failures),
-                checkpoint_config=tune.CheckpointConfig(num_to_keep=2)))
+                checkpoint_config=tune.CheckpointConfig(
+                    num_to_keep=2, checkpoint_score_attribute=score_attribute)))
         results = tuner.fit()
         setting = (f"{kind} scheduler, {num_samples} sample(s){' x grid' if grid else ''}, "
                    f"max_t {max_t}, max_concurrent_trials {max_concurrent}, max_failures "

@@ -352,8 +352,14 @@ class TuneController:
         trial.num_failures += 1
         trial.error, trial.error_object = text, error_object
         trial.runner_id = None
+        stopped = trial.stop_requested == "stop"
         trial.stop_requested = None
         self._dirty = True
+        if stopped:
+            # Its scheduler had stopped it (stop_trial: applied at the next
+            # report, which never came): the failure does not revive it.
+            self._finish(trial, early=True)
+            return
         if self._stopping_since is not None and self.fatal is None:
             trial.status = Trial.TERMINATED  # the experiment is ending anyway
             return
@@ -482,6 +488,12 @@ class TuneController:
         if checkpoint is not None:
             self._register_checkpoint(trial, checkpoint, result)
         self._save_requested = None
+        if trial.stop_requested == "stop":
+            # Stopped (stop_trial, or the experiment ending) while it ran: this
+            # result ends it. The scheduler is not asked again: its answer (a
+            # PAUSE at a milestone) would revive a trial it stopped.
+            self._finish(trial, early=not result.get("done", False))
+            return ("stop", False)
         try:
             if isinstance(self.state.search, Searcher):
                 self.state.search.on_trial_result(trial_id, result)
