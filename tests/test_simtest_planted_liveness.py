@@ -6,6 +6,8 @@ and the monitor must leave every digest as it was."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import trio
 
@@ -239,3 +241,48 @@ def test_the_monitor_leaves_the_digest_as_it_was(monkeypatch):
     unwatched = runner.run_seed(3, "lifetimes", "default")
     assert watched.ok and unwatched.ok
     assert watched.digest == unwatched.digest
+
+
+class _Node:
+    """What the monitor reads of a node's lease manager, for _group_fits."""
+
+    def __init__(self, cpus: float) -> None:
+        self.available = {"CPU": cpus}
+        self.gpus = scheduling.GpuAllocator(0)
+        self.draining = False
+
+
+class _Group:
+    def __init__(self, bundles, strategy, placed=None) -> None:
+        self.spec = SimpleNamespace(bundles=bundles, strategy=strategy)
+        self.bundle_nodes = dict(placed or {})
+
+
+@pytest.mark.parametrize("strategy, free, fits", [
+    # Two 1-CPU bundles: one node with 2 CPUs holds both, whatever the strategy
+    # but STRICT_SPREAD's, which needs two nodes.
+    ("STRICT_PACK", [2.0], True), ("PACK", [2.0], True), ("SPREAD", [2.0], True),
+    ("STRICT_SPREAD", [2.0], False),
+    # Two nodes with 1 CPU each: all but STRICT_PACK.
+    ("STRICT_PACK", [1.0, 1.0], False), ("PACK", [1.0, 1.0], True),
+    ("SPREAD", [1.0, 1.0], True), ("STRICT_SPREAD", [1.0, 1.0], True),
+    # Not enough anywhere: never judged (it may be infeasible for now).
+    ("PACK", [1.0], False), ("SPREAD", [0.5, 0.5], False),
+])
+def test_a_group_clearly_fits_by_its_strategy(strategy, free, fits):
+    nodes = [(f"node{i}", _Node(cpus)) for i, cpus in enumerate(free)]
+    group = _Group([{"CPU": 1.0}, {"CPU": 1.0}], strategy)
+    assert (liveness.LivenessMonitor._group_fits(group, nodes) is not None) == fits
+
+
+def test_a_rescheduled_group_fits_around_its_placed_bundles():
+    nodes = [("a", _Node(1.0)), ("b", _Node(1.0))]
+    # STRICT_PACK keeps its node: the missing bundle must fit there.
+    assert liveness.LivenessMonitor._group_fits(
+        _Group([{"CPU": 1.0}, {"CPU": 1.0}], "STRICT_PACK", {0: "a"}), nodes) == {"a"}
+    nodes[0][1].available["CPU"] = 0.0
+    assert liveness.LivenessMonitor._group_fits(
+        _Group([{"CPU": 1.0}, {"CPU": 1.0}], "STRICT_PACK", {0: "a"}), nodes) is None
+    # STRICT_SPREAD avoids the nodes of its placed bundles.
+    assert liveness.LivenessMonitor._group_fits(
+        _Group([{"CPU": 1.0}, {"CPU": 1.0}], "STRICT_SPREAD", {0: "b"}), nodes) is None
