@@ -54,6 +54,11 @@ def test_a_sweep_with_coverage_prints_the_table_and_appends_to_its_data(tmp_path
                       r"goal lines >= 90%, branches >= 80%: (met|NOT MET)", out)
     assert total, out[:3000]
     assert 40.0 < float(total.group(3)) < 90.0 and total.group(7) == "NOT MET"
+    # Both numbers for the core: all of it, and without the real backend's own files.
+    simulated = re.search(r"\n  total without thread_inbox, thread_waits +(\d+)/(\d+) ", out)
+    assert int(simulated.group(2)) < int(total.group(2))
+    assert int(total.group(1)) - int(simulated.group(1)) < \
+        int(total.group(2)) - int(simulated.group(2))  # (the sim runs little of them)
     assert re.search(r"\nAutoscaler policy\n  tray/autoscaler/monitor\.py +0/\d+ +0\.0%", out)
     assert "goals met: 0 of 6" in out
     # --coverage-missing: what the files under their goal missed, by function.
