@@ -356,7 +356,7 @@ def _consume(pipeline: _Pipeline, make, rows: list, order: str, checks: list) ->
     if how == "count":
         return [(label, len(rows), make().count())]
     if how == "aggregate":
-        if not rows:
+        if not rows or "x" not in rows[0]:
             return [(label, len(rows), make().count())]
         return [(label, (sum(r["x"] for r in rows), max(r["x"] for r in rows)),
                  (make().sum("x"), make().max("x")))]
@@ -381,7 +381,8 @@ def _consume(pipeline: _Pipeline, make, rows: list, order: str, checks: list) ->
     else:
         dataset = make()
         for check in checks:
-            if check[0] == "blocks":
+            # (Only where every block can hold a row: tray drops empty blocks.)
+            if check[0] == "blocks" and len(rows) >= check[1]:
                 dataset = dataset.materialize()
                 found.append((label + f": blocks after repartition({check[1]})", check[1],
                               dataset.num_blocks()))
