@@ -369,7 +369,12 @@ def unexplained_failure(cluster, error: BaseException) -> str | None:
             set(full_ids([owner.split(":", 1)[-1]]).values()) if owner else set()
         nodes = {node, *ran_on.values(), *owner_nodes}
         since_s = submitted_s.get(task, 0.0)
-        if any(hit(span, since_s, ran_on, nodes) for span in spans):
+        # A worker killed on the node it names may have been the one: a run
+        # cut off before its body began leaves no task_started (lineage
+        # chaos seed 204: a worker crash on the node the task was pushed to).
+        candidates = {**ran_on, **{worker: where for worker, where in workers.items()
+                                   if where and node.startswith(where)}}
+        if any(hit(span, since_s, candidates, nodes) for span in spans):
             return None
         return (f"task {task[:16]} failed as if its worker died, and no injected fault hit "
                 f"node {node[:8]} or a worker that ran it ({sorted(w[:8] for w in ran_on)}) "
