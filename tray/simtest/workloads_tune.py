@@ -366,14 +366,24 @@ def _check_decisions(grid, experiment_path: str, model, max_t: int,
                              f"trial {result.trial_id} fails at every run, and ended "
                              f"{result.status} after {trial.num_failures} failure(s); "
                              f"max_failures is {max_failures}")
-        if fail == "once" and trials[result.trial_id][1] and \
-                trials[result.trial_id][1] >= 2 and trial.num_failures < 1:
+        if fail == "once" and trial.num_failures < 1 and _ran_into_its_failure(
+                log, result.trial_id):
             raise _violation("tune-failures-counted",
                              f"trial {result.trial_id} failed at iteration 2 of its first "
-                             f"run, reached {trials[result.trial_id][1]}, and counts "
-                             f"{trial.num_failures} failures")
+                             f"run (told to continue at iteration 1, it ran again later), "
+                             f"and counts {trial.num_failures} failures")
     _check_searcher(state.search, grid, log, searcher_limit)
     return added
+
+
+def _ran_into_its_failure(log: list, trial_id: str) -> bool:
+    """Whether a run from scratch of a trial failing "once" was told to go on
+    at iteration 1 (so it raised at 2) and the trial ran again afterwards."""
+    rows = [entry for entry in log if entry[0] == "result" and entry[1] == trial_id]
+    for row, after in zip(rows, rows[1:], strict=False):
+        if row[2] == 1 and row[4] == 0 and row[7] == "CONTINUE" and after[4] != 0:
+            return True
+    return False
 
 
 def _check_searcher(search, grid, log: list, limit: int | None) -> None:
