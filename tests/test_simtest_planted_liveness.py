@@ -232,6 +232,13 @@ def test_an_actor_whose_owner_died_while_the_gcs_restarted_ends():
     assert result.ok, result.report()
 
 
+def test_lifetimes_chaos_seed_479_passes():
+    # The seed that found it (see the test above): an actor kept by its
+    # handle inside a lineage-pinned argument, a second one never created.
+    result = runner.run_seed(479, "lifetimes", "chaos")
+    assert result.ok, result.report()
+
+
 # ------------------------------------------------------------------ the monitor
 
 
@@ -286,3 +293,27 @@ def test_a_rescheduled_group_fits_around_its_placed_bundles():
     # STRICT_SPREAD avoids the nodes of its placed bundles.
     assert liveness.LivenessMonitor._group_fits(
         _Group([{"CPU": 1.0}, {"CPU": 1.0}], "STRICT_SPREAD", {0: "b"}), nodes) is None
+
+
+def test_a_handle_kept_only_for_lineage_lets_its_actor_end():
+    # lifetimes chaos seed 479: an argument that goes through the store (all
+    # do with inline_object_max_bytes=0) is kept for the lineage of its
+    # task while the task's result is referenced, and the actor handle in
+    # it kept the actor, and its CPU, alive: on one CPU the next actor was
+    # never created.
+    import tray
+    from tray.core.config import Config
+    from tray.simtest.pieces_lifetimes import Scoped, call_boxed
+
+    tray.init(backend="sim", seed=1, num_nodes=1, num_cpus=1,
+              config=Config(inline_object_max_bytes=0))
+    try:
+        first = Scoped.options(num_cpus=1).remote("first")
+        result = call_boxed.options(num_cpus=0).remote("borrower", [first], 3)
+        assert tray.get(result, timeout=10) == 9
+        del first  # the result stays referenced: its task stays in the lineage
+        second = Scoped.options(num_cpus=1).remote("second")
+        assert tray.get(second.square.remote(4), timeout=30) == 16
+        del result
+    finally:
+        tray.shutdown()

@@ -131,6 +131,7 @@ def lifetimes(program) -> None:
         ref = handle.square.remote(x)
         program.expect(ref, x * x, label=f"{label}: a call from the driver", actor_call=True,
                        unlimited=unlimited, **budget)
+        users.append(ref)  # (a pending call holds the actor in scope: A.remote().f.remote())
         for use in rng.sample(["boxed", "direct", "put", "keeper"], rng.randint(0, 3)):
             x = rng.randint(2, 30)
             task_key = program.key(f"{use} borrower", retries=retries)
@@ -141,6 +142,11 @@ def lifetimes(program) -> None:
                 ref = call_direct.options(max_retries=retries, num_cpus=0).remote(
                     task_key, handle, x)
             elif use == "put":
+                # (With every argument through the store, a chaos knob, the
+                # list holding this object is kept for the task's lineage,
+                # and the object, and the handle in it, with it: the
+                # monitor's own count judges that actor's end, not the piece.)
+                later["ids"].pop(actor_id, None)
                 box = tray.put([handle])
                 ref = call_from_put.options(max_retries=retries, num_cpus=0).remote(
                     task_key, [box], x)

@@ -259,7 +259,15 @@ class ReferenceCounter:
             return  # the task is still running; its reply releases the object
         if entry.lineage and entry.owned:
             if object_id.is_put():
-                return  # only lineage needs it, value and all
+                # Only lineage needs it, value and all. The actor handles in
+                # it keep their actors no more: only a re-run of a task it is
+                # an argument of can reach them, and an actor ends when the
+                # program's last handle goes (Ray's rule; lifetimes chaos
+                # seed 479: an argument passed through the store kept its
+                # actor, and that actor's CPU, for as long as the task's
+                # result was referenced).
+                self._release_contained_handles(entry)
+                return
             # Only lineage needs it: free the stored copies, keep the entry
             # (a small inline value stays with it).
             for manager in sorted({manager for _node_id, manager in entry.locations}):
@@ -300,6 +308,14 @@ class ReferenceCounter:
             if entry is not None:
                 entry.submitted -= 1
                 self.maybe_release(oid, entry)
+
+    def _release_contained_handles(self, entry: RefEntry) -> None:
+        handles = tuple(ref for ref in entry.contained_refs
+                        if is_actor_handle(ObjectID(ref[0])))
+        if handles:
+            entry.contained_refs = tuple(ref for ref in entry.contained_refs
+                                         if ref not in handles)
+            self.release_contained(handles)
 
     def release_contained(self, contained: list) -> None:
         for oid_bytes, _owner in contained:
