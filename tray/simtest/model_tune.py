@@ -253,6 +253,7 @@ def check_histories(log: list, trials: dict, max_t: int, max_concurrent: int | N
     attempt: dict = {}  # trial id -> (restored_t, restored_total) of its current run
     stopped: dict = {}  # trial id -> the iteration a STOP ended it at
     exploited: set = set()  # PBT: restarts from another trial's checkpoint
+    ever_exploited: set = set()
     reported: set = set()  # (iteration, score) of every result taken
     told: dict = {}  # told to stop at their next result (stop_trial): -> last iteration
     for entry in log:
@@ -287,7 +288,10 @@ def check_histories(log: list, trials: dict, max_t: int, max_concurrent: int | N
         if attempt.get(trial_id) != (restored_t, restored_total) or previous is None or \
                 t != previous[0] + 1:
             # A new run of the trial: it resumes from the latest checkpoint.
-            if trial_id in exploited:
+            if trial_id in exploited or (trial_id in ever_exploited and
+                                         (restored_t, restored_total) in reported):
+                # (After an exploit, a restart may resume from the donor's
+                # checkpoint again: PBT's record of where to resume.)
                 if (restored_t, restored_total) not in reported:
                     return ("tune-resumes-from-latest-checkpoint",
                             f"{where}: the exploiting trial resumed from iteration "
@@ -316,8 +320,9 @@ def check_histories(log: list, trials: dict, max_t: int, max_concurrent: int | N
         reported.add((t, score))
         if action == TrialScheduler.STOP:
             stopped[trial_id] = t
-        if config_changed:
+        if config_changed or action == TrialScheduler.NOOP:  # (PBT: an exploit)
             exploited.add(trial_id)
+            ever_exploited.add(trial_id)
     for trial_id, (status, final) in sorted(trials.items()):
         if status != "TERMINATED" or final is None:
             continue
