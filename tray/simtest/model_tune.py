@@ -337,7 +337,9 @@ def check_histories(log: list, trials: dict, max_t: int, max_concurrent: int | N
                 return ("tune-stopped-trials-stay-stopped",
                         f"trial {trial_id} was stopped at iteration {stopped[trial_id]}, its "
                         f"history ends at {final}")
-        elif final < max_t:
+        elif final < max_t and trial_id not in ever_exploited:
+            # (An exploited trial counts its iterations on from its own, its
+            # trainable from the donor's checkpoint: it may end sooner.)
             return ("tune-trials-end-when-told",
                     f"trial {trial_id} ended TERMINATED at iteration {final} < max_t "
                     f"{max_t}, with no STOP from its scheduler")
