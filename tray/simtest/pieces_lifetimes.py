@@ -258,13 +258,15 @@ def waiting_groups(program) -> None:
         refs.append(ref)
 
     def remove() -> None:
-        ready, _ = tray.wait(refs, num_returns=len(refs), timeout=USERS_WAIT_S,
-                             fetch_local=False)
-        done = len(ready) == len(refs)
-        del ready
-        refs.clear()
-        if not done:
-            return  # its tasks still need it (removed at quiescence)
+        # Read back first: a result lost with its node (the faults are over,
+        # but a copy may have gone with a node meanwhile) is re-created by
+        # running its task again, in this group (chaos seed 148).
+        try:
+            tray.get(refs, timeout=USERS_WAIT_S)
+        except Exception:  # noqa: BLE001 - judged with the expectations
+            return  # its tasks may still need it (removed at quiescence)
+        finally:
+            refs.clear()
         try:
             remove_placement_group(group)
         except exceptions.TrayError:
