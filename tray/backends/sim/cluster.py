@@ -151,7 +151,8 @@ def start(*, address=None, num_cpus=None, num_gpus=None, resources=None, seed: i
           num_nodes: int = 1, object_store_memory: int | None = None, config=None,
           validate_every_steps: int = 0, task_cost_s: float | dict | None = None,
           include_dashboard: bool | None = None, dashboard_host: str | None = None,
-          dashboard_port: int | None = None, **unknown) -> SimRuntime:
+          dashboard_port: int | None = None, _driver_thread_path: bool = False,
+          **unknown) -> SimRuntime:
     # A simulated cluster serves no dashboard (it needs real sockets): Ray
     # programs' include_dashboard=False & co. are accepted and mean nothing.
     del include_dashboard, dashboard_host, dashboard_port
@@ -172,6 +173,7 @@ def start(*, address=None, num_cpus=None, num_gpus=None, resources=None, seed: i
                          num_gpus=num_gpus or 0, resources=resources or {}, config=config,
                          object_store_memory=object_store_memory,
                          validate_every_steps=validate_every_steps, task_cost_s=task_cost_s)
+    cluster.driver_thread_path = bool(_driver_thread_path)  # (processes.SimThreadCondition)
     cluster.start()
     return SimRuntime(cluster)
 

@@ -12,6 +12,7 @@ fixed tick counts, so that a seed gives the same run every time."""
 from __future__ import annotations
 
 import collections
+import contextlib
 import gc
 import heapq
 import math
@@ -253,6 +254,8 @@ class GuestRunEngine:
         except BaseException:
             self.shutdown()
             raise
+        # This thread's run state between steps (_outside_users_trio_run).
+        self._run_context = _trio_private.run_context_snapshot()
 
     def _done(self, result: outcome.Outcome) -> None:
         self._finished = result
@@ -344,6 +347,47 @@ class GuestRunEngine:
         self.driver.spawn(runner)
         self._pump(lambda: bool(box), getattr(async_fn, "__name__", "a call"))
         return box[0].unwrap()
+
+    def wait_in_thread(self, predicate, timeout: float | None) -> bool:
+        """The driver's thread asleep on a condition (``SimThreadCondition``,
+        the driver-thread path): the run is stepped until ``predicate()``
+        holds or ``timeout`` seconds of virtual time pass (a timer task of
+        the driver's, cancelled once the wait ends); returns
+        ``predicate()``. What would wake a real thread (the loop's
+        ``notify_all``) has then happened in the run."""
+        if predicate():
+            return True
+        expired: list = []
+        scope = trio.CancelScope()
+        if timeout is not None:
+            async def timer() -> None:
+                with scope:
+                    await trio.sleep(timeout)
+                    expired.append(True)
+            self.driver.spawn(timer)
+        try:
+            with self._outside_users_trio_run():
+                self._pump(lambda: bool(expired) or predicate(), "a wait of the driver's thread")
+        finally:
+            scope.cancel()
+        return predicate()
+
+    @contextlib.contextmanager
+    def _outside_users_trio_run(self):
+        """As api/blocking's: the driver's code may wait from inside a trio
+        run of its own (asyncio.run on trio-asyncio): its run state is set
+        aside while this run steps."""
+        if not trio.lowlevel.in_trio_run():
+            yield
+            return
+        root = self._nursery.parent_task
+        while root.parent_nursery is not None:
+            root = root.parent_nursery.parent_task
+        if trio.lowlevel.current_root_task() is root:
+            yield
+            return
+        with _trio_private.run_state_replaced(self._run_context):
+            yield
 
     def call_soon(self, fn, process=None) -> None:
         """Run ``fn`` in the trio run soon; callable from the driver's thread.

@@ -16,6 +16,7 @@ from ...core.ids import NodeID
 from ...core.interfaces import ProcessEnv
 from ...core.node.node_manager import NodeManager
 from ...core.worker.core_worker import DRIVER, WORKER, CoreWorker
+from ...core.worker.thread_inbox import SingleThread
 from ...runtime_env.worker_environ import SimWorkerEnv
 from ..asyncio_loops import TRIO_ASYNCIO
 from . import engine
@@ -49,6 +50,31 @@ class SimProcess:
         self.exit_code = 0  # -9 when killed, 1 when it crashed, else what it exited with
 
 
+class SimThreadCondition(SingleThread):
+    """The driver's thread condition on the driver-thread path
+    (``ProcessAssembly.driver_thread_path``): the driver's core worker runs
+    as the local backend's does, its loop "in another thread"
+    (``loop_in_other_thread``), so the user's code takes the real driver's
+    way in: submissions, small puts and ref counts queued through the
+    inbox (core/worker/thread_inbox), ``get``/``wait`` of owned objects
+    answered in the caller's thread (core/worker/thread_waits). There is
+    still one thread: the lock excludes nobody (SingleThread's, so the
+    inbox keeps its exact one-thread invariants), ``notify_all`` has no one
+    to wake, and ``wait_for`` steps the simulated run until the predicate
+    holds or its timeout passes in virtual time (``wait_in_thread``) --
+    the loop's work a real waiting thread would have let run."""
+
+    def __init__(self, cluster) -> None:
+        self._cluster = cluster
+
+    def wait_for(self, predicate, timeout: float | None = None) -> bool:
+        if predicate():
+            return True
+        if current_worker.get(None) is not None:
+            return False  # (on the loop: nothing runs while it waits)
+        return self._cluster.wait_in_thread(predicate, timeout)
+
+
 class SimSpawner:
     """How a simulated node manager starts and kills its workers (a real
     one forks them), through its ``cluster`` (the SimCluster)."""
@@ -69,6 +95,10 @@ class ProcessAssembly:
     starting each one in the run's nursery, ending it, and the machines
     the autoscaler adds and removes. Each process is a ``SimProcess`` in
     ``self.processes``, by address."""
+
+    # The driver's core worker takes the real driver's thread path
+    # (SimThreadCondition); tray.init(backend="sim", _driver_thread_path=True).
+    driver_thread_path = False
 
     async def _main(self) -> None:
         self._token = trio.lowlevel.current_trio_token()
@@ -173,10 +203,13 @@ class ProcessAssembly:
         await process.component.run()
 
     async def _driver_main(self, process: SimProcess, nursery: trio.Nursery) -> None:
-        env = self._env(process.address, 0)
+        thread_path = self.driver_thread_path
+        env = self._env(process.address, 0, thread_condition=(
+            (lambda: SimThreadCondition(self)) if thread_path else None))
         # What the driver's thread queues for its loop changes only the driver.
         worker = CoreWorker(env, DRIVER, nursery,
-                            spawn_from_outside=lambda fn: self.call_soon(fn, process))
+                            spawn_from_outside=lambda fn: self.call_soon(fn, process),
+                            loop_in_other_thread=thread_path)
         process.component = worker
         current_worker.set(worker)
         await worker.start()
