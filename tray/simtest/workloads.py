@@ -20,6 +20,7 @@ Randomness comes only from ``program.rng`` (``random.Random(f"{seed}:workload")`
 from __future__ import annotations
 
 from .pieces_actors import actors, named, restarts, restarts_unretried
+from .pieces_edges import edges
 from .pieces_lifecycle import inflight, recycle
 from .pieces_lifetimes import backlog, lifetimes, waiting_groups
 from .pieces_memory import memory
@@ -34,6 +35,7 @@ PIECES = {
     "gpus": gpus, "lineage": lineage, "memory": memory,
     "inflight": inflight, "recycle": recycle,
     "lifetimes": lifetimes, "copies": copies, "waiting_groups": waiting_groups, "backlog": backlog,
+    "edges": edges,
 }
 # Pieces that run after every other piece of ``mixed`` (memory pressure:
 # the monitor may kill any work on its node, which other pieces' checks do

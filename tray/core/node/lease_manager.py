@@ -648,6 +648,9 @@ class LeaseManager:
             self._dispatch()
 
     def _release_bundle(self, key: tuple) -> None:
+        # Closed first: releasing its leases dispatches, which must not grant
+        # a request waiting for this bundle the resources it is giving back.
+        self.bundles[key].committed = False
         for lease in sorted(self.leases.values(), key=lambda lease: lease.lease_id):
             if lease.bundle == key:
                 self.release_lease(lease.lease_id, worker_ok=False)

@@ -1,0 +1,48 @@
+"""The ``edges`` piece (tray/simtest/pieces_edges.py) catches bugs planted
+in the core (by monkeypatching, never by editing it) on the right invariant
+within a stated number of seeds; and the bug it found stays fixed."""
+
+from __future__ import annotations
+
+import pytest
+
+from tray.core.gcs.actor_manager import ActorManager
+from tray.core.worker.task_manager import TaskManager
+from tray.simtest import runner
+
+
+def _first_failure(seeds, workload: str, faults: str, invariant: str):
+    seen = []
+    for seed in seeds:
+        result = runner.run_seed(seed, workload, faults)
+        if not result.ok:
+            seen.append((seed, result.invariant))
+            if result.invariant == invariant:
+                return result
+    pytest.fail(f"the planted bug went unnoticed (failures on other invariants: {seen})")
+
+
+def test_edges_is_green_on_a_few_seeds():
+    for seed in range(4):
+        result = runner.run_seed(seed, "edges", "default")
+        assert result.ok, (seed, result.invariant, result.message)
+
+
+def test_retry_exceptions_ignoring_the_class_list_is_caught_within_10_seeds(monkeypatch):
+    # retry_exceptions=[EdgeError] retries every application error.
+    original = TaskManager.should_retry_exception
+
+    def any_class(task, results):
+        if task.spec.retry_exceptions and task.retries_left != 0:
+            return True
+        return original(task, results)
+
+    monkeypatch.setattr(TaskManager, "should_retry_exception", staticmethod(any_class))
+    _first_failure(range(10), "edges", "none", "retry-count-exact")
+
+
+def test_owned_actor_outliving_its_owner_is_caught_within_20_seeds(monkeypatch):
+    # The GCS forgets to end the actors a dead worker owned.
+    monkeypatch.setattr(ActorManager, "handle_owner_died", lambda self, conn, owner: None)
+    result = _first_failure(range(20), "edges", "none", "get-returns-model-value")
+    assert "owner died" in result.message
