@@ -135,6 +135,28 @@ def test_actors_run_in_their_bundle_and_die_with_the_group(cluster):
         tray.get(late)
 
 
+@tray.remote
+def sleep_then(seconds: float, value):
+    time.sleep(seconds)
+    return value
+
+
+@pytest.mark.cluster(num_cpus=2)
+def test_a_task_waiting_for_a_removed_groups_bundle_never_runs(one_node):
+    # Releasing a removed group's bundle gave its freed CPU to the task that
+    # was waiting for that very bundle, which then ran after the removal
+    # (simtest edges, no faults, seeds 3, 6, 12).
+    pg = placement_group([{"CPU": 1}])
+    assert pg.wait(30)
+    running = sleep_then.options(scheduling_strategy=_in(pg, 0)).remote(2.0, "ran")
+    queued = sleep_then.options(scheduling_strategy=_in(pg, 0)).remote(0.0, "queued ran")
+    ready, _ = tray.wait([running, queued], timeout=0.5)
+    assert ready == []  # one runs, one waits for the bundle
+    remove_placement_group(pg)
+    with pytest.raises(tex.TaskPlacementGroupRemoved, match="was removed"):
+        tray.get(queued, timeout=30)
+
+
 @pytest.mark.cluster(num_gpus=2)
 def test_gpus_in_bundles_are_the_bundles_own(one_node):
     pg = placement_group([{"GPU": 1, "CPU": 1}, {"GPU": 1, "CPU": 1}], strategy="PACK")
