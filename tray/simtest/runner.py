@@ -196,6 +196,13 @@ def cluster_shape(seed: int) -> dict:
     return shape
 
 
+def driver_thread_path(seed: int) -> bool:
+    """Does this seed's driver take the real driver's thread path (its
+    loop "in another thread": thread_inbox, thread_waits; see
+    tray/backends/sim/processes.SimThreadCondition)? About half do."""
+    return random.Random(f"{seed}:driver-path").random() < 0.5
+
+
 def run_seed(seed: int, workload: str = "mixed", faults: str = "chaos", *,
              trace_path: str | None = None, config=None,
              validate_every_steps: int = VALIDATE_EVERY_STEPS) -> SeedResult:
@@ -256,7 +263,8 @@ def _run_seed(seed, workload, faults, trace_path, config, started,
 
     ledger = remote_code.reset_ledger()
     shape = cluster_shape(seed)
-    init = dict(backend="sim", seed=seed, validate_every_steps=validate_every_steps, **shape)
+    init = dict(backend="sim", seed=seed, validate_every_steps=validate_every_steps,
+                _driver_thread_path=driver_thread_path(seed), **shape)
     knobs = faults_module.buggify(seed, faults)
     if knobs:
         from ..core.config import Config
