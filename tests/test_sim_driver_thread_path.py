@@ -10,6 +10,7 @@ twice, and in a fresh process), and the thread path's code is what ran."""
 
 from __future__ import annotations
 
+import collections
 import subprocess
 import sys
 import textwrap
@@ -190,3 +191,82 @@ def test_simtest_draws_the_path_per_seed():
     drawn = [runner.driver_thread_path(seed) for seed in range(200)]
     assert drawn == [runner.driver_thread_path(seed) for seed in range(200)]
     assert 60 < sum(drawn) < 140
+
+
+# ------------------------------------------- bugs planted in the thread path
+# simtest's sweeps draw the thread path for about half the seeds
+# (runner.driver_thread_path): a bug in thread_inbox or thread_waits is
+# caught by the invariants every seed checks. Each runs the first few seeds
+# that draw the thread path (0, 1, 3, 8, ...) of mixed with default faults.
+
+def _thread_path_seeds(count: int) -> list:
+    from tray.simtest import runner
+
+    return [seed for seed in range(100) if runner.driver_thread_path(seed)][:count]
+
+
+def _first_failure(count: int, invariant: str):
+    from tray.simtest import runner
+
+    seen = []
+    for seed in _thread_path_seeds(count):
+        result = runner.run_seed(seed, "mixed", "default")
+        if not result.ok:
+            seen.append((seed, result.invariant))
+            if result.invariant == invariant:
+                return result
+    pytest.fail(f"the planted bug went unnoticed (failures on other invariants: {seen})")
+
+
+def test_a_thread_wait_answering_unready_refs_ready_is_caught_within_2_seeds(monkeypatch):
+    from tray.core.worker.object_getter import split_at
+
+    def hasty(self, refs, num_returns, timeout, fetch_local):
+        return split_at(refs, list(range(num_returns)))  # "ready" without looking
+
+    monkeypatch.setattr(thread_waits.ThreadWaits, "wait_from_thread", hasty)
+    result = _first_failure(2, "wait-ready-means-ready")
+    assert "get did not answer" in result.message
+
+
+def test_an_inbox_running_newest_first_is_caught_within_2_seeds(monkeypatch):
+    class NewestFirst(collections.deque):
+        def popleft(self):
+            return self.pop()
+
+    original = thread_inbox.ThreadInbox.__init__
+
+    def newest_first(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        self._ops = NewestFirst()
+
+    monkeypatch.setattr(thread_inbox.ThreadInbox, "__init__", newest_first)
+    _first_failure(2, "actor-calls-in-submission-order")
+
+
+def test_a_ready_read_that_returns_errors_as_values_is_caught_within_2_seeds(monkeypatch):
+    from tray.core.serialization import deserialize
+
+    def get_ready(self, refs):
+        table = self._references.refs
+        values = []
+        for ref in refs:
+            entry = table.get(ref._id)
+            if entry is None or not entry.owned or not entry.ready or entry.inline is None \
+                    or entry.inline.contained:
+                return None
+            values.append(deserialize(entry.inline))  # an error too, not raised
+        return values
+
+    monkeypatch.setattr(thread_waits.ThreadWaits, "get_ready", get_ready)
+    _first_failure(2, "get-returns-model-value")
+
+
+def test_a_thread_get_that_ignores_its_timeout_is_caught_within_3_seeds(monkeypatch):
+    original = thread_waits.ThreadWaits._sleep_in_thread
+
+    def no_timeout(self, waiter, watch, timeout, unwatch):
+        return original(self, waiter, watch, None, unwatch)
+
+    monkeypatch.setattr(thread_waits.ThreadWaits, "_sleep_in_thread", no_timeout)
+    _first_failure(3, "get-returns-model-value")
