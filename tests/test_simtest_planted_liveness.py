@@ -239,6 +239,14 @@ def test_lifetimes_chaos_seed_479_passes():
     assert result.ok, result.report()
 
 
+def test_lifetimes_chaos_seed_126_passes():
+    # A lineage re-run of a task that took an actor's handle deserialized it
+    # after the actor had ended (its handles let go): a holder that came
+    # after the end is no premature end (actor-outlives-its-handles).
+    result = runner.run_seed(126, "lifetimes", "chaos")
+    assert result.ok, result.report()
+
+
 # ------------------------------------------------------------------ the monitor
 
 

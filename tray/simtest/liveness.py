@@ -120,6 +120,7 @@ class LivenessMonitor:
         self._unreferenced: dict = {}  # actor id -> (since, why)
         self._expected_end: dict = {}  # actor id -> (since, label)
         self._dead: dict = {}  # actor id -> DEAD since (its release pending)
+        self._last_holders: dict = {}  # actor id -> who held a handle at the last look
         self._settled: set = set()  # DEAD actors whose end was checked
         self._original = None
 
@@ -186,11 +187,12 @@ class LivenessMonitor:
         return found
 
     def _core_workers(self) -> list:
+        """(address, reference table) of every live core worker."""
         found = []
-        for _, process in sorted(self.cluster.processes.items()):
+        for address, process in sorted(self.cluster.processes.items()):
             references = getattr(process.component, "references", None)
             if process.alive and references is not None and hasattr(references, "refs"):
-                found.append(references.refs)
+                found.append((address, references.refs))
         return found
 
     def _disturbed(self, now: float, nodes: list, gcs) -> bool:
@@ -470,7 +472,7 @@ class LivenessMonitor:
     def _check_actors(self, now: float, nodes: list, gcs, quiet_from: float) -> None:
         processes = self.cluster.processes
         workers = None
-        unreferenced, creatable = {}, {}
+        unreferenced, creatable, last_holders = {}, {}, {}
         nodes_by_id = dict(nodes)
         leased = {lease.for_actor for _, manager in nodes for lease in manager.leases.values()
                   if lease.for_actor is not None}
@@ -488,15 +490,19 @@ class LivenessMonitor:
                 continue
             owner = processes.get(record.spec.owner_address)
             why = ""
+            holders = frozenset()
+            if not record.spec.detached:
+                if workers is None:
+                    workers = self._core_workers()
+                holders = _holders_of(workers, actor_handle_id(actor_id))
+                if holders:
+                    last_holders[actor_id] = holders
             if expected is not None:
                 why = f"the workload let go of every handle to it ({expected[1]})"
             elif owner is None or not owner.alive:
                 why = f"its owner {record.spec.owner_address} died"
-            else:
-                if workers is None:
-                    workers = self._core_workers()
-                if not _held(workers, actor_handle_id(actor_id)):
-                    why = "no live process holds a handle to it"
+            elif not holders:
+                why = "no live process holds a handle to it"
             if not why:
                 fitting = self._creatable_on(record, nodes, leased)
                 if fitting:
@@ -535,6 +541,7 @@ class LivenessMonitor:
                     f"meanwhile (the bound is {self.actor_end_bound_s} s)")
         self._unreferenced = unreferenced
         self._creatable = creatable
+        self._last_holders = last_holders
 
     def _creatable_on(self, record, nodes: list, leased: set) -> set:
         """The live nodes a pending (or restarting) actor could be created
@@ -568,7 +575,13 @@ class LivenessMonitor:
         if actor_id not in self._dead:
             self._dead[actor_id] = now
             if cause == OUT_OF_SCOPE:
-                holders = [address for address, refs in self._holders(actor_id)]
+                # Those that held a handle at the last look before the end and
+                # hold one still (a handle deserialized since, by a lineage
+                # re-run of a task it was an argument of, came too late to
+                # count: lifetimes chaos seed 126).
+                before = self._last_holders.get(actor_id, ())
+                holders = [address for address, refs in self._holders(actor_id)
+                           if address in before]
                 if holders:
                     raise InvariantViolation(
                         "actor-outlives-its-handles",
@@ -627,12 +640,11 @@ class _Asking:
         self.strategy = strategy
 
 
-def _held(workers: list, oid) -> bool:
-    for refs in workers:
-        entry = refs.get(oid)
-        if entry is not None and (entry.local or entry.submitted or entry.contained):
-            return True
-    return False
+def _holders_of(workers: list, oid) -> frozenset:
+    """The addresses of the core workers that hold a count of ``oid``."""
+    return frozenset(address for address, refs in workers
+                     if (entry := refs.get(oid)) is not None and
+                     (entry.local or entry.submitted or entry.contained))
 
 
 def _pool_text(manager, request) -> str:
