@@ -89,9 +89,13 @@ def fault_spans(events, head_node: str) -> list[FaultSpan]:
             end = end_of_faults
         elif kind == "gcs_restart":  # down, then recovering its tables and actors
             end = start + params.get("down_for_s", 0.0) + GCS_RECOVERY_S
-        node = targets.get("node") or targets.get("isolated")
-        spans.append(FaultSpan(start, end, kind, node=node, worker=targets.get("worker"),
+        node, worker = targets.get("node") or targets.get("isolated"), targets.get("worker")
+        # A fault whose target the record does not name (a duplicate on a
+        # node the autoscaler added, known by its address alone: autoscaler
+        # chaos seed 237) may have hit anything.
+        spans.append(FaultSpan(start, end, kind, node=node, worker=worker,
                                everywhere=kind == "gcs_restart" or
+                               (node is None and worker is None) or
                                (node is not None and head_node.startswith(node))))
     return spans
 

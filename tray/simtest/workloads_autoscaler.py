@@ -205,10 +205,12 @@ def autoscaler_bursts(program) -> None:
                        unlimited=True)
         refs.append(ref)
         labels.append(f"actor {index}")
+    gpu_refs = []
     for i in range(extra.choice([0, 0, 1, 3])):
         value = extra.randint(0, 1000)
         ref = _scaled_gpu.options(max_retries=-1).remote(value)
         program.expect(ref, 3 * value, label=f"GPU task {i}", unlimited=True)
+        gpu_refs.append(ref)
         refs.append(ref)
         labels.append(f"GPU task {i}")
     strategy = rng.choice(["PACK", "SPREAD"])
@@ -262,10 +264,15 @@ def autoscaler_bursts(program) -> None:
         # removed at 6.1 s, its task's node crashed at 6.4 s, the runner's
         # read at 22 s found the object lost). An error here is the
         # runner's to judge when it reads the ref again.
-        try:
-            tray.get(group_ref, timeout=WORK_TIMEOUT_S)
-        except Exception:  # noqa: BLE001 - judged by the runner's read
-            pass
+        # The GPU tasks' results too, while the autoscaler runs: only a
+        # scaled ``gpu`` node can re-run them, and crash_one may take the
+        # node that holds them; read after the monitor stopped, a lost one
+        # waited for a GPU node nobody would launch (chaos seeds 109, 315).
+        for ref in [group_ref, *gpu_refs]:
+            try:
+                tray.get(ref, timeout=WORK_TIMEOUT_S)
+            except Exception:  # noqa: BLE001 - judged by the runner's read
+                pass
         for actor in actors:
             tray.kill(actor)
         remove_placement_group(group)
