@@ -232,6 +232,14 @@ def test_an_actor_whose_owner_died_while_the_gcs_restarted_ends():
     assert result.ok, result.report()
 
 
+def test_an_actor_whose_owners_node_died_while_the_gcs_restarted_ends():
+    # mixed default seed 410: the same, but the owner's whole node crashed,
+    # so no node reported the worker's death either; the GCS ends the actors
+    # owned on a node it declares dead (ActorSpec.owner_node_id).
+    result = runner.run_seed(410, "mixed", "default")
+    assert result.ok, result.report()
+
+
 def test_lifetimes_chaos_seed_479_passes():
     # The seed that found it (see the test above): an actor kept by its
     # handle inside a lineage-pinned argument, a second one never created.

@@ -230,6 +230,10 @@ class ActorSpec:
     max_concurrency: int | None = None
     max_pending_calls: int = -1  # per caller process; -1: no limit
     concurrency_groups: dict = field(default_factory=dict)  # name -> max concurrency
+    # The owner's node: when the GCS declares it dead, the owner is gone too,
+    # although its own connection may have closed unseen (while the GCS was
+    # restarting) and no worker death was reported (its node went with it).
+    owner_node_id: str = ""
 
 
 @pickled_by_fields

@@ -487,6 +487,13 @@ class ActorManager:
             if actor.node_id == node_id and \
                     actor.state in (ActorStatus.ALIVE, ActorStatus.PENDING_CREATION):
                 self._actor_failed(actor, f"its node {node_id} died ({reason})")
+        # Owners on the dead node died with it, as Ray's OnNodeDead ends the
+        # actors its workers owned: an owner killed while the GCS restarted
+        # left its actor ALIVE for good (mixed default seed 410).
+        owners = sorted({actor.spec.owner_address for actor in self.actors.values()
+                         if actor.spec.owner_node_id == node_id})
+        for owner in owners:
+            self.handle_owner_died(None, owner)
 
     def _creation_lost(self, worker_id: str, creation: _CreationUnderWay, reason: str) -> None:
         """The worker creating an actor died, or its node did: stop waiting

@@ -261,5 +261,6 @@ class TaskSubmission:
             max_concurrency=options.get("max_concurrency"),
             max_pending_calls=-1 if options.get("max_pending_calls") is None
             else options["max_pending_calls"],
-            concurrency_groups=dict(options.get("concurrency_groups") or {}))
+            concurrency_groups=dict(options.get("concurrency_groups") or {}),
+            owner_node_id=self._worker.node_id)
         return actor, holds
