@@ -56,11 +56,11 @@ CONTROL_LOOPS = (
     ("Autoscaler policy", ("tray/autoscaler/policy.py", "tray/autoscaler/monitor.py")),
 )
 
-# Core files whose work is the real backend's alone: the local driver's user
-# threads handing work to a loop in a thread of its own (the simulated
-# driver runs its loop in its own thread, and no simulated actor runs a
-# thread). Counted like every file; the table also shows the core's total
-# without them, so that both numbers are in view.
+# Core files of the driver's thread path: user threads handing work to a
+# loop in a thread of its own, as the local backend's driver runs. The
+# simulator takes it in the seeds that draw it (about half:
+# runner.driver_thread_path); the table also shows the core's total without
+# these files, which a sweep of few seeds may reach little.
 REAL_BACKEND_ONLY = ("tray/core/worker/thread_inbox.py", "tray/core/worker/thread_waits.py")
 
 _DATA_NAME = "simtest"  # data files in a session's folder: simtest.<suffix>
@@ -357,7 +357,7 @@ def format_table(result: dict, *, missing: bool = False) -> str:
         if "simulated" in group:
             # (what the simulator can reach: REAL_BACKEND_ONLY left out)
             lines.append(_row("total without thread_inbox, thread_waits", group["simulated"],
-                              width) + "  (the real backend's alone)")
+                              width) + "  (the driver's thread path)")
     rest = [group for group in result["groups"] if group["goal"] is None]
     if rest:
         lines.append("the rest of tray (no goal), per package")
