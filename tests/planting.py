@@ -34,3 +34,20 @@ def plant_spurious_retries(monkeypatch) -> None:
 
     monkeypatch.setattr(NormalTaskSubmitter, "__init__", remember)
     monkeypatch.setattr(TaskManager, "complete", complete)
+
+
+def first_failure(seeds, workload: str, faults: str, invariant: str):
+    """The first seed's result whose sweep fails on ``invariant``; the test
+    fails (naming what else broke) when none does."""
+    import pytest
+
+    from tray.simtest import runner
+
+    seen = []
+    for seed in seeds:
+        result = runner.run_seed(seed, workload, faults)
+        if not result.ok:
+            seen.append((seed, result.invariant, result.message[:300]))
+            if result.invariant == invariant:
+                return result
+    pytest.fail(f"the planted bug went unnoticed (failures on other invariants: {seen})")

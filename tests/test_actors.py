@@ -338,7 +338,9 @@ class Incarnations:
         import os
 
         self.pid = os.getpid()
-        self.instance = id(self)
+        # (pid, id): a restarted actor's process, forked from the same
+        # zygote, may place the new instance at the old one's address.
+        self.instance = (self.pid, id(self))
 
     def whoami(self):
         return self.pid, self.instance

@@ -59,7 +59,10 @@ def test_a_sweep_with_coverage_prints_the_table_and_appends_to_its_data(tmp_path
     assert int(simulated.group(2)) < int(total.group(2))
     assert int(total.group(1)) - int(simulated.group(1)) < \
         int(total.group(2)) - int(simulated.group(2))  # (the sim runs little of them)
-    assert re.search(r"\nAutoscaler policy\n  tray/autoscaler/monitor\.py +0/\d+ +0\.0%", out)
+    # A control loop no seed ran shows at most the lines its import runs
+    # (none, unless an earlier test in this process imported it).
+    monitor = re.search(r"\nAutoscaler policy\n  tray/autoscaler/monitor\.py +(\d+)/(\d+) ", out)
+    assert monitor and int(monitor.group(1)) < 0.3 * int(monitor.group(2)), out[:3000]
     assert "goals met: 0 of 6" in out
     # --coverage-missing: what the files under their goal missed, by function.
     assert re.search(r"\ntray/core/node/lease_manager\.py: \d+ lines, \d+ branches missed\n"

@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import collections
 
-import pytest
-from planting import plant_spurious_retries  # (tests/ is on sys.path)
+from planting import first_failure, plant_spurious_retries  # (tests/ is on sys.path)
 
 from tray.core.gcs.actor_manager import ActorManager
 from tray.core.ids import ObjectID, TaskID
@@ -21,18 +20,6 @@ from tray.core.worker.object_recovery import ObjectRecoveryManager
 from tray.core.worker.reference_counter import ReferenceCounter
 from tray.core.worker.task_manager import TaskManager
 from tray.core.worker.task_receiver import TaskReceiver
-from tray.simtest import runner
-
-
-def _first_failure(seeds, workload: str, faults: str, invariant: str):
-    seen = []
-    for seed in seeds:
-        result = runner.run_seed(seed, workload, faults)
-        if not result.ok:
-            seen.append((seed, result.invariant))
-            if result.invariant == invariant:
-                return result
-    pytest.fail(f"the planted bug went unnoticed (failures on other invariants: {seen})")
 
 
 class _NewestFirst(collections.deque):
@@ -52,7 +39,7 @@ def test_skipping_actor_sequence_ordering_is_caught_within_20_seeds(monkeypatch)
         self._admitted = _NewestFirst(self._admitted)
 
     monkeypatch.setattr(ActorHost, "__init__", newest_first)
-    _first_failure(range(20), "actors", "none", "actor-calls-in-submission-order")
+    first_failure(range(20), "actors", "none", "actor-calls-in-submission-order")
 
 
 def test_one_retry_too_many_is_caught_within_10_seeds(monkeypatch):
@@ -67,7 +54,7 @@ def test_one_retry_too_many_is_caught_within_10_seeds(monkeypatch):
         return refs
 
     monkeypatch.setattr(CoreWorker, "submit_task", generous)
-    result = _first_failure(range(10), "retries", "none", "task-executes-at-most-1+max_retries")
+    result = first_failure(range(10), "retries", "none", "task-executes-at-most-1+max_retries")
     assert "executed" in result.message
 
 
@@ -76,7 +63,7 @@ def test_freeing_an_object_a_borrower_holds_is_caught_within_10_seeds(monkeypatc
         return self.refs.get(ObjectID(object_id)) is not None
 
     monkeypatch.setattr(ReferenceCounter, "handle_add_borrower", forgetful)
-    _first_failure(range(10), "objects", "none", "no-premature-free")
+    first_failure(range(10), "objects", "none", "no-premature-free")
 
 
 def test_a_lease_never_returned_is_caught_within_5_seeds(monkeypatch):
@@ -84,7 +71,7 @@ def test_a_lease_never_returned_is_caught_within_5_seeds(monkeypatch):
         queue.leases.remove(lease)  # forget it without telling the node manager
 
     monkeypatch.setattr(NormalTaskSubmitter, "_return_lease", keep)
-    result = _first_failure(range(5), "dag", "none", "nothing-leaks-at-quiescence")
+    result = first_failure(range(5), "dag", "none", "nothing-leaks-at-quiescence")
     assert "lease" in result.message
 
 
@@ -106,7 +93,7 @@ def test_dropping_a_reconstructed_result_is_caught_within_40_seeds(monkeypatch):
 
     monkeypatch.setattr(ObjectRecoveryManager, "handle_recover_object", recover)
     monkeypatch.setattr(TaskManager, "complete", complete)
-    _first_failure(range(40), "objects", "node_crash", "no-hang")
+    first_failure(range(40), "objects", "node_crash", "no-hang")
 
 
 def test_gpu_ids_handed_out_twice_are_caught_within_15_seeds(monkeypatch):
@@ -118,7 +105,7 @@ def test_gpu_ids_handed_out_twice_are_caught_within_15_seeds(monkeypatch):
         return await original(self, key, queue, lease, task)
 
     monkeypatch.setattr(NormalTaskSubmitter, "_push", all_on_zero)
-    _first_failure(range(15), "gpus", "none", "gpu-held-by-one-task-at-a-time")
+    first_failure(range(15), "gpus", "none", "gpu-held-by-one-task-at-a-time")
 
 
 def test_actor_names_lost_in_a_gcs_restart_are_caught_within_10_seeds(monkeypatch):
@@ -131,7 +118,7 @@ def test_actor_names_lost_in_a_gcs_restart_are_caught_within_10_seeds(monkeypatc
             self.names.clear()
 
     monkeypatch.setattr(ActorManager, "__init__", forgetful)
-    result = _first_failure(range(10), "named", "gcs_restart", "runs-without-crashing")
+    result = first_failure(range(10), "named", "gcs_restart", "runs-without-crashing")
     assert "ValueError" in result.message
 
 
@@ -146,7 +133,7 @@ def test_constructor_arguments_released_at_the_first_start_are_caught_within_15_
             self._references.release_submitted(holds)
 
     monkeypatch.setattr(ActorTaskSubmitter, "_release_when_done", release_early)
-    _first_failure(range(15), "restarts", "chaos", "no-premature-free")
+    first_failure(range(15), "restarts", "chaos", "no-premature-free")
 
 
 def test_actor_calls_that_stop_retrying_are_caught_within_15_seeds(monkeypatch):
@@ -160,7 +147,7 @@ def test_actor_calls_that_stop_retrying_are_caught_within_15_seeds(monkeypatch):
         return await original(self, task, state)
 
     monkeypatch.setattr(ActorTaskSubmitter, "submit", no_retries)
-    _first_failure(range(15), "restarts", "worker_crash", "unlimited-retries-never-give-up")
+    first_failure(range(15), "restarts", "worker_crash", "unlimited-retries-never-give-up")
 
 
 def test_tasks_that_stop_retrying_on_worker_death_are_caught_within_12_seeds(monkeypatch):
@@ -178,7 +165,7 @@ def test_tasks_that_stop_retrying_on_worker_death_are_caught_within_12_seeds(mon
         return refs
 
     monkeypatch.setattr(CoreWorker, "submit_task", stingy)
-    result = _first_failure(range(12), "mixed", "chaos", "gives-up-only-when-the-budget-is-spent")
+    result = first_failure(range(12), "mixed", "chaos", "gives-up-only-when-the-budget-is-spent")
     assert "gave up after 0 retries" in result.message
 
 
@@ -191,7 +178,7 @@ def test_actors_that_stop_restarting_early_are_caught_within_12_seeds(monkeypatc
         return original(self, actor, reason)
 
     monkeypatch.setattr(ActorManager, "_actor_failed", no_restarts)
-    result = _first_failure(range(12), "actors", "chaos", "gives-up-only-when-the-budget-is-spent")
+    result = first_failure(range(12), "actors", "chaos", "gives-up-only-when-the-budget-is-spent")
     assert "after 0 restarts" in result.message
 
 
@@ -201,7 +188,7 @@ def test_wait_reporting_unfinished_refs_ready_is_caught_within_5_seeds(monkeypat
         return refs[:num_returns], refs[num_returns:]  # "ready" without looking
 
     monkeypatch.setattr(ObjectGetter, "wait", hasty)
-    result = _first_failure(range(5), "wait", "none", "wait-ready-means-ready")
+    result = first_failure(range(5), "wait", "none", "wait-ready-means-ready")
     assert "get did not answer" in result.message
 
 
@@ -211,7 +198,7 @@ def test_a_spurious_retry_within_the_budget_is_caught_within_3_seeds(monkeypatch
     # budget, as if its worker had died: within 1 + max_retries, so only
     # the attribution of every extra run to a fault can tell.
     plant_spurious_retries(monkeypatch)
-    result = _first_failure(range(3), "mixed", "default",
+    result = first_failure(range(3), "mixed", "default",
                             "every-re-execution-has-a-fault-behind-it")
     assert "no fault hit that worker" in result.message
 
@@ -230,7 +217,7 @@ def test_reconstruction_refused_with_retries_left_is_caught_within_12_seeds(monk
         return original(self, conn, object_id, lost)
 
     monkeypatch.setattr(ObjectRecoveryManager, "handle_recover_object", stingy)
-    result = _first_failure(range(12), "mixed", "default",
+    result = first_failure(range(12), "mixed", "default",
                             "object-lost-only-when-it-cannot-be-rebuilt")
     assert "it can still be re-created" in result.message
 
@@ -244,7 +231,7 @@ def test_lineage_one_level_deep_is_caught_within_12_seeds(monkeypatch):
         self.lineage[task_id] = task
 
     monkeypatch.setattr(TaskManager, "_keep_lineage", unpinned)
-    result = _first_failure(range(12), "mixed", "default",
+    result = first_failure(range(12), "mixed", "default",
                             "object-lost-only-when-it-cannot-be-rebuilt")
     assert "was freed" in result.message
 
@@ -260,7 +247,7 @@ def test_a_cancel_that_leaves_queued_tasks_queued_is_caught_within_5_seeds(monke
         await original(self, task_id, force, recursive)
 
     monkeypatch.setattr(TaskCanceller, "_cancel_owned", running_only)
-    result = _first_failure(range(5), "mixed", "default", "get-returns-model-value")
+    result = first_failure(range(5), "mixed", "default", "get-returns-model-value")
     assert "cancelled while queued" in result.message
 
 
@@ -272,7 +259,7 @@ def test_a_force_cancel_that_spares_the_worker_is_caught_within_10_seeds(monkeyp
         await original(self, conn, task_id, False, recursive)
 
     monkeypatch.setattr(TaskReceiver, "handle_cancel_task", gentle)
-    _first_failure(range(10), "cancel", "none", "force-cancel-kills-the-worker")
+    first_failure(range(10), "cancel", "none", "force-cancel-kills-the-worker")
 
 
 def test_a_recursive_cancel_that_spares_the_children_is_caught_within_10_seeds(monkeypatch):
@@ -281,7 +268,7 @@ def test_a_recursive_cancel_that_spares_the_children_is_caught_within_10_seeds(m
         return None
 
     monkeypatch.setattr(TaskCanceller, "cancel_children", childless)
-    _first_failure(range(10), "cancel", "none", "recursive-cancel-cancels-children")
+    first_failure(range(10), "cancel", "none", "recursive-cancel-cancels-children")
 
 
 def test_a_call_failed_for_a_crash_it_never_met_is_caught_within_10_seeds(monkeypatch):
@@ -293,5 +280,5 @@ def test_a_call_failed_for_a_crash_it_never_met_is_caught_within_10_seeds(monkey
         return False
 
     monkeypatch.setattr(ActorTaskSubmitter, "_next_incarnation", impatient)
-    result = _first_failure(range(10), "restarts_unretried", "none", "get-returns-model-value")
+    result = first_failure(range(10), "restarts_unretried", "none", "get-returns-model-value")
     assert "after 1 crash(es)" in result.message

@@ -6,7 +6,7 @@ sweep fail on the right invariant within a stated number of seeds."""
 
 from __future__ import annotations
 
-import pytest
+from planting import first_failure  # (tests/ is on sys.path)
 
 import tray
 from tray import exceptions
@@ -15,18 +15,6 @@ from tray.core.rpc import Endpoint
 from tray.core.worker.object_recovery import ObjectRecoveryManager
 from tray.core.worker.task_manager import PendingTask, TaskManager, spend_retry
 from tray.simtest import faults, runner
-
-
-def _first_failure(seeds, workload: str, fault_profile: str, invariant: str):
-    seen = []
-    for seed in seeds:
-        result = runner.run_seed(seed, workload, fault_profile)
-        if not result.ok:
-            seen.append((seed, result.invariant))
-            if result.invariant == invariant:
-                return result
-    pytest.fail(f"the planted bug went unnoticed (failures on other invariants: {seen})")
-
 
 # ------------------------------------------------------------ the fault itself
 
@@ -103,7 +91,7 @@ def test_a_disabled_duplicate_filter_is_caught_within_5_seeds(monkeypatch):
         return True
 
     monkeypatch.setattr(Endpoint, "first_delivery", every_copy_is_new)
-    result = _first_failure(range(5), "mixed", "default", "reliable-message-handled-once")
+    result = first_failure(range(5), "mixed", "default", "reliable-message-handled-once")
     assert "handled a reliable message twice" in result.message
 
 
@@ -117,7 +105,7 @@ def test_a_duplicate_filter_off_by_one_is_caught_within_10_seeds(monkeypatch):
         return True
 
     monkeypatch.setattr(Endpoint, "first_delivery", off_by_one)
-    _first_failure(range(10), "objects", "default", "reliable-message-handled-once")
+    first_failure(range(10), "objects", "default", "reliable-message-handled-once")
 
 
 def test_recovery_freeing_every_copy_it_knows_is_caught_within_5_seeds(monkeypatch):
@@ -134,7 +122,7 @@ def test_recovery_freeing_every_copy_it_knows_is_caught_within_5_seeds(monkeypat
         return original(self, conn, object_id, lost)
 
     monkeypatch.setattr(ObjectRecoveryManager, "handle_recover_object", greedy)
-    result = _first_failure(range(5), "copies", "none", "recovery-keeps-good-copies")
+    result = first_failure(range(5), "copies", "none", "recovery-keeps-good-copies")
     assert "good copy" in result.message
 
 
@@ -159,7 +147,7 @@ def test_recovery_re_running_a_task_whose_copy_lives_is_caught_within_5_seeds(mo
         return failure
 
     monkeypatch.setattr(ObjectRecoveryManager, "handle_recover_object", eager)
-    result = _first_failure(range(5), "copies", "none", "recovery-keeps-good-copies")
+    result = first_failure(range(5), "copies", "none", "recovery-keeps-good-copies")
     assert "re-ran its task" in result.message
 
 
@@ -183,6 +171,6 @@ def test_a_spurious_worker_crash_is_caught_within_3_seeds(monkeypatch):
         original(self, task, results)
 
     monkeypatch.setattr(TaskManager, "complete", crash_instead)
-    result = _first_failure(range(3), "retries", "default",
+    result = first_failure(range(3), "retries", "default",
                             "every-failure-has-a-fault-behind-it")
     assert "failed as if its worker died" in result.message

@@ -4,22 +4,11 @@ within a stated number of seeds; and the bug it found stays fixed."""
 
 from __future__ import annotations
 
-import pytest
+from planting import first_failure  # (tests/ is on sys.path)
 
 from tray.core.gcs.actor_manager import ActorManager
 from tray.core.worker.task_manager import TaskManager
 from tray.simtest import runner
-
-
-def _first_failure(seeds, workload: str, faults: str, invariant: str):
-    seen = []
-    for seed in seeds:
-        result = runner.run_seed(seed, workload, faults)
-        if not result.ok:
-            seen.append((seed, result.invariant))
-            if result.invariant == invariant:
-                return result
-    pytest.fail(f"the planted bug went unnoticed (failures on other invariants: {seen})")
 
 
 def test_edges_is_green_on_a_few_seeds():
@@ -38,11 +27,11 @@ def test_retry_exceptions_ignoring_the_class_list_is_caught_within_10_seeds(monk
         return original(task, results)
 
     monkeypatch.setattr(TaskManager, "should_retry_exception", staticmethod(any_class))
-    _first_failure(range(10), "edges", "none", "retry-count-exact")
+    first_failure(range(10), "edges", "none", "retry-count-exact")
 
 
 def test_owned_actor_outliving_its_owner_is_caught_within_20_seeds(monkeypatch):
     # The GCS forgets to end the actors a dead worker owned.
     monkeypatch.setattr(ActorManager, "handle_owner_died", lambda self, conn, owner: None)
-    result = _first_failure(range(20), "edges", "none", "get-returns-model-value")
+    result = first_failure(range(20), "edges", "none", "get-returns-model-value")
     assert "owner died" in result.message

@@ -6,22 +6,11 @@ invariant, within a stated number of seeds."""
 from __future__ import annotations
 
 import pytest
+from planting import first_failure  # (tests/ is on sys.path)
 
 from tray.autoscaler import monitor as autoscaler_monitor
 from tray.autoscaler import policy
 from tray.simtest import runner
-
-
-def _first_failure(seeds, workload: str, faults: str, invariant: str):
-    seen = []
-    for seed in seeds:
-        result = runner.run_seed(seed, workload, faults)
-        if not result.ok:
-            seen.append((seed, result.invariant, result.message[:300]))
-            if result.invariant == invariant:
-                return result
-    pytest.fail(f"the planted bug went unnoticed (failures on other invariants: {seen})")
-
 
 # ------------------------------------------------------------------ autoscaler
 
@@ -48,7 +37,7 @@ def test_a_policy_that_launches_one_node_too_few_is_caught_within_3_seeds(monkey
         return decisions
 
     _plant_update(monkeypatch, one_fewer)
-    _first_failure(range(3), "autoscaler", "none", "autoscaler-launches-for-demand")
+    first_failure(range(3), "autoscaler", "none", "autoscaler-launches-for-demand")
 
 
 def test_a_policy_that_waits_an_extra_period_to_launch_is_caught_within_3_seeds(monkeypatch):
@@ -61,7 +50,7 @@ def test_a_policy_that_waits_an_extra_period_to_launch_is_caught_within_3_seeds(
         return decisions
 
     _plant_update(monkeypatch, a_round_late)
-    _first_failure(range(3), "autoscaler", "none", "autoscaler-launches-for-demand")
+    first_failure(range(3), "autoscaler", "none", "autoscaler-launches-for-demand")
 
 
 def test_a_policy_that_never_scales_down_is_caught_per_round_within_3_seeds(monkeypatch):
@@ -73,7 +62,7 @@ def test_a_policy_that_never_scales_down_is_caught_per_round_within_3_seeds(monk
     monkeypatch.setattr(workloads_autoscaler, "_check", lambda *args: None)
     _plant_update(monkeypatch, lambda self, decisions, now: [
         d for d in decisions if d.action != "terminate"])
-    _first_failure(range(3), "autoscaler", "none", "autoscaler-terminates-idle-nodes")
+    first_failure(range(3), "autoscaler", "none", "autoscaler-terminates-idle-nodes")
 
 
 def test_a_policy_that_scales_down_before_the_idle_timeout_is_caught_within_3_seeds(
@@ -87,7 +76,7 @@ def test_a_policy_that_scales_down_before_the_idle_timeout_is_caught_within_3_se
             config, idle_timeout_minutes=config.idle_timeout_minutes / 3))
 
     monkeypatch.setattr(policy.Autoscaler, "__init__", impatient)
-    _first_failure(range(3), "autoscaler", "none", "autoscaler-terminates-only-idle-nodes")
+    first_failure(range(3), "autoscaler", "none", "autoscaler-terminates-only-idle-nodes")
 
 
 def test_a_policy_that_launches_gpu_nodes_for_cpu_work_is_caught_within_5_seeds(monkeypatch):
@@ -106,7 +95,7 @@ def test_a_policy_that_launches_gpu_nodes_for_cpu_work_is_caught_within_5_seeds(
         return decisions
 
     monkeypatch.setattr(policy.Autoscaler, "update", gpu_first)
-    _first_failure(range(5), "autoscaler", "none", "autoscaler-launches-only-for-demand")
+    first_failure(range(5), "autoscaler", "none", "autoscaler-launches-only-for-demand")
 
 
 def test_a_policy_that_does_not_report_infeasible_shapes_is_caught_within_6_seeds(monkeypatch):
@@ -120,7 +109,7 @@ def test_a_policy_that_does_not_report_infeasible_shapes_is_caught_within_6_seed
         return decisions
 
     monkeypatch.setattr(policy.Autoscaler, "update", silent)
-    _first_failure(range(6), "autoscaler", "none", "autoscaler-reports-infeasible")
+    first_failure(range(6), "autoscaler", "none", "autoscaler-reports-infeasible")
 
 
 def test_a_monitor_that_sleeps_two_periods_is_caught_within_2_seeds(monkeypatch):
@@ -135,7 +124,7 @@ def test_a_monitor_that_sleeps_two_periods_is_caught_within_2_seeds(monkeypatch)
             await trio.sleep(2 * self.config.autoscaler_period_s)
 
     monkeypatch.setattr(autoscaler_monitor.Monitor, "run", slow_run)
-    _first_failure(range(2), "autoscaler", "none", "autoscaler-runs-every-period")
+    first_failure(range(2), "autoscaler", "none", "autoscaler-runs-every-period")
 
 
 def test_request_resources_survives_a_gcs_restart():
@@ -185,7 +174,7 @@ def test_asha_with_a_wrong_quantile_is_caught_within_3_seeds(monkeypatch):
         return float(np.nanpercentile(list(recorded.values()), 25)) if recorded else None
 
     monkeypatch.setattr(async_hyperband._Bracket, "cutoff", quarter)
-    _first_failure([2, 3, 20], "tune", "none", "tune-scheduler-decisions-match-model")
+    first_failure([2, 3, 20], "tune", "none", "tune-scheduler-decisions-match-model")
 
 
 def test_a_median_rule_that_stops_the_better_trials_is_caught_within_2_seeds(monkeypatch):
@@ -201,7 +190,7 @@ def test_a_median_rule_that_stops_the_better_trials_is_caught_within_2_seeds(mon
             self._mode = "max"
 
     monkeypatch.setattr(median_stopping_rule.MedianStoppingRule, "on_trial_result", inverted)
-    _first_failure([0, 16], "tune", "none", "tune-scheduler-decisions-match-model")
+    first_failure([0, 16], "tune", "none", "tune-scheduler-decisions-match-model")
 
 
 def test_asha_letting_trials_run_past_a_rung_unjudged_is_caught_within_3_seeds(monkeypatch):
@@ -212,7 +201,7 @@ def test_asha_letting_trials_run_past_a_rung_unjudged_is_caught_within_3_seeds(m
                         lambda self, trial, result: original(self, trial, result) + 2)
     # The trial ran on past its STOP: its history holds iterations the
     # controller never took.
-    _first_failure([2, 3, 20], "tune", "none", "tune-result-history")
+    first_failure([2, 3, 20], "tune", "none", "tune-result-history")
 
 
 def test_resuming_from_the_oldest_checkpoint_is_caught_within_4_seeds(monkeypatch):
@@ -226,7 +215,7 @@ def test_resuming_from_the_oldest_checkpoint_is_caught_within_4_seeds(monkeypatc
         return original(self, trial, runner_id)
 
     monkeypatch.setattr(TuneController, "_start", oldest)
-    _first_failure([1, 7, 0, 16], "tune", "none", "tune-resumes-from-latest-checkpoint")
+    first_failure([1, 7, 0, 16], "tune", "none", "tune-resumes-from-latest-checkpoint")
 
 
 def test_ignoring_max_concurrent_trials_is_caught_within_3_seeds(monkeypatch):
@@ -239,7 +228,7 @@ def test_ignoring_max_concurrent_trials_is_caught_within_3_seeds(monkeypatch):
         self.spec.max_concurrent_trials = None
 
     monkeypatch.setattr(TuneController, "__init__", unlimited)
-    _first_failure([5, 23, 31], "tune", "none", "tune-max-concurrent-trials")
+    first_failure([5, 23, 31], "tune", "none", "tune-max-concurrent-trials")
 
 
 def test_a_grid_that_reuses_its_random_draws_is_caught_within_3_seeds(monkeypatch):
@@ -252,7 +241,7 @@ def test_a_grid_that_reuses_its_random_draws_is_caught_within_3_seeds(monkeypatc
         self.constant_grid_search = True  # as if set: every grid value, same draws
 
     monkeypatch.setattr(variant_generator.BasicVariantGenerator, "setup", constant)
-    _first_failure([1, 3, 7], "tune", "none", "tune-trials-match-search-space")
+    first_failure([1, 3, 7], "tune", "none", "tune-trials-match-search-space")
 
 
 def test_a_best_result_picked_the_wrong_way_is_caught_within_2_seeds(monkeypatch):
@@ -264,7 +253,7 @@ def test_a_best_result_picked_the_wrong_way_is_caught_within_2_seeds(monkeypatch
         return original(self, metric, "min", scope, filter_nan_and_inf)
 
     monkeypatch.setattr(ResultGrid, "get_best_result", worst)
-    _first_failure([2, 5], "tune", "none", "tune-best-result")
+    first_failure([2, 5], "tune", "none", "tune-best-result")
 
 
 # ----------------------------------------------------------------------- train
@@ -284,7 +273,7 @@ def test_a_trainer_that_gives_up_one_failure_early_is_caught_within_2_seeds(monk
         return original(self)
 
     monkeypatch.setattr(trainer._Run, "execute", early)
-    _first_failure([16, 11], "train", "default", "train-failure-budget")
+    first_failure([16, 11], "train", "default", "train-failure-budget")
 
 
 def test_a_run_that_keeps_its_first_checkpoint_as_latest_is_caught_within_4_seeds(
@@ -301,7 +290,7 @@ def test_a_run_that_keeps_its_first_checkpoint_as_latest_is_caught_within_4_seed
             self.latest = first  # the restart resumes from the first checkpoint kept
 
     monkeypatch.setattr(_storage.RunStorage, "add", keep_first)
-    _first_failure([16, 10, 18, 11], "train", "default", "train-latest-checkpoint")
+    first_failure([16, 10, 18, 11], "train", "default", "train-latest-checkpoint")
 
 
 def test_local_ranks_numbered_wrong_are_caught_within_6_seeds(monkeypatch):
@@ -318,14 +307,14 @@ def test_local_ranks_numbered_wrong_are_caught_within_6_seeds(monkeypatch):
             for bundle, info in ranked]
 
     monkeypatch.setattr(_worker_group, "rank_bundles", reversed_local)
-    _first_failure(range(6), "train", "none", "train-ranks-follow-placement")
+    first_failure(range(6), "train", "none", "train-ranks-follow-placement")
 
 
 def test_a_group_that_can_never_be_placed_is_refused_within_2_seeds(monkeypatch):
     from tray.train import trainer
 
     monkeypatch.setattr(trainer, "feasibility_error", lambda scaling, nodes: None)
-    _first_failure([0, 9], "train", "none", "train-refuses-what-never-fits")
+    first_failure([0, 9], "train", "none", "train-refuses-what-never-fits")
 
 
 TRAIN_PINNED = [

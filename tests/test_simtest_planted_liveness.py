@@ -10,6 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 import trio
+from planting import first_failure  # (tests/ is on sys.path)
 
 from tray.core import scheduling
 from tray.core.gcs import actor_manager
@@ -23,18 +24,6 @@ from tray.core.worker.actor_task_submitter import ActorTaskSubmitter
 from tray.core.worker.outbox import Outbox
 from tray.core.worker.reference_counter import ReferenceCounter, is_actor_handle
 from tray.simtest import liveness, runner
-
-
-def _first_failure(seeds, workload: str, faults: str, invariant: str):
-    seen = []
-    for seed in seeds:
-        result = runner.run_seed(seed, workload, faults)
-        if not result.ok:
-            seen.append((seed, result.invariant))
-            if result.invariant == invariant:
-                return result
-    pytest.fail(f"the planted bug went unnoticed (failures on other invariants: {seen})")
-
 
 # ------------------------------------------------------------ work-conserving-leases
 
@@ -59,7 +48,7 @@ def test_a_grant_left_for_the_next_request_is_caught_within_3_seeds(monkeypatch)
         self._pool.lease_ended(lease.worker_id, worker_ok, lease.for_actor is not None)
 
     monkeypatch.setattr(LeaseManager, "release_lease", release_lease)
-    result = _first_failure(range(3), "backlog", "none", "work-conserving-leases")
+    result = first_failure(range(3), "backlog", "none", "work-conserving-leases")
     assert "fits this node's free resources" in result.message
 
 
@@ -68,7 +57,7 @@ def test_requests_never_moved_to_an_idle_node_are_caught_within_3_seeds(monkeypa
     # (neither every heartbeat nor when a node joins): they wait for its
     # own leases to end.
     monkeypatch.setattr(LeaseManager, "_respill", lambda self, node_ids, waited_s: None)
-    result = _first_failure(range(3), "backlog", "none", "work-conserving-leases")
+    result = first_failure(range(3), "backlog", "none", "work-conserving-leases")
     assert "has had the free resources it needs" in result.message
 
 
@@ -82,7 +71,7 @@ def test_a_worker_given_back_that_wakes_no_lease_is_caught_within_2_seeds(monkey
             original(self, idle)
 
     monkeypatch.setattr(WorkerPool, "_wake_waiters", wake_waiters)
-    result = _first_failure(range(2), "backlog", "none", "work-conserving-leases")
+    result = first_failure(range(2), "backlog", "none", "work-conserving-leases")
     assert "without a worker" in result.message
 
 
@@ -99,7 +88,7 @@ def test_an_actor_retried_only_on_a_long_timer_is_caught_within_6_seeds(monkeypa
         await sleeps["sleep"](30.0 if seconds == 1.0 else seconds)
 
     monkeypatch.setattr(actor_manager, "trio", _TrioWith(sleep))
-    result = _first_failure(range(6), "backlog", "none", "fitting-actor-created")
+    result = first_failure(range(6), "backlog", "none", "fitting-actor-created")
     assert "PENDING_CREATION" in result.message
 
 
@@ -132,7 +121,7 @@ def test_a_group_retried_only_on_a_long_timer_is_caught_within_2_seeds(monkeypat
             await trio.sleep(30.0)
 
     monkeypatch.setattr(PlacementGroupManager, "_schedule", schedule)
-    result = _first_failure(range(2), "waiting_groups", "none",
+    result = first_failure(range(2), "waiting_groups", "none",
                             "fitting-placement-group-placed")
     assert "fits the free resources of the live nodes" in result.message
 
@@ -149,7 +138,7 @@ def test_bundles_kept_after_their_group_is_removed_are_caught_within_2_seeds(mon
     monkeypatch.setattr(PlacementGroupManager, "_release_on", release_on)
     monkeypatch.setattr(PlacementGroupManager, "handle_held_bundles",
                         lambda self, conn, node_id, bundles: list(bundles))
-    result = _first_failure(range(2), "waiting_groups", "none",
+    result = first_failure(range(2), "waiting_groups", "none",
                             "placement-group-bundles-held-where-placed")
     assert "which the GCS removed" in result.message
 
@@ -165,7 +154,7 @@ def test_a_commit_lost_on_its_node_is_caught_within_3_seeds(monkeypatch):
         return original(self, conn, pg_id, indexes)
 
     monkeypatch.setattr(LeaseManager, "handle_commit_bundles", commit)
-    result = _first_failure(range(3), "groups", "none",
+    result = first_failure(range(3), "groups", "none",
                             "placement-group-bundles-held-where-placed")
     assert "not committed it" in result.message
 
@@ -180,14 +169,14 @@ def test_an_ended_actor_whose_worker_is_never_stopped_is_caught_within_2_seeds(m
         return None
 
     monkeypatch.setattr(ActorManager, "_stop_worker", stop_worker)
-    _first_failure(range(2), "lifetimes", "none", "unreferenced-actor-ends")
+    first_failure(range(2), "lifetimes", "none", "unreferenced-actor-ends")
 
 
 
 def test_an_owner_that_never_tells_the_gcs_is_caught_within_2_seeds(monkeypatch):
     # The owner's last handle goes, and the GCS is never told.
     monkeypatch.setattr(ActorTaskSubmitter, "actor_out_of_scope", lambda self, actor_id: None)
-    result = _first_failure(range(2), "lifetimes", "none", "unreferenced-actor-ends")
+    result = first_failure(range(2), "lifetimes", "none", "unreferenced-actor-ends")
     assert "ALIVE by the GCS" in result.message
 
 
@@ -202,7 +191,7 @@ def test_a_lost_borrower_release_is_caught_within_5_seeds(monkeypatch):
         return original(self, address, method, *args)
 
     monkeypatch.setattr(Outbox, "send_later", send_later)
-    _first_failure(range(5), "lifetimes", "none", "unreferenced-actor-ends")
+    first_failure(range(5), "lifetimes", "none", "unreferenced-actor-ends")
 
 
 def test_an_actor_ended_while_borrowed_is_caught_within_8_seeds(monkeypatch):
@@ -216,7 +205,7 @@ def test_an_actor_ended_while_borrowed_is_caught_within_8_seeds(monkeypatch):
         return original(self, conn, object_id, borrower)
 
     monkeypatch.setattr(ReferenceCounter, "handle_add_borrower", add_borrower)
-    result = _first_failure(range(8), "lifetimes", "none", "actor-outlives-its-handles")
+    result = first_failure(range(8), "lifetimes", "none", "actor-outlives-its-handles")
     assert "still held a handle" in result.message
 
 

@@ -7,29 +7,15 @@ sent every request of a sequential caller to one replica) stay fixed."""
 
 from __future__ import annotations
 
-import collections
-
 import pytest
+from planting import first_failure  # (tests/ is on sys.path)
 
 import tray
-from tray.simtest import runner
-
 
 # How many seeds each planted bug may take (the first that catches it, from
 # the sweep that found it, plus a margin).
 SEEDS = {"union": 5, "zip": 3, "sort": 10, "retry": 10,
          "healthy": 4, "impatient": 3, "count": 3, "spread": 4, "ongoing": 3}
-
-
-def _first_failure(seeds, workload: str, faults: str, invariant: str):
-    seen = []
-    for seed in seeds:
-        result = runner.run_seed(seed, workload, faults)
-        if not result.ok:
-            seen.append((seed, result.invariant, result.message[:200]))
-            if result.invariant == invariant:
-                return result
-    pytest.fail(f"the planted bug went unnoticed (failures on other invariants: {seen})")
 
 
 # ====================================================== issue 41 regressions
@@ -92,7 +78,7 @@ def test_a_union_that_reorders_its_inputs_is_caught(monkeypatch):
                 self.emit(self.queues[index].popleft())
 
     monkeypatch.setattr(UnionOperator, "pump", later_first)
-    _first_failure(range(SEEDS["union"]), "data", "none", "get-returns-model-value")
+    first_failure(range(SEEDS["union"]), "data", "none", "get-returns-model-value")
 
 
 def test_a_zip_that_misaligns_its_rows_is_caught(monkeypatch):
@@ -104,7 +90,7 @@ def test_a_zip_that_misaligns_its_rows_is_caught(monkeypatch):
         return (yield from original(left, list(reversed(right))))
 
     monkeypatch.setattr(_shuffle, "zip_plan", misaligned)
-    _first_failure(range(SEEDS["zip"]), "data", "none", "get-returns-model-value")
+    first_failure(range(SEEDS["zip"]), "data", "none", "get-returns-model-value")
 
 
 def test_a_sort_that_ignores_a_direction_is_caught(monkeypatch):
@@ -115,7 +101,7 @@ def test_a_sort_that_ignores_a_direction_is_caught(monkeypatch):
         return [bool(first)] * len(keys)
 
     monkeypatch.setattr(_shuffle, "_directions", first_only)
-    _first_failure(range(SEEDS["sort"]), "data", "none", "get-returns-model-value")
+    first_failure(range(SEEDS["sort"]), "data", "none", "get-returns-model-value")
 
 
 def test_a_block_dropped_when_its_task_was_retried_is_caught(monkeypatch):
@@ -142,7 +128,7 @@ def test_a_block_dropped_when_its_task_was_retried_is_caught(monkeypatch):
 
     monkeypatch.setattr(TaskManager, "complete", noting)
     monkeypatch.setattr(MapOperator, "on_ready", dropping)
-    _first_failure(range(SEEDS["retry"]), "data", "crash", "get-returns-model-value")
+    first_failure(range(SEEDS["retry"]), "data", "crash", "get-returns-model-value")
 
 
 # =============================================================== Serve, planted
@@ -163,7 +149,7 @@ def test_a_status_healthy_too_early_is_caught(monkeypatch):
             dep.status = DeploymentStatus.HEALTHY
 
     monkeypatch.setattr(DeploymentStateManager, "update_status", early)
-    _first_failure(range(SEEDS["healthy"]), "serve", "none", "serve-status-follows-the-rollout")
+    first_failure(range(SEEDS["healthy"]), "serve", "none", "serve-status-follows-the-rollout")
 
 
 def test_old_replicas_stopped_before_new_ones_serve_are_caught(monkeypatch):
@@ -178,7 +164,7 @@ def test_old_replicas_stopped_before_new_ones_serve_are_caught(monkeypatch):
                 self._stop_replica(dep, replica, graceful=True)
 
     monkeypatch.setattr(DeploymentStateManager, "reconcile", impatient)
-    _first_failure(range(SEEDS["impatient"]), "serve", "none",
+    first_failure(range(SEEDS["impatient"]), "serve", "none",
                    "serve-replica-count-follows-the-target")
 
 
@@ -195,7 +181,7 @@ def test_a_replica_count_off_by_one_is_caught(monkeypatch):
             dep.target_num -= 1
 
     monkeypatch.setattr(DeploymentStateManager, "reconcile", one_more)
-    _first_failure(range(SEEDS["count"]), "serve", "none",
+    first_failure(range(SEEDS["count"]), "serve", "none",
                    "serve-replica-count-follows-the-target")
 
 
@@ -204,7 +190,7 @@ def test_a_router_that_always_picks_the_first_replica_is_caught(monkeypatch):
     from tray.serve._handle import Router
 
     monkeypatch.setattr(Router, "_candidates", lambda self: list(self.replicas[:2]))
-    _first_failure(range(SEEDS["spread"]), "serve", "none", "serve-requests-spread-over-replicas")
+    first_failure(range(SEEDS["spread"]), "serve", "none", "serve-requests-spread-over-replicas")
 
 
 def test_a_replica_past_max_ongoing_requests_is_caught(monkeypatch):
@@ -217,5 +203,5 @@ def test_a_replica_past_max_ongoing_requests_is_caught(monkeypatch):
 
     monkeypatch.setattr(_Limiter, "__init__", one_more)
     monkeypatch.setattr(_Limiter, "set_limit", lambda self, limit: None)
-    _first_failure(range(SEEDS["ongoing"]), "serve", "none",
+    first_failure(range(SEEDS["ongoing"]), "serve", "none",
                    "serve-replica-runs-at-most-max_ongoing_requests")

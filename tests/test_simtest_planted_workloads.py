@@ -5,7 +5,7 @@ of seeds (each seed takes well under a second of wall time)."""
 
 from __future__ import annotations
 
-import pytest
+from planting import first_failure  # (tests/ is on sys.path)
 
 from tray.core.node import memory_monitor
 from tray.core.node.memory_monitor import MemoryMonitor
@@ -13,17 +13,6 @@ from tray.core.worker.actor_task_submitter import ActorTaskSubmitter
 from tray.core.worker.task_receiver import TaskReceiver
 from tray.simtest import runner
 from tray.simtest.pieces_memory import expected_victim
-
-
-def _first_failure(seeds, workload: str, faults: str, invariant: str):
-    seen = []
-    for seed in seeds:
-        result = runner.run_seed(seed, workload, faults)
-        if not result.ok:
-            seen.append((seed, result.invariant))
-            if result.invariant == invariant:
-                return result
-    pytest.fail(f"the planted bug went unnoticed (failures on other invariants: {seen})")
 
 
 def _sweep_is_green(seeds, workload: str, faults: str) -> None:
@@ -81,7 +70,7 @@ def test_a_monitor_that_kills_the_oldest_task_is_caught_within_5_seeds(monkeypat
 
     original = memory_monitor.choose_victim
     monkeypatch.setattr(memory_monitor, "choose_victim", oldest)
-    _first_failure(range(5), "memory", "none", "memory-monitor-kills-by-policy")
+    first_failure(range(5), "memory", "none", "memory-monitor-kills-by-policy")
 
 
 def test_a_monitor_that_kills_unretried_tasks_first_is_caught_within_10_seeds(monkeypatch):
@@ -94,7 +83,7 @@ def test_a_monitor_that_kills_unretried_tasks_first_is_caught_within_10_seeds(mo
 
     original = memory_monitor.choose_victim
     monkeypatch.setattr(memory_monitor, "choose_victim", unretried_first)
-    _first_failure(range(10), "memory", "none", "memory-monitor-kills-by-policy")
+    first_failure(range(10), "memory", "none", "memory-monitor-kills-by-policy")
 
 
 def test_a_memory_kill_that_is_never_retried_is_caught_within_5_seeds(monkeypatch):
@@ -105,13 +94,13 @@ def test_a_memory_kill_that_is_never_retried_is_caught_within_5_seeds(monkeypatc
         return None if cause is None else type(cause)(cause.kind, cause.message, False)
 
     monkeypatch.setattr(MemoryMonitor, "handle_worker_failure_cause", never_retry)
-    _first_failure(range(5), "memory", "none",
+    first_failure(range(5), "memory", "none",
                    "out-of-memory-error-only-when-the-policy-gives-up")
 
 
 def test_a_monitor_that_stops_killing_is_caught_within_5_seeds(monkeypatch):
     monkeypatch.setattr(memory_monitor, "choose_victim", lambda leases: None)
-    _first_failure(range(5), "memory", "none", "memory-monitor-acts-above-threshold")
+    first_failure(range(5), "memory", "none", "memory-monitor-acts-above-threshold")
 
 
 def test_memory_kept_by_a_dead_process_is_caught_within_5_seeds(monkeypatch):
@@ -127,7 +116,7 @@ def test_memory_kept_by_a_dead_process_is_caught_within_5_seeds(monkeypatch):
             original(self, address, size_bytes)
 
     monkeypatch.setattr(SimulatedMemory, "free", kept_at_exit)
-    _first_failure(range(5), "memory", "none", "memory-returned-when-process-ends")
+    first_failure(range(5), "memory", "none", "memory-returned-when-process-ends")
 
 
 def test_a_memory_kill_retried_at_once_is_caught_within_5_seeds(monkeypatch):
@@ -142,7 +131,7 @@ def test_a_memory_kill_retried_at_once_is_caught_within_5_seeds(monkeypatch):
         self.enqueue(task)
 
     monkeypatch.setattr(NormalTaskSubmitter, "_retry_after_oom", at_once)
-    _first_failure(range(5), "memory", "none", "memory-kill-retried-after-its-backoff")
+    first_failure(range(5), "memory", "none", "memory-kill-retried-after-its-backoff")
 
 
 # ================================================================ inflight
@@ -159,7 +148,7 @@ def test_unretried_calls_sent_again_after_a_crash_are_caught_within_5_seeds(monk
         return await original(self, task, state, *args)
 
     monkeypatch.setattr(ActorTaskSubmitter, "submit", resend)
-    _first_failure(range(5), "inflight", "none", "inflight-calls-fail-or-retry-by-their-budget")
+    first_failure(range(5), "inflight", "none", "inflight-calls-fail-or-retry-by-their-budget")
 
 
 # ================================================================ recycle
@@ -175,7 +164,7 @@ def test_a_worker_that_exits_before_its_reply_is_caught_within_5_seeds(monkeypat
         return retiring
 
     monkeypatch.setattr(TaskReceiver, "_count_call", exit_at_once)
-    _first_failure(range(5), "recycle", "none", "get-returns-model-value")
+    first_failure(range(5), "recycle", "none", "get-returns-model-value")
 
 
 def test_max_calls_off_by_one_is_caught_within_5_seeds(monkeypatch):
@@ -185,7 +174,7 @@ def test_max_calls_off_by_one_is_caught_within_5_seeds(monkeypatch):
         return original(self, spec, max_calls + 1)
 
     monkeypatch.setattr(TaskReceiver, "_count_call", one_more)
-    _first_failure(range(5), "recycle", "none", "max-calls-worker-retires-after-exactly-n-calls")
+    first_failure(range(5), "recycle", "none", "max-calls-worker-retires-after-exactly-n-calls")
 
 
 def test_max_calls_one_short_is_caught_within_5_seeds(monkeypatch):
@@ -195,4 +184,4 @@ def test_max_calls_one_short_is_caught_within_5_seeds(monkeypatch):
         return original(self, spec, max(1, max_calls - 1))
 
     monkeypatch.setattr(TaskReceiver, "_count_call", one_less)
-    _first_failure(range(5), "recycle", "none", "max-calls-worker-retires-after-exactly-n-calls")
+    first_failure(range(5), "recycle", "none", "max-calls-worker-retires-after-exactly-n-calls")

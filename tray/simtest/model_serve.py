@@ -58,10 +58,9 @@ class RolloutRecorder:
 
     # -- installing
     def __enter__(self) -> RolloutRecorder:
+        import tray.simtest
         from tray.serve._controller import ServeController
         from tray.serve._deployment_state import DeploymentStateManager
-
-        import tray.simtest
 
         self._cluster = tray.simtest.cluster()
         step, stop = ServeController._step, DeploymentStateManager._stop_replica

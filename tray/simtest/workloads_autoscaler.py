@@ -108,6 +108,8 @@ class _ScaledSum:
 
 
 def autoscaler_bursts(program) -> None:
+    import random
+
     import tray.autoscaler as autoscaler
     from tray.autoscaler.sdk import request_resources
     from tray.simtest import cluster as current_cluster
@@ -115,8 +117,6 @@ def autoscaler_bursts(program) -> None:
     from tray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     from .model_autoscaler import PolicyModel
-
-    import random
 
     rng = program.rng
     # What this workload added later draws from an RNG of its own, so that

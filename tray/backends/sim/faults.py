@@ -20,7 +20,6 @@ from ...exceptions import TrayError
 from .patches import _in_trio
 from .stores import MemoryObjectStore
 
-
 # How long ``replay_after_reset(None, ...)`` waits for a reliable message
 # to pick the process it hits (virtual seconds).
 REPLAY_ARMED_S = 2.0
