@@ -148,10 +148,12 @@ def test_a_task_waiting_for_a_removed_groups_bundle_never_runs(one_node):
     # (simtest edges, no faults, seeds 3, 6, 12).
     pg = placement_group([{"CPU": 1}])
     assert pg.wait(30)
-    running = sleep_then.options(scheduling_strategy=_in(pg, 0)).remote(2.0, "ran")
+    running = sleep_then.options(scheduling_strategy=_in(pg, 0)).remote(3.0, "ran")
+    ready, _ = tray.wait([running], timeout=0.5)
+    assert ready == []
     queued = sleep_then.options(scheduling_strategy=_in(pg, 0)).remote(0.0, "queued ran")
-    ready, _ = tray.wait([running, queued], timeout=0.5)
-    assert ready == []  # one runs, one waits for the bundle
+    ready, _ = tray.wait([queued], timeout=0.5)
+    assert ready == []  # it waits for the bundle the first one holds
     remove_placement_group(pg)
     with pytest.raises(tex.TaskPlacementGroupRemoved, match="was removed"):
         tray.get(queued, timeout=30)
