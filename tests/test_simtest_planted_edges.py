@@ -12,7 +12,10 @@ from tray.simtest import runner
 
 
 def test_edges_is_green_on_a_few_seeds():
-    for seed in range(4):
+    # 184: a call sent to an actor just after its owner was killed ran
+    # (the GCS restarting delayed the actor's end): the piece now calls it
+    # once the faults are over, when its end is due.
+    for seed in [*range(4), 184]:
         result = runner.run_seed(seed, "edges", "default")
         assert result.ok, (seed, result.invariant, result.message)
 

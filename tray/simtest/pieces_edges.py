@@ -269,8 +269,6 @@ def owners(program) -> None:
     x = rng.randint(2, 30)
     program.expect(owner.make.remote("-", "-", "-"), program.error(exceptions.ActorDiedError),
                    label="a call to the killed owner (max_restarts=0)")
-    program.expect(child.square.remote(x, 0.0), program.error(exceptions.ActorDiedError),
-                   label="a call to an actor whose owner died")
     program.expect(put, program.error(exceptions.OwnerDiedError),
                    label="an object put by a worker that died")
     program.expect(result, program.error(exceptions.OwnerDiedError),
@@ -279,6 +277,13 @@ def owners(program) -> None:
                    label="a detached actor whose creator died")
 
     def groups() -> None:
+        # Once the faults are over. The owner's death ends its child
+        # actor, but not at once: the GCS must learn of it and have the
+        # child's worker killed, and a call the driver sends before then
+        # (it still has the child's address) runs, as in Ray (edges
+        # default seed 184: a GCS restart delayed the kill by 50 ms).
+        program.expect(child.square.remote(x, 0.0), program.error(exceptions.ActorDiedError),
+                       label="a call to an actor whose owner died")
         _refused("get_placement_group of a group whose creator died", ValueError,
                  lambda: get_placement_group(group_name))
         found = get_placement_group(detached_group)
