@@ -7,6 +7,10 @@ from __future__ import annotations
 
 import pytest
 
+import tray
+import tray.simtest
+from tray import serve
+from tray.serve import _api
 from tray.simtest import runner
 from tray.simtest.cli import sweep
 
@@ -70,6 +74,14 @@ from tray.simtest.cli import sweep
     # replica not alive by the GCS is skipped; kill_worker(None) is a clear
     # ValueError.
     (269, "chaos"),
+    # The controller began a graceful stop of a replica (it drained, and
+    # refused every later request with ReplicaDrainedError), then died
+    # before its checkpoint said so. The restarted controller re-attached
+    # the replica as RUNNING and routed every request to it for good: a
+    # held request failed after its retries. Now a replica tells a
+    # re-attaching controller that it drains, and is stopped again
+    # (test_a_restarted_controller_stops_a_replica_that_drains below).
+    (98, "chaos"),
 ])
 def test_serve_seed(seed, faults):
     result = runner.run_seed(seed, "serve", faults)
@@ -85,3 +97,35 @@ def test_serve_seed_replays_in_one_process():
     summary = sweep(range(60, 61), "serve", "chaos", determinism_every=1)
     assert summary["failures"] == [], summary["failures"]
     assert summary["nondeterministic_seeds"] == []
+
+
+@serve.deployment(name="Echo", ray_actor_options={"num_cpus": 0})
+class _Echo:
+    def __call__(self, x):
+        return x
+
+
+def test_a_restarted_controller_stops_a_replica_that_drains():
+    # Serve chaos seed 98's mechanism: the controller's graceful stop of a
+    # replica had begun (the replica drained) when the controller died, and
+    # its checkpoint still had the replica RUNNING.
+    tray.init(backend="sim", num_cpus=4, seed=0)
+    try:
+        sim = tray.simtest.cluster()
+        handle = serve.run(_Echo.bind(), name="drains", route_prefix=None)
+        assert handle.remote(1).result() == 1
+        [(replica_id, actor_name, state, _version)] = _api._list_replicas("drains", "Echo")
+        assert state == "RUNNING"
+        replica = tray.get_actor(actor_name, namespace="serve")
+        assert tray.get(replica.prepare_for_shutdown.remote(0.05, 5.0)) == 0  # drained
+        controller = tray.get_actor("SERVE_CONTROLLER_ACTOR", namespace="serve")
+        sim.kill_worker(sim.worker_of(controller))  # it restarts from its checkpoint
+        sim.advance(5.0)
+        replicas = _api._list_replicas("drains", "Echo")
+        assert [r[0] for r in replicas] != [replica_id], replicas  # replaced
+        assert [r[2] for r in replicas] == ["RUNNING"], replicas
+        assert handle.remote(2).result(timeout_s=10.0) == 2
+        assert serve.status().applications["drains"].status == serve.ApplicationStatus.RUNNING
+    finally:
+        serve.shutdown()
+        tray.shutdown()

@@ -406,6 +406,13 @@ class DeploymentStateManager:
             return
         replica.node_id = meta.get("node_id", "")
         replica.state = ReplicaState.RUNNING
+        if meta.get("draining"):
+            # An earlier incarnation began to stop it, and died before its
+            # checkpoint said so: it drains (then refuses every request with
+            # ReplicaDrainedError), so it is stopped again, not routed to
+            # (chaos seed 98: routers sent to it for good).
+            self._stop_replica(dep, replica, graceful=True)
+            return
         replica.next_health_s = loop_time() + dep.spec.config.health_check_period_s
         self._publish()  # as _start does: no answer names it under an older version
 

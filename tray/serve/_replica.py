@@ -220,7 +220,8 @@ class ServeReplica:
     @tray.method(concurrency_group="control")
     async def initialize(self, user_config=None, has_user_config: bool = False) -> dict:
         """Run the user's constructor (once; a repeated call, from a
-        restarted controller, only reports)."""
+        restarted controller, only reports: where it runs, and whether it
+        drains)."""
         if self._init_lock is None:
             self._init_lock = asyncio.Lock()
         async with self._init_lock:
@@ -246,7 +247,11 @@ class ServeReplica:
             if has_user_config and not self._user_config_applied:
                 await self._reconfigure(user_config)
         await self.watch_controller()
-        return {"node_id": tray.get_runtime_context().get_node_id()}
+        # "draining": an earlier controller began to stop this replica (a
+        # restarted one whose checkpoint missed that re-attaches it then
+        # stops it again, rather than route to a replica that refuses).
+        return {"node_id": tray.get_runtime_context().get_node_id(),
+                "draining": self._draining}
 
     @tray.method(concurrency_group="control")
     async def watch_controller(self) -> None:
