@@ -16,8 +16,8 @@ from collections.abc import Mapping
 from .. import runtime_env as runtime_envs
 from ..core.context import current_worker, get_worker, set_driver
 from ..version import __version__
+from . import init_options, state
 from . import options as opts
-from . import state
 from .blocking import block
 
 logger = logging.getLogger("tray")
@@ -103,6 +103,8 @@ def _context_of(runtime) -> TrayContext:
 def init(address: str | None = None, *, backend: str | None = None, num_cpus=None,
          num_gpus=None, resources: dict | None = None, namespace: str | None = None,
          ignore_reinit_error: bool = False, job_config=None, runtime_env: dict | None = None,
+         local_mode: bool = False, configure_logging: bool = True, logging_level=None,
+         logging_format: str | None = None, logging_config=None, log_to_driver: bool | None = None,
          **backend_options):
     """Start (or connect to) a cluster and make this process its driver;
     returns a ``TrayContext``.
@@ -113,12 +115,25 @@ def init(address: str | None = None, *, backend: str | None = None, num_cpus=Non
     is a ``tray.job_config.JobConfig``; ``namespace`` overrides its
     ``ray_namespace``, as in Ray. ``runtime_env`` is the job's runtime
     environment (``tray.runtime_env``), inherited by its tasks and actors; it
-    replaces ``job_config``'s, as in Ray."""
+    replaces ``job_config``'s, as in Ray. ``address="local"`` starts a new
+    cluster even where ``TRAY_ADDRESS`` names one.
+
+    Ray's other keywords are taken too (``tray.api.init_options``): a
+    ``logging_level``/``logging_format`` configures the ``tray`` logger;
+    ``log_to_driver=False`` keeps the workers' output of a cluster ``init``
+    starts out of this terminal (it still goes to the session's log files);
+    ``_temp_dir`` is where that cluster's session directory goes; the rest
+    (``local_mode``, ``_system_config``) are logged as ignored."""
     if state.runtime is not None:
         if ignore_reinit_error:
             return _context_of(state.runtime)
         raise RuntimeError("tray.init() was already called; call tray.shutdown() first "
                            "or pass ignore_reinit_error=True")
+    private, backend_options = init_options.split_private(backend_options)
+    ray_options = init_options.RayInitOptions(
+        configure_logging=configure_logging, logging_level=logging_level,
+        logging_format=logging_format, logging_config=logging_config,
+        log_to_driver=log_to_driver, local_mode=local_mode, private=private)
     backend = backend or "local"
     if backend not in _backends:
         raise ValueError(f"unknown backend {backend!r}; known backends: "
@@ -142,7 +157,11 @@ def init(address: str | None = None, *, backend: str | None = None, num_cpus=Non
             namespace = job_config.ray_namespace
         if runtime_env is None:
             runtime_env = job_config.runtime_env or None
-    joined = address is None and backend == "local" and _address_from_environment()
+    start_new = address == "local"  # (Ray's: a new cluster, whatever RAY_ADDRESS says)
+    if start_new:
+        address = None
+    joined = address is None and not start_new and backend == "local" and \
+        _address_from_environment()
     if joined:
         # As Ray's drivers join RAY_ADDRESS: a submitted job's driver joins
         # its cluster, in its job's runtime_env (the script's keys win).
@@ -151,6 +170,14 @@ def init(address: str | None = None, *, backend: str | None = None, num_cpus=Non
         if job_env:
             runtime_env = runtime_envs.merge(json.loads(job_env), runtime_env) or None
     runtime_envs.validate(runtime_env)
+    ray_options.apply_logging()
+    if address is None and backend == "local":
+        backend_options.update(log_to_driver=ray_options.log_to_driver,
+                               temp_dir=ray_options.temp_dir)
+    elif backend == "sim" and not ray_options.log_to_driver:
+        ray_options.warnings.append("log_to_driver=False is ignored in the simulator: its "
+                                    "tasks run in this process, their output is its own")
+    ray_options.warn()
     module_name, _, function_name = _backends[backend].partition(":")
     start = getattr(importlib.import_module(module_name), function_name)
     runtime = start(address=address, num_cpus=num_cpus, num_gpus=num_gpus,

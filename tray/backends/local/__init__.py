@@ -206,7 +206,8 @@ def _wait_for_node(session: Session, index: int, node: subprocess.Popen) -> dict
 
 
 def _start_node(session: Session, index: int, gcs: str, *, cpus, gpus, resources,
-                memory_bytes: int, store_bytes: int) -> subprocess.Popen:
+                memory_bytes: int, store_bytes: int,
+                log_to_driver: bool = True) -> subprocess.Popen:
     command = [sys.executable, "-P", "-m", "tray.backends.local.node",
                "--session", session.directory, "--node-index", str(index),
                "--num-cpus", str(cpus), "--num-gpus", str(gpus),
@@ -217,6 +218,8 @@ def _start_node(session: Session, index: int, gcs: str, *, cpus, gpus, resources
     # Workers import what the driver can import (functions defined in the
     # driver's modules are pickled by reference), as Ray's workers do.
     env = {**os.environ, "TRAY_DRIVER_SYS_PATH": json.dumps([p for p in sys.path if p])}
+    if not log_to_driver:  # (the node's workers' output: to their log files only)
+        command.append("--no-log-to-driver")
     return subprocess.Popen(command, stdin=subprocess.DEVNULL, start_new_session=True,
                             env=env)
 
@@ -224,7 +227,8 @@ def _start_node(session: Session, index: int, gcs: str, *, cpus, gpus, resources
 def start(*, address=None, num_cpus=None, num_gpus=None, resources=None,
           object_store_memory: int | None = None, num_nodes: int = 1,
           include_dashboard: bool | None = None, dashboard_host: str = "127.0.0.1",
-          dashboard_port: int | None = None, **unknown) -> LocalRuntime:
+          dashboard_port: int | None = None, log_to_driver: bool = True,
+          temp_dir: str | None = None, **unknown) -> LocalRuntime:
     if unknown:
         raise ValueError(f"unknown option(s) for the local backend: "
                          f"{', '.join(sorted(unknown))}")
@@ -243,8 +247,8 @@ def start(*, address=None, num_cpus=None, num_gpus=None, resources=None,
     store_bytes = object_store_memory or int(total_memory * OBJECT_STORE_FRACTION / num_nodes)
     node_options = {"cpus": cpus, "gpus": gpus, "resources": resources or {},
                     "memory_bytes": int(total_memory * MEMORY_FRACTION / num_nodes),
-                    "store_bytes": store_bytes}
-    session = Session.create()
+                    "store_bytes": store_bytes, "log_to_driver": log_to_driver}
+    session = Session.create(root=temp_dir)
     nodes = [_start_node(session, 0, "", **node_options)]
     try:
         _import_driver_stack()

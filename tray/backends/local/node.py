@@ -9,14 +9,17 @@ the driver it serves dies (``--exit-with-driver``), killing its workers."""
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import logging
 import os
 import random
 import signal
 import socket
+import struct
 import subprocess
 import sys
+import termios
 
 import trio
 
@@ -35,6 +38,10 @@ from .zygote import ForkedWorker, Zygote, prefork
 logger = logging.getLogger("tray.node")
 
 
+# Asked to stop, a node first forwards what its workers wrote (at most so long).
+OUTPUT_DRAIN_S = 0.5
+
+
 class ProcessSpawner:
     """Worker processes of this node: forked by the node's zygote (see
     ``zygote``) where it can, started fresh (``python -m
@@ -42,8 +49,9 @@ class ProcessSpawner:
 
     def __init__(self, session: Session, node_id: str, gcs: str, node_manager: str,
                  object_store_bytes: int, store_directory: str, node_index: int,
-                 worker_ip: str = "", node_gpus: float = 0) -> None:
+                 worker_ip: str = "", node_gpus: float = 0, log_to_driver: bool = True) -> None:
         self.session = session
+        self.log_to_driver = log_to_driver
         self.node_gpus = node_gpus
         self.worker_ip = worker_ip
         self.node_index = node_index
@@ -53,6 +61,7 @@ class ProcessSpawner:
         self.node_manager = node_manager
         self.object_store_bytes = object_store_bytes
         self.processes: dict[str, subprocess.Popen | ForkedWorker] = {}
+        self.output_fds: set[int] = set()  # (the workers' pipes being forwarded)
         self.nursery: trio.Nursery | None = None
         self.zygote: Zygote | None = None
 
@@ -93,12 +102,22 @@ class ProcessSpawner:
                 os.close(fd)
         self.processes[worker_id_hex] = process
         # The worker's output goes to the node's own output (the driver's
-        # terminal for tray.init clusters), each line prefixed as Ray does,
-        # and to log files in the session.
+        # terminal for tray.init clusters; not with log_to_driver=False),
+        # each line prefixed as Ray does, and to log files in the session.
         os.makedirs(self.session.path("logs"), exist_ok=True)
-        for fd, target, suffix in ((out_r, sys.stdout, "out"), (err_r, sys.stderr, "err")):
+        targets = (sys.stdout, sys.stderr) if self.log_to_driver else (None, None)
+        for fd, target, suffix in ((out_r, targets[0], "out"), (err_r, targets[1], "err")):
             log_path = self.session.path(f"logs/worker-{worker_id_hex[:12]}.{suffix}")
-            self.nursery.start_soon(_forward_output, fd, target, process, log_path)
+            self.nursery.start_soon(_forward_output, fd, target, process, log_path,
+                                    self.output_fds)
+
+    async def drain_output(self, timeout_s: float) -> None:
+        """Until what the workers wrote is forwarded (a task's last print
+        before the driver shut the cluster down), at most ``timeout_s``."""
+        with trio.move_on_after(timeout_s):
+            while any(_unread(fd) for fd in list(self.output_fds)):
+                await trio.sleep(0.01)
+            await trio.sleep(0.01)  # (the last chunk read: written out)
 
     def kill_worker(self, worker_id_hex: str) -> None:
         process = self.processes.pop(worker_id_hex, None)
@@ -122,31 +141,44 @@ class ProcessSpawner:
                 node_manager.worker_process_exited(worker_id, process.returncode)
 
 
-async def _forward_output(fd: int, target, process, log_path: str) -> None:
+def _unread(fd: int) -> int:
+    try:
+        return struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0" * 4))[0]
+    except OSError:
+        return 0
+
+
+async def _forward_output(fd: int, target, process, log_path: str, fds: set) -> None:
     stream = trio.lowlevel.FdStream(fd)
     pending = b""
     prefix = b""
-    with open(log_path, "ab") as log:
-        async with stream:
-            while True:
-                try:
-                    chunk = await stream.receive_some(65536)
-                except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-                    break
-                if not chunk:
-                    break
-                log.write(chunk)
-                log.flush()
-                if not prefix:
-                    # (A forked worker's pid arrives with the zygote's reply.)
-                    if isinstance(process, ForkedWorker):
-                        await process.started.wait()
-                    prefix = f"(worker pid={process.pid}) ".encode()
-                *lines, pending = (pending + chunk).split(b"\n")
-                if lines:
-                    target.buffer.write(b"".join(prefix + line + b"\n" for line in lines))
-                    target.flush()
-    if pending:
+    fds.add(fd)
+    try:
+        with open(log_path, "ab") as log:
+            async with stream:
+                while True:
+                    try:
+                        chunk = await stream.receive_some(65536)
+                    except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                        break
+                    if not chunk:
+                        break
+                    log.write(chunk)
+                    log.flush()
+                    if target is None:
+                        continue
+                    if not prefix:
+                        # (A forked worker's pid arrives with the zygote's reply.)
+                        if isinstance(process, ForkedWorker):
+                            await process.started.wait()
+                        prefix = f"(worker pid={process.pid}) ".encode()
+                    *lines, pending = (pending + chunk).split(b"\n")
+                    if lines:
+                        target.buffer.write(b"".join(prefix + line + b"\n" for line in lines))
+                        target.flush()
+    finally:
+        fds.discard(fd)
+    if pending and target is not None:
         if not prefix:
             prefix = f"(worker pid={process.pid}) ".encode()
         target.buffer.write(prefix + pending + b"\n")
@@ -208,7 +240,8 @@ async def run_node(args, zygote: tuple | None) -> None:
     store_directory = session.node_store_directory(args.node_index)
     spawner = ProcessSpawner(session, node_id, gcs_address, node_address,
                              args.object_store_bytes, store_directory, args.node_index,
-                             args.listen_ip, resources.get("GPU", 0))
+                             args.listen_ip, resources.get("GPU", 0),
+                             log_to_driver=not args.no_log_to_driver)
     spill_directory = session.node_spill_directory(args.node_index)
     node_location = NodeLocation(store_directory=store_directory,
                                  spill_directory=spill_directory,
@@ -248,6 +281,7 @@ async def run_node(args, zygote: tuple | None) -> None:
                                        nursery.cancel_scope)
                 nursery.start_soon(_reap, spawner, node_manager)
                 async for _ in signals:
+                    await spawner.drain_output(OUTPUT_DRAIN_S)
                     nursery.cancel_scope.cancel()
                     break
     finally:
@@ -274,6 +308,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--object-store-bytes", type=int, required=True)
     parser.add_argument("--prestart", type=int, default=0)
     parser.add_argument("--exit-with-driver", type=int, default=0)
+    parser.add_argument("--no-log-to-driver", action="store_true",
+                        help="the workers' output to their log files only")
     args = parser.parse_args(argv)
     # The zygote first: it must not inherit the node's logging setup (a
     # forked worker configures its own), event loop or connections.

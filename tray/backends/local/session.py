@@ -116,6 +116,19 @@ def read_private_file(path: str) -> bytes:
         return file.read()
 
 
+# The cluster's processes listen on unix sockets in the session directory:
+# a socket's path must fit in sun_path (107 bytes and a NUL). The longest:
+LONGEST_SOCKET = os.path.join("session-4194304-00000000", "worker-000000000000.sock")
+
+
+def _check_socket_room(root: str) -> None:
+    longest = os.path.join(os.path.abspath(root), LONGEST_SOCKET)
+    if len(longest.encode()) > 107:
+        raise ValueError(f"the session root {root!r} is too long: the cluster's unix "
+                         f"sockets would not fit in 107 bytes ({longest!r}); use a root of "
+                         f"at most {107 - len(LONGEST_SOCKET) - 1} bytes")
+
+
 class Session:
     def __init__(self, directory: str) -> None:
         self.directory = directory
@@ -123,6 +136,8 @@ class Session:
 
     @classmethod
     def create(cls, token: str | None = None, root: str | None = None) -> Session:
+        if root is not None:
+            _check_socket_room(root)
         root = ensure_root(root)
         for _ in range(100):
             # Unpredictable: nobody can make our /dev/shm directory first.
