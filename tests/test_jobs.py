@@ -617,6 +617,9 @@ def test_the_local_token_never_goes_to_another_host(monkeypatch, tmp_path):
                                  "session_dir": str(tmp_path)})
     assert sdk._find_token("http://127.0.0.1:8265") == "local-secret"
     assert sdk._find_token("http://localhost:8265") == "local-secret"
+    # (Something answers there: no probe leaves this machine in a test.)
+    monkeypatch.setattr("tray.backends.local.session.nothing_listens_at",
+                        lambda host, port, timeout_s=1.0: False)
     with pytest.raises(Exception, match="no token for the job API at http://10.1.2.3:8265"):
         JobSubmissionClient("http://10.1.2.3:8265")
     assert JobSubmissionClient("http://10.1.2.3:8265", token="given")._headers[
@@ -662,3 +665,20 @@ def test_init_without_an_address_joins_the_cluster_tray_address_names(cluster, t
             assert session._address_from_environment() == expected
         finally:
             del os.environ["TRAY_ADDRESS"]
+
+
+def test_nothing_listening_is_said_before_a_missing_token(monkeypatch):
+    """With no cluster at the address and no token anywhere, the error says
+    that nothing answers there, not that a token is missing."""
+    import tray
+    from tray.backends.local.session import free_port
+
+    monkeypatch.delenv("TRAY_CLUSTER_TOKEN", raising=False)
+    monkeypatch.setattr("tray.backends.local.session.read_current_cluster", lambda: None)
+    monkeypatch.setattr("tray.backends.local.read_current_cluster", lambda: None)
+    port = free_port()
+    with pytest.raises(Exception, match=f"nothing answers at http://127.0.0.1:{port}"):
+        JobSubmissionClient(f"http://127.0.0.1:{port}")
+    with pytest.raises(Exception, match=f"nothing answers at 127.0.0.1:{port}"):
+        tray.init(address=f"127.0.0.1:{port}")
+    assert not tray.is_initialized()

@@ -74,11 +74,16 @@ def _find_token(address: str) -> str:
     token = os.environ.get("TRAY_CLUSTER_TOKEN")
     if token:
         return token
-    from ..backends.local.session import read_current_cluster
+    from ..backends.local.session import nothing_listens_at, read_current_cluster
 
     current = read_current_cluster()
     if current and current.get("token") and _is_loopback(address):
         return current["token"]
+    url = httpx.URL(address)
+    if url.host and nothing_listens_at(url.host, url.port or (443 if url.scheme == "https"
+                                                                else 80)):
+        raise TrayError(f"nothing answers at {address}: is a tray cluster's job API running "
+                        "there ('tray start --head' serves it)?")
     raise TrayError(f"no token for the job API at {address}: pass token= (or --token-file), "
                     "or set TRAY_CLUSTER_TOKEN to the token 'tray start --head' printed; on "
                     "the head's machine, a job API on 127.0.0.1 finds it by itself")

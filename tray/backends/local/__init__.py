@@ -37,7 +37,7 @@ from ...exceptions import TrayError
 from ..environ import with_task_events_setting
 from .gpus import detect_gpu_count
 from .memory import config_from_environ, machine_memory_bytes
-from .session import Session, free_port, read_current_cluster
+from .session import Session, free_port, nothing_listens_at, read_current_cluster
 
 if TYPE_CHECKING:
     from ...core.worker.core_worker import CoreWorker
@@ -331,6 +331,9 @@ def resolve_cluster(address: str) -> tuple[str, bytes]:
     if token is None and current is not None and current["address"] == f"{host}:{port}":
         token = current["token"]
     if token is None:
+        if nothing_listens_at(host, int(port)):
+            raise TrayError(f"nothing answers at {host}:{port}: is a tray cluster running "
+                            "there ('tray start --head')?")
         raise TrayError(f"no token for the cluster at {host}:{port}: set TRAY_CLUSTER_TOKEN "
                         "to the token 'tray start --head' printed")
     return f"tcp:{host}:{port}", token.encode()

@@ -129,6 +129,18 @@ def _check_socket_room(root: str) -> None:
                          f"at most {107 - len(LONGEST_SOCKET) - 1} bytes")
 
 
+def nothing_listens_at(host: str, port: int, timeout_s: float = 1.0) -> bool:
+    """Is nothing listening at host:port (the connection refused, or no
+    answer within ``timeout_s``)? Asked before an error about a missing
+    token, which would send a user looking for a token when the cluster
+    is not even running."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            return False
+    except OSError:
+        return True
+
+
 class Session:
     def __init__(self, directory: str) -> None:
         self.directory = directory
