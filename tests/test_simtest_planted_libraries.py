@@ -404,8 +404,27 @@ def test_a_trial_stopped_while_running_is_not_revived_by_a_failure(tmp_path):
     assert controller.get_trial(b.trial_id).status == "TERMINATED"
 
 
+def test_a_done_result_ends_its_trial_whatever_the_scheduler_answers(tmp_path):
+    # Found by tune-trial-iterations (default seeds 0, 1: the median rule, a
+    # class trainable): a class trainable's result with done=True got the
+    # scheduler's PAUSE; the trial was paused, not ended, and when resumed its
+    # runner stepped it on past max_t (iteration 17 of 8). A done result ends
+    # the trial (Ray: Trial.should_stop), the scheduler is told of it still.
+    scheduler = _PausingScheduler.make()
+    controller = _unit_controller(tmp_path, scheduler)
+    shape = "num_cpus=1"
+    a, b = controller.next_work(0, shape), controller.next_work(1, shape)
+    done = {"score": 1.0, "training_iteration": 3, "done": True}
+    assert controller.report(b.trial_id, b.attempt, [(dict(done), None)]) == ("stop", False)
+    trial = controller.get_trial(b.trial_id)
+    assert trial.status == "TERMINATED" and not trial.stopped_early
+    assert (b.trial_id, 3) in type(scheduler).asked
+
+
 TUNE_PINNED = [
     (14, "default", "a trial stopped by HyperBand while running was paused, then ran on"),
+    (0, "default", "a done result paused by the median rule: the class trainable ran on"),
+    (1, "default", "a done result paused by the median rule: the class trainable ran on"),
 ]
 
 

@@ -72,11 +72,14 @@ class _Recorder:
                       for t in controller.get_live_trials())
         config = dict(trial.config)
         before = self._states(controller)
+        record = trial.checkpoint  # the latest the controller registered (this result's?)
+        checkpoint = None if record is None else (record.training_iteration,
+                                                  record.metrics.get("score"))
         action = super().on_trial_result(controller, trial, result)
         self._log(("result", trial.trial_id, result.get("training_iteration"),
                    result.get("score"), result.get("restored_t"), result.get("restored_total"),
                    result.get("quality"), action, running, waiting, config,
-                   dict(trial.config) != config))
+                   dict(trial.config) != config, checkpoint))
         self._told(controller, before, trial.trial_id)
         return action
 
@@ -245,11 +248,15 @@ def replay(model, log: list) -> str | None:
 
 
 def check_histories(log: list, trials: dict, max_t: int, max_concurrent: int | None,
-                    quality) -> tuple | None:
+                    quality, saves_on_request: bool = False) -> tuple | None:
     """(invariant, message) for the first thing the log and the trials'
     final states disagree on, or None. ``trials``: trial id -> (status,
-    last iteration in result.json)."""
+    last iteration in result.json). A run resumes from the latest checkpoint
+    registered as of the trial's last result; with ``saves_on_request`` (a
+    class trainable, saving when a pause or a PBT donor asks, after the
+    answer) or from that last result itself."""
     last: dict = {}  # trial id -> (iteration, score) of its last result taken
+    saved: dict = {}  # trial id -> (iteration, score) of its latest checkpoint then
     attempt: dict = {}  # trial id -> (restored_t, restored_total) of its current run
     stopped: dict = {}  # trial id -> the iteration a STOP ended it at
     exploited: set = set()  # PBT: restarts from another trial's checkpoint
@@ -267,7 +274,8 @@ def check_histories(log: list, trials: dict, max_t: int, max_concurrent: int | N
         if entry[0] != "result":
             continue
         (_, trial_id, t, score, restored_t, restored_total, reported_quality, action,
-         running, _waiting, config, config_changed) = entry
+         running, _waiting, config, config_changed, *rest) = entry
+        checkpoint = rest[0] if rest else (t, score)
         where = f"trial {trial_id}, iteration {t}"
         if max_concurrent is not None and running > max_concurrent:
             return ("tune-max-concurrent-trials",
@@ -299,12 +307,15 @@ def check_histories(log: list, trials: dict, max_t: int, max_concurrent: int | N
                             f"trial reported")
                 exploited.discard(trial_id)
             else:
-                latest = previous or (0, 0.0)
-                if restored_t != latest[0] or abs(restored_total - latest[1]) > TOLERANCE:
+                latest = saved.get(trial_id) or (0, 0.0)
+                allowed = [latest] + ([previous] if saves_on_request and previous else [])
+                if not any(restored_t == at and abs(restored_total - total) <= TOLERANCE
+                           for at, total in allowed):
                     return ("tune-resumes-from-latest-checkpoint",
                             f"{where}: the run resumed from iteration {restored_t} (total "
                             f"{restored_total}); the latest checkpoint the controller took "
-                            f"was iteration {latest[0]} (total {latest[1]})")
+                            f"was iteration {latest[0]} (total {latest[1]})"
+                            + (f", or the last result's {previous}" if len(allowed) > 1 else ""))
             if t != restored_t + 1:
                 return ("tune-trial-iterations",
                         f"{where} is the first result of a run resumed from iteration "
@@ -317,6 +328,8 @@ def check_histories(log: list, trials: dict, max_t: int, max_concurrent: int | N
                     f"{restored_total}) at quality {reported_quality} the model says "
                     f"{expected:.9g}")
         last[trial_id] = (t, score)
+        if checkpoint is not None and checkpoint[1] is not None:
+            saved[trial_id] = checkpoint
         reported.add((t, score))
         if action == TrialScheduler.STOP:
             stopped[trial_id] = t

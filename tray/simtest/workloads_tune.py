@@ -85,6 +85,56 @@ def tune_objective(config: dict) -> None:
                         checkpoint=tune.Checkpoint.from_directory(directory))
 
 
+class TuneClassObjective(tune.Trainable):
+    """``tune_objective`` as a class trainable: one ``step`` per iteration,
+    checkpoints by ``save_checkpoint`` (a dict, or a file it writes, by the
+    config's ``state_as``) when the controller asks (``checkpoint_frequency``,
+    a pause, a PBT donor, ``checkpoint_at_end``); ``reset_config`` takes a new
+    trial in place (``reuse_actors``). A run "failing once" fails at
+    iteration ``fail_at`` of a run from scratch (the first checkpoint is
+    taken before it)."""
+
+    def setup(self, config: dict) -> None:
+        self._begin(config)
+
+    def _begin(self, config: dict) -> None:
+        self.quality = _quality(config)
+        self.t, self.total = 0, 0.0
+        self.restored_t, self.restored_total = 0, 0.0
+
+    def reset_config(self, new_config: dict) -> bool:
+        self._begin(new_config)
+        return True
+
+    def step(self) -> dict:
+        config = self.config
+        time.sleep(config["step_s"])
+        self.t += 1
+        fail = config.get("fail", "never")
+        if (fail == "always" and self.t == 1) or (
+                fail == "once" and self.t == config.get("fail_at", 2) and self.restored_t == 0):
+            raise RuntimeError(f"the trainable fails ({fail}) at iteration {self.t}")
+        self.total = round(self.total + self.quality, 9)
+        return {"score": self.total, "restored_t": self.restored_t,
+                "restored_total": self.restored_total, "quality": self.quality,
+                "done": self.t >= config["max_t"]}
+
+    def save_checkpoint(self, checkpoint_dir: str):
+        state = {"t": self.t, "total": self.total}
+        if self.config.get("state_as") == "file":
+            with open(os.path.join(checkpoint_dir, "state.json"), "w", encoding="utf-8") as file:
+                json.dump(state, file)
+            return None
+        return state
+
+    def load_checkpoint(self, checkpoint) -> None:
+        if isinstance(checkpoint, str):
+            with open(os.path.join(checkpoint, "state.json"), encoding="utf-8") as file:
+                checkpoint = json.load(file)
+        self.t, self.total = checkpoint["t"], checkpoint["total"]
+        self.restored_t, self.restored_total = self.t, self.total
+
+
 # A score is a sum of 9-digit roundings, the model's a product: they agree to
 # ~1e-8 (rounding both to 6 digits can still differ, at a half: chaos seed 126).
 # A restore from the wrong checkpoint is off by a whole quality (>= 0.1).
@@ -185,30 +235,49 @@ def tune_experiment(program) -> None:
     if extra.random() < 0.15:  # (drawn last: the draws before stay as they were)
         kind = "hyperband"
         scheduler, model = _scheduler(kind, max_t, extra)
+    # A class trainable (its own RNG: the draws above stay as they were).
+    variant = random.Random(f"{tray.simtest.cluster().seed}:tune-class")
+    trainable, frequency, at_end, reuse = tune_objective, 0, None, False
+    if variant.random() < 0.4:
+        trainable = TuneClassObjective
+        frequency = variant.choice([1, 1, 2, 3])
+        at_end = variant.random() < 0.5
+        reuse = variant.random() < 0.5
+        fixed = {"fail_at": frequency + 1, "state_as": variant.choice(["dict", "file"])}
+        param_space.update(fixed)
+        if isinstance(search, SimtestSearcher):
+            search.fixed.update(fixed)
+        elif isinstance(search, ConcurrencyLimiter):
+            search.searcher.fixed.update(fixed)
     storage = tempfile.mkdtemp(prefix="tray-simtest-tune-")
     try:
         tuner = tune.Tuner(
-            tune_objective, param_space=param_space,
+            trainable, param_space=param_space,
             tune_config=tune.TuneConfig(
                 metric="score", mode="max", num_samples=num_samples,
-                max_concurrent_trials=max_concurrent,
+                max_concurrent_trials=max_concurrent, reuse_actors=reuse,
                 search_alg=search, scheduler=scheduler),
             run_config=tune.RunConfig(
                 name="exp", storage_path=storage, verbose=0,
                 stop={"training_iteration": max_t} if kind == "fifo" else None,
                 failure_config=tune.FailureConfig(max_failures=max_failures),
                 checkpoint_config=tune.CheckpointConfig(
-                    num_to_keep=2, checkpoint_score_attribute=score_attribute)))
+                    num_to_keep=2, checkpoint_score_attribute=score_attribute,
+                    checkpoint_frequency=frequency, checkpoint_at_end=at_end)))
         results = tuner.fit()
         setting = (f"{kind} scheduler, {num_samples} sample(s){' x grid' if grid else ''}, "
                    f"max_t {max_t}, max_concurrent_trials {max_concurrent}, max_failures "
                    f"{max_failures}, fails {sorted(set(fails))}, "
-                   f"{type(search).__name__}{f'({searcher_limit})' if searcher_limit else ''}")
+                   f"{type(search).__name__}{f'({searcher_limit})' if searcher_limit else ''}"
+                   + (f", class trainable (checkpoint_frequency {frequency}, checkpoint_at_end "
+                      f"{at_end}, reuse_actors {reuse}, state as {param_space['state_as']})"
+                      if trainable is TuneClassObjective else ""))
         try:
             _check(results, num_samples * (len(widths) if grid else 1), max_t, max_failures,
                    kind)
             added = _check_decisions(results, os.path.join(storage, "exp"), model, max_t,
-                                     max_concurrent, searcher_limit, max_failures)
+                                     max_concurrent, searcher_limit, max_failures,
+                                     trainable is TuneClassObjective)
             _check_search_space(results, added, num_samples, widths if grid else None)
         except Exception as error:
             from .invariants import InvariantViolation
@@ -324,7 +393,7 @@ def _check_search_space(grid, added: dict, num_samples: int, widths: list | None
 
 def _check_decisions(grid, experiment_path: str, model, max_t: int,
                      max_concurrent: int | None, searcher_limit: int | None,
-                     max_failures: int) -> dict:
+                     max_failures: int, class_mode: bool = False) -> dict:
     import pickle
 
     import cloudpickle  # noqa: F401 - the snapshot may hold cloudpickled code
@@ -355,7 +424,8 @@ def _check_decisions(grid, experiment_path: str, model, max_t: int,
         history = read_results(result.path)
         trials[result.trial_id] = (result.status, history[-1]["training_iteration"]
                                    if history else None)
-    found = model_tune.check_histories(log, trials, max_t, max_concurrent, _quality)
+    found = model_tune.check_histories(log, trials, max_t, max_concurrent, _quality,
+                                       saves_on_request=class_mode)
     if found is not None:
         raise _violation(*found)
     for result in grid:
@@ -366,8 +436,9 @@ def _check_decisions(grid, experiment_path: str, model, max_t: int,
                              f"trial {result.trial_id} fails at every run, and ended "
                              f"{result.status} after {trial.num_failures} failure(s); "
                              f"max_failures is {max_failures}")
+        fail_at = added[result.trial_id].get("fail_at", 2)
         if fail == "once" and trial.num_failures < 1 and _ran_into_its_failure(
-                log, result.trial_id):
+                log, result.trial_id, fail_at):
             raise _violation("tune-failures-counted",
                              f"trial {result.trial_id} failed at iteration 2 of its first "
                              f"run (told to continue at iteration 1, it ran again later), "
@@ -376,12 +447,13 @@ def _check_decisions(grid, experiment_path: str, model, max_t: int,
     return added
 
 
-def _ran_into_its_failure(log: list, trial_id: str) -> bool:
+def _ran_into_its_failure(log: list, trial_id: str, fail_at: int = 2) -> bool:
     """Whether a run from scratch of a trial failing "once" was told to go on
-    at iteration 1 (so it raised at 2) and the trial ran again afterwards."""
+    at iteration ``fail_at - 1`` (so it raised at ``fail_at``) and the trial
+    ran again afterwards."""
     rows = [entry for entry in log if entry[0] == "result" and entry[1] == trial_id]
     for row, after in zip(rows, rows[1:], strict=False):
-        if row[2] == 1 and row[4] == 0 and row[7] == "CONTINUE" and after[4] != 0:
+        if row[2] == fail_at - 1 and row[4] == 0 and row[7] == "CONTINUE" and after[4] != 0:
             return True
     return False
 

@@ -508,6 +508,8 @@ class TuneController:
             self._stop_all(error)
             return ("stop", False)
         self._check_budget()
+        if result.get("done"):  # the trainable is done (Ray: should_stop): a PAUSE would revive it
+            action = TrialScheduler.STOP
         if action == TrialScheduler.NOOP or action == TrialScheduler.CONTINUE:
             requested = trial.stop_requested
             if trial.status == Trial.TERMINATED:
