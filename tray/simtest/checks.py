@@ -166,7 +166,18 @@ def check_cancels(cluster, program: Program, ledger: Ledger) -> None:
         if ended:
             raise InvariantViolation(
                 "recursive-cancel-cancels-children",
-                f"children of a task cancelled with recursive=True ran to their end: {ended}")
+                f"descendants of a task cancelled with recursive=True ran to their end: {ended}")
+    # A plain cancel (recursive=False) cancels the task alone: none of its
+    # children is cancelled (whatever the faults do to them otherwise).
+    cancel_events = {str(event["task"]) for event in cluster.trace.events
+                     if event["event"] == "task_cancel"}
+    for prefix, task in program.uncancelled_prefixes:
+        hit = sorted(key for key, ids in ledger.tasks.items() if key.startswith(prefix)
+                     and any(task_id in cancel_events for task_id in ids))
+        if hit:
+            raise InvariantViolation(
+                "plain-cancel-leaves-children-alone",
+                f"children of a task cancelled with recursive=False were cancelled: {hit}")
 
 
 def check_executions(program: Program, ledger: Ledger) -> None:
@@ -336,3 +347,219 @@ def check_gpu_exclusive(ledger: Ledger) -> str | None:
                 return (f"GPU {gpu} of node {node_id[:8]} was held by two tasks at once: "
                         f"[{start_a:.6f}, {end_a:.6f}) and from {start_b:.6f}")
     return None
+
+
+# ============================================================ wait's timing
+
+# How long after the num_returns-th ref became ready (its task finished, in
+# the driver's trace) a wait may still be waiting: the driver wakes in the
+# same instant of virtual time, give or take its own scheduling (its thread
+# path hands the answer over through the loop).
+WAIT_RETURN_S = 0.02
+_EPSILON_S = 1e-6
+
+
+def _finished_at(cluster) -> dict:
+    """task hex -> the virtual time the driver marked it finished (its
+    results ready: a value or the error)."""
+    found: dict = {}
+    for event in cluster.trace.events:
+        if event["event"] == "task_finished" and event["component"].startswith("driver:"):
+            found.setdefault(str(event["task"]), event["t"])
+    return found
+
+
+def check_waits(cluster, program: Program) -> None:
+    """What ``tray.wait`` promised for every call the workload timed
+    (``Program.timed_wait``), as Ray's ``ray.wait`` documents it:
+
+    * it returns ``(ready, pending)``: every ref once, each list in the order
+      given, at most ``num_returns`` ready (``wait-returns-refs-in-order``);
+    * it returns with fewer than ``num_returns`` ready only once its
+      timeout passed, never with ``timeout=None`` (``wait-never-returns-early``);
+    * for small results (ready in the driver the instant their task
+      finished, while results that small are inlined): it returns within ``WAIT_RETURN_S`` once ``num_returns``
+      were ready (``wait-returns-once-enough-are-ready``), and what it
+      returns is the first of them in the order given, as many as it asked
+      for or as were ready (``wait-returns-the-first-ready-refs``)."""
+    finished = _finished_at(cluster) if cluster.trace.event_count <= \
+        len(cluster.trace.events) else None
+    # Small results live in the driver only while they are inlined (chaos
+    # may set the limit to 0: then they live in a node's store, and can be
+    # lost with it and rebuilt, ready again later).
+    inline_results = getattr(getattr(cluster, "config", None), "inline_object_max_bytes",
+                             0) >= 1024
+    for call in program.waits:
+        where = (f"{call.label}: wait(num_returns={call.num_returns}, timeout={call.timeout}, "
+                 f"fetch_local={call.fetch_local}) over {len(call.tasks)} refs, called at "
+                 f"t={call.started_s:.6f}, returned at t={call.returned_s:.6f} with ready "
+                 f"positions {call.ready}, pending {call.pending}")
+        positions = call.ready + call.pending
+        if sorted(positions) != list(range(len(call.tasks))) or \
+                call.ready != sorted(call.ready) or call.pending != sorted(call.pending) or \
+                len(call.ready) > call.num_returns:
+            raise InvariantViolation("wait-returns-refs-in-order",
+                                     f"{where}: not every ref once, each list in the order "
+                                     f"given, at most num_returns ready")
+        waited = call.returned_s - call.started_s
+        if len(call.ready) < call.num_returns and \
+                (call.timeout is None or waited < call.timeout - _EPSILON_S):
+            raise InvariantViolation("wait-never-returns-early",
+                                     f"{where}: it returned {len(call.ready)} ready of the "
+                                     f"{call.num_returns} it asked for after {waited:.6f} s, "
+                                     f"before its timeout")
+        if not call.inline or not inline_results or finished is None:
+            continue
+        ready_s = sorted(finished[task] for task in call.tasks if task in finished)
+        if len(ready_s) >= call.num_returns:
+            enough_s = max(call.started_s, ready_s[call.num_returns - 1])
+            if call.returned_s > enough_s + WAIT_RETURN_S:
+                raise InvariantViolation(
+                    "wait-returns-once-enough-are-ready",
+                    f"{where}: {call.num_returns} of its refs were ready at t={enough_s:.6f} "
+                    f"(their tasks finished), and it returned "
+                    f"{call.returned_s - enough_s:.6f} s later")
+        for position, task in enumerate(call.tasks):
+            at = finished.get(task)
+            if position in call.ready:
+                if at is None or at > call.returned_s + _EPSILON_S:
+                    raise InvariantViolation(
+                        "wait-returns-the-first-ready-refs",
+                        f"{where}: it returned position {position} ready, and its task had "
+                        f"not finished")
+            elif at is not None and at <= call.returned_s - WAIT_RETURN_S and \
+                    (len(call.ready) < call.num_returns or max(call.ready) > position):
+                raise InvariantViolation(
+                    "wait-returns-the-first-ready-refs",
+                    f"{where}: position {position} was ready since t={at:.6f} and it "
+                    f"returned it pending, although it returned "
+                    f"{'fewer than num_returns' if len(call.ready) < call.num_returns else 'a later position'} ready")
+
+
+# ============================================================ placement
+
+
+def _node_faults(cluster) -> list:
+    """(virtual time, node id prefix) of every fault that killed a node, cut
+    it off or declared it dead (a soft affinity may leave such a node)."""
+    found = []
+    for event in cluster.trace.events:
+        name = event["event"]
+        if name in ("kill_node", "node_dead", "node_fenced", "node_died"):
+            found.append((event["t"], str(event.get("node") or event["component"])[:8]))
+        elif name == "fault" and "node=" in str(event.get("what", "")):
+            found.append((event["t"], str(event["what"]).split("node=", 1)[1][:8]))
+        elif event["component"] == "fault" and name in ("partition", "stall", "slow_node"):
+            for value in event.values():
+                if isinstance(value, str) and re.fullmatch(r"[0-9a-f]{8,}", value):
+                    found.append((event["t"], value[:8]))
+    return found
+
+
+def _group_placements(cluster, program: Program) -> dict:
+    """placement group hex -> [(virtual time, node prefix, bundle indexes)]
+    of its bundles' commits, and checks each group's strategy as it goes:
+    STRICT_SPREAD never puts two of its bundles on one node, STRICT_PACK
+    keeps all of them on one (``placement-group-strategy-honoured``)."""
+    commits: dict = {}
+    current: dict = {}  # pg -> {index: node prefix}
+    for event in cluster.trace.events:
+        name = event["event"]
+        if name == "node_dead":
+            dead = str(event["node"])[:8]
+            for bundles in current.values():
+                for index in [i for i, node in bundles.items() if node == dead]:
+                    del bundles[index]
+        elif name == "placement_group_removed":
+            current.pop(str(event["pg"]), None)
+        elif name in ("bundles_released", "bundle_reclaimed"):
+            bundles = current.get(str(event["pg"]), {})
+            for index in event.get("bundles") or [event.get("bundle")]:
+                if bundles.get(index) == event["component"][:8]:
+                    del bundles[index]
+        elif name == "bundles_committed":
+            pg, node = str(event["pg"]), event["component"][:8]
+            commits.setdefault(pg, []).append((event["t"], node, list(event["bundles"])))
+            bundles = current.setdefault(pg, {})
+            for index in event["bundles"]:
+                bundles[index] = node
+            strategy = program.group_strategies.get(pg)
+            nodes = list(bundles.values())
+            if (strategy == "STRICT_SPREAD" and len(set(nodes)) < len(nodes)) or \
+                    (strategy == "STRICT_PACK" and len(set(nodes)) > 1):
+                raise InvariantViolation(
+                    "placement-group-strategy-honoured",
+                    f"placement group {pg} ({strategy}) has its bundles on nodes "
+                    f"{dict(sorted(bundles.items()))} at t={event['t']:.6f}")
+    return commits
+
+
+def check_placements(cluster, program: Program, ledger: Ledger) -> None:
+    """Where work ran, against its scheduling strategy (Ray's documented
+    semantics), from the nodes the bodies saw (``Ledger.where``):
+
+    * in a placement group: on a node that held its bundle (any of the
+      group's for index -1) by then (``placement-group-work-runs-in-its-bundle``);
+    * NodeAffinity, hard: on that node only; soft: there, unless that node
+      had died or been cut off by then (the tasks need no resources, so
+      the node always has room) (``node-affinity-honoured``);
+    * SPREAD, a batch of tasks one after the other that need no resources
+      (so every node has room): each of the nodes alive throughout runs
+      its share, no node more than one past an even share while another
+      alive node ran none (``spread-tasks-spread-over-the-nodes``).
+
+    Nothing is judged once the trace dropped events (it cannot say where
+    bundles were)."""
+    if not program.placements or cluster.trace.event_count > len(cluster.trace.events):
+        return
+    commits = _group_placements(cluster, program)
+    faults = _node_faults(cluster)
+    batches: dict = {}
+    for key, kind, target, detail in program.placements:
+        runs = ledger.where.get(key, [])
+        if kind == "group":
+            for node, at in runs:
+                held = [(t, n, indexes) for t, n, indexes in commits.get(target, [])
+                        if t <= at and node.startswith(n) and (detail < 0 or detail in indexes)]
+                if not held:
+                    raise InvariantViolation(
+                        "placement-group-work-runs-in-its-bundle",
+                        f"{key} (placement group {target}, bundle {detail}) ran on node "
+                        f"{node[:8]} at t={at:.6f}; the group's bundles were committed on "
+                        f"{[(round(t, 6), n, i) for t, n, i in commits.get(target, [])]}")
+        elif kind == "node":
+            for node, at in runs:
+                if node == target:
+                    continue
+                if detail and any(n == target[:8] and t <= at for t, n in faults):
+                    continue
+                raise InvariantViolation(
+                    "node-affinity-honoured",
+                    f"{key}, pinned to node {target[:8]} (soft={detail}), ran on node "
+                    f"{node[:8]} at t={at:.6f}" + ("" if not detail else
+                                                    "; that node was alive, with room"))
+        elif kind == "spread" and runs:
+            batches.setdefault(target, (detail, []))[1].append(runs[0])
+    for batch, (alive, runs) in sorted(batches.items()):
+        start, end = min(at for _, at in runs), max(at for _, at in runs)
+        steady = [node for node in alive
+                  if not any(n == node[:8] and t <= end for t, n in faults)]
+        if len(steady) < 2:
+            continue
+        counts = {node: 0 for node in steady}
+        for node, _ in runs:
+            if node in counts:
+                counts[node] += 1
+        share = -(-len(runs) // len(alive))
+        if min(counts.values()) == 0 and max(counts.values()) > share + 1:
+            raise InvariantViolation(
+                "spread-tasks-spread-over-the-nodes",
+                f"{len(runs)} SPREAD tasks of one driver, one after the other, needing no "
+                f"resources, ran {dict((n[:8], c) for n, c in counts.items())} on the nodes "
+                f"alive throughout (t={start:.6f}..{end:.6f}; {len(alive)} alive at the start)")
+
+
+def check_promises(cluster, program: Program, ledger: Ledger) -> None:
+    """The checks of where work ran and when ``wait`` returned."""
+    check_waits(cluster, program)
+    check_placements(cluster, program, ledger)

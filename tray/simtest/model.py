@@ -47,6 +47,23 @@ class Shaped:
 
 
 @dataclass
+class WaitCall:
+    """One ``tray.wait`` as the driver made it (``Program.timed_wait``):
+    what it was given, when it was called and returned (the trace's
+    virtual time), and which positions of ``refs`` it returned ready."""
+    label: str
+    tasks: list  # the task (hex) behind each ref, in the order given
+    num_returns: int
+    timeout: float | None
+    fetch_local: bool
+    inline: bool  # small results, ready in the driver once their task finished
+    started_s: float
+    returned_s: float
+    ready: list  # positions in the order given
+    pending: list
+
+
+@dataclass
 class ExpectError:
     error_class: type
 
@@ -97,6 +114,15 @@ class Program:
         self.cancels: list[tuple] = []  # (key, runs when cancelled, force, task id hex)
         self.cancelled_prefixes: list[tuple] = []  # (key prefix, parent task hex)
         self.own_faults: list[str] = []  # faults the workload itself caused (kill_node)
+        self.waits: list[WaitCall] = []  # every timed_wait, for check_waits
+        # (execution key, strategy kind, target): where the work behind the
+        # key must run (check_placements): ("group", pg hex, bundle index),
+        # ("node", node hex, soft), ("spread", batch name, alive nodes)
+        self.placements: list[tuple] = []
+        self.group_strategies: dict[str, str] = {}  # placement group hex -> its strategy
+        # Non-recursive cancels: (children's key prefix, the parent's task hex);
+        # their children are left alone (check_cancels).
+        self.uncancelled_prefixes: list[tuple] = []
         self._keys = 0
         self._retries = 0
 
@@ -142,6 +168,43 @@ class Program:
         (mixed default seed 3261)."""
         self.cancelled_prefixes.append((prefix, task))
 
+    def timed_wait(self, refs: list, *, num_returns: int = 1, timeout: float | None,
+                   fetch_local: bool = True, label: str, inline: bool = False) -> tuple:
+        """``tray.wait``, recorded with when it was called and returned, for
+        ``check_waits``: it returns as soon as ``num_returns`` refs are ready
+        (``inline``: small results of tasks the driver submitted, ready once
+        the trace shows their task finished), never before with fewer unless
+        its timeout passed, and the first ready ones in the order given."""
+        from . import cluster
+
+        clock = cluster().clock
+        started_s = clock.current_time()
+        ready, pending = tray.wait(refs, num_returns=num_returns, timeout=timeout,
+                                   fetch_local=fetch_local)
+        returned_s = clock.current_time()
+        position = {ref: i for i, ref in enumerate(refs)}
+        self.waits.append(WaitCall(label, [ref.task_id().hex() for ref in refs], num_returns,
+                                   timeout, fetch_local, inline, started_s, returned_s,
+                                   [position.get(ref, -1) for ref in ready],
+                                   [position.get(ref, -1) for ref in pending]))
+        return ready, pending
+
+    def placed(self, key: str, kind: str, target, detail=None) -> None:
+        """Every run of ``key``'s body must be where its strategy puts it
+        (``check_placements``): ``group`` (``target`` the placement group's
+        hex id, ``detail`` the bundle index, -1 any): on a node holding that
+        bundle; ``node`` (``target`` a node's hex id, ``detail`` soft): on
+        that node (soft: unless it died or was cut off); ``spread``
+        (``target`` the batch's name): the batch's tasks spread over the
+        nodes alive throughout."""
+        self.placements.append((key, kind, target, detail))
+
+    def uncancelled_children(self, prefix: str, task: str | None = None) -> None:
+        """A cancel with recursive=False of a parent (``task``, hex): its
+        children (keys starting with ``prefix``) are left alone and, without
+        a killing fault, each runs once to its end."""
+        self.uncancelled_prefixes.append((prefix, task))
+
     def error(self, error_class) -> ExpectError:
         return ExpectError(error_class)
 
@@ -180,6 +243,7 @@ class Program:
 
         group = placement_group(bundles, strategy=strategy)
         self.placement_groups.append(group)
+        self.group_strategies[group.id.hex()] = strategy
         return group
 
     def later(self, fn) -> None:

@@ -62,12 +62,55 @@ def objects(program) -> None:
         read = ("one of", size * 2.0, 0.0) if program.kills else size * 2.0
         program.later(lambda: program.expect(holder.read.remote(), read, actor_call=True,
                                              label="borrowed read", max_restarts=0))
+    program.later(lambda: strategies(program))
+
+
+def strategies(program) -> None:
+    """Once the faults stopped: SPREAD tasks one after the other (no
+    resources, so every node always has room for them) go round the nodes,
+    and a task pinned to a node (NodeAffinitySchedulingStrategy, hard or
+    soft: it always has room) runs there (``check_placements``)."""
+    from tray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    rng = program.rng
+    alive = sorted(node["NodeID"] for node in tray.nodes() if node["Alive"])
+    batch = f"spread-{len(program.placements)}"
+    for i in range(2 * len(alive)):
+        key = program.key(f"{batch}-{i}", retries=-1)
+        program.placed(key, "spread", batch, alive)
+        ref = leaf.options(num_cpus=0, max_retries=-1, scheduling_strategy="SPREAD").remote(
+            key, i)
+        program.expect(ref, i * i, label=f"SPREAD task {i} of {2 * len(alive)}", unlimited=True)
+        tray.wait([ref], timeout=program.wait_timeout_s, fetch_local=False)
+    target, soft = rng.choice(alive), rng.random() < 0.5
+    for i in range(rng.randint(1, 3)):
+        key = program.key(f"pinned{i}", retries=-1)
+        program.placed(key, "node", target, soft)
+        ref = leaf.options(num_cpus=0, max_retries=-1, scheduling_strategy=(
+            NodeAffinitySchedulingStrategy(target, soft=soft))).remote(key, i)
+        try:
+            tray.get(ref, timeout=program.wait_timeout_s)
+        except tray.exceptions.TaskError as error:
+            # Hard: it fails only once its node is gone (alive when chosen,
+            # perhaps crashed in the fault window and found dead since).
+            if not soft and "not alive" in str(error) and target not in {
+                    node["NodeID"] for node in tray.nodes() if node["Alive"]}:
+                continue
+        except Exception:  # noqa: BLE001 - judged as the expectation below
+            pass
+        program.expect(ref, i * i, label=f"task {i} pinned to a node (soft={soft})",
+                       unlimited=True)
 
 
 def wait_loop(program) -> None:
     """``wait`` over small and large results, with and without
-    ``fetch_local``, with short and long timeouts: with ``fetch_local``
-    every ref it reports ready must be ready (``Program.check_ready``)."""
+    ``fetch_local``, with short and long timeouts, for one result or
+    several: with ``fetch_local`` every ref it reports ready must be ready
+    (``Program.check_ready``), and every call is timed (``check_waits``:
+    it returns once ``num_returns`` are ready, not before with fewer unless
+    its timeout passed, the first ready ones in the order given). Once the
+    faults stopped, one last ``wait`` for all of them, without a timeout
+    (or a long one), returns with all of them ready."""
     rng = program.rng
     n = rng.randint(2, 8)
     retries = program.task_retries()
@@ -87,8 +130,10 @@ def wait_loop(program) -> None:
     for _ in range(max(1, int(program.wait_timeout_s / timeout_s))):
         if not pending:
             break
-        ready, pending = tray.wait(pending, num_returns=1, timeout=timeout_s,
-                                   fetch_local=fetch_local)
+        k = rng.choice([1, 1, 2, 3, len(pending)])
+        ready, pending = program.timed_wait(pending, num_returns=min(k, len(pending)),
+                                            timeout=timeout_s, fetch_local=fetch_local,
+                                            label="wait loop", inline=not large)
         if fetch_local:  # (otherwise a ready object may still be a transfer away)
             program.check_ready(ready, "wait loop (fetch_local)")
         for ref in ready:
@@ -97,6 +142,19 @@ def wait_loop(program) -> None:
     for ref in pending:
         program.expect(ref, expected[ref], label="wait loop (late)", unlimited=retries < 0,
                        retries=retries)
+    everything = list(refs)
+    rng.shuffle(everything)
+    last_timeout = rng.choice([None, 60.0])
+    local = rng.random() < 0.5
+    del refs, pending, ready, expected
+
+    def wait_for_all() -> None:
+        # (After the faults: every ref resolves, to a value or its error.)
+        program.timed_wait(everything, num_returns=len(everything), timeout=last_timeout,
+                           fetch_local=local, label=f"wait for all (timeout={last_timeout})",
+                           inline=not large)
+        everything.clear()
+    program.later(wait_for_all)
 
 
 def chains(program) -> None:

@@ -122,15 +122,18 @@ def placement_groups(program) -> None:
     for i in range(rng.randint(1, 6)):
         index = rng.choice([-1, *range(count)])
         where = PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=index)
+        key = program.key("in-group", retries=-1)
+        program.placed(key, "group", group.id.hex(), index)
         ref = leaf.options(num_cpus=0, memory=1e6, max_retries=-1,
-                           scheduling_strategy=where).remote(
-            program.key("in-group", retries=-1), i, rng.random() * 0.1)
+                           scheduling_strategy=where).remote(key, i, rng.random() * 0.1)
         program.expect(ref, i * i, label=f"task {i} in a {strategy} group")
     if rng.random() < 0.5:
         where = PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=0)
+        key = program.key("grouped-squarer", retries=-1)
+        program.placed(f"{key}:init", "group", group.id.hex(), 0)
         squarer = program.actor(Squarer.options(num_cpus=0, memory=1e6, max_restarts=-1,
                                                 max_task_retries=-1, scheduling_strategy=where),
-                                program.key("grouped-squarer", retries=-1))
+                                key)
         for i in range(rng.randint(1, 5)):
             program.expect(squarer.square.remote(i, rng.random() * 0.05), i * i,
                            label=f"call {i} to an actor in a group", actor_call=True)
@@ -196,23 +199,29 @@ def cancellation(program) -> None:
         program.cancelled_run(key, ran, force, task=ref.task_id().hex())
     else:  # (it may not have started: a busy or faulty cluster)
         program.expect(ref, program.CANCELLED_OR_VALUE, label="cancelled, perhaps running")
-    # Recursive: a parent waiting on its children, cancelled with them.
-    if rng.random() < 0.5:
+    # Recursive: a parent waiting on its children (or on children waiting
+    # on grandchildren), cancelled with all of them at every depth; a plain
+    # cancel leaves them alone.
+    if rng.random() < 0.8:
         recursive = rng.random() < 0.7
+        depth = rng.choice([1, 2, 2])
         parent_key = program.key("parent", retries=0)
         # Children a recursive cancel stops sleep long (reaching their end is
         # the bug); a plain cancel leaves them running, as Ray's does, so they
         # are short: three in a row on one CPU must end within QUIESCE_S, or
         # their lease is still taken then (cancel seed 236 under chaos).
-        parent = sleeping_parent.options(max_retries=0).remote(parent_key, rng.randint(1, 3),
-                                                               5.0 if recursive else 1.0)
+        parent = sleeping_parent.options(max_retries=0).remote(
+            parent_key, rng.randint(1, 3 if depth == 1 else 2), 5.0 if recursive else 0.5,
+            depth)
         ran = _until_started(program, parent_key, parent)
         tray.cancel(parent, force=False, recursive=recursive)
         program.expect(parent, program.CANCELLED_OR_VALUE if not ran else
                        program.error(tray.exceptions.TaskCancelledError),
-                       label=f"parent cancelled (recursive={recursive})")
+                       label=f"parent cancelled (recursive={recursive}, depth={depth})")
         if ran and recursive:
             program.cancelled_children(f"{parent_key}#{ran}:", task=parent.task_id().hex())
+        elif ran:
+            program.uncancelled_children(f"{parent_key}#{ran}:", task=parent.task_id().hex())
     # Finished: a cancel after the end changes nothing.
     done = leaf.options(max_retries=3).remote(program.key("done", retries=3), 7)
     tray.wait([done], timeout=program.wait_timeout_s, fetch_local=False)

@@ -35,6 +35,10 @@ class Ledger:
     # process address, the trace's virtual time); a run that got to its end also
     # counts ``<key>:end`` in ``executions``.
     runs: list = field(default_factory=list)
+    # key -> [(node id hex, the trace's virtual time)]: where and when each
+    # run of the body began (the placement and cancel checks read it).
+    where: dict = field(default_factory=dict)
+    tasks: dict = field(default_factory=dict)  # key -> the task id (hex) of each run
 
     def ran(self, key: str) -> int:
         count = self.executions.get(key, 0) + 1
@@ -56,12 +60,20 @@ def reset_ledger() -> Ledger:
 # remote function itself is pickled by value, with copies of its globals).
 
 def _ran(key: str) -> int:
+    from . import cluster
+
+    LEDGER.where.setdefault(key, []).append((tray.get_runtime_context().get_node_id(),
+                                             cluster().clock.current_time()))
     return LEDGER.ran(key)
 
 
 def _log_call(actor_key: str, incarnation: int, caller: str, seq: int) -> None:
     LEDGER.ran(f"{actor_key}:{caller}:{seq}")
     LEDGER.actor_log.setdefault(actor_key, []).append((incarnation, caller, seq))
+
+
+def _log_task(key: str) -> None:
+    LEDGER.tasks.setdefault(key, []).append(tray.get_runtime_context().get_task_id())
 
 
 def _log_worker(key: str, worker_id: str) -> None:
@@ -274,6 +286,7 @@ def long_sleeper(key: str, sleep_s: float) -> str:
     """Logs its worker when it starts and its end when it gets there: a
     cancelled run never ends, and a force-cancelled one's worker is gone."""
     _ran(key)
+    _log_task(key)
     _log_worker(key, tray.get_runtime_context().get_worker_id())
     time.sleep(sleep_s)
     _ran(f"{key}:end")
@@ -281,13 +294,23 @@ def long_sleeper(key: str, sleep_s: float) -> str:
 
 
 @tray.remote
-def sleeping_parent(key: str, children: int, sleep_s: float) -> int:
-    """Starts ``children`` long sleepers (keys by this run's attempt) and
-    waits for them: a recursive cancel of this task cancels them too."""
+def sleeping_parent(key: str, children: int, sleep_s: float, depth: int = 1) -> int:
+    """Starts ``children`` long sleepers (keys by this run's attempt), or
+    with ``depth`` > 1 as many sleeping parents of their own, and waits for
+    them: a recursive cancel of this task cancels every descendant, a plain
+    one none. Logs its task id, when it has submitted them all, and its end."""
     attempt = _ran(key)
-    refs = [long_sleeper.options(max_retries=0).remote(f"{key}#{attempt}:{i}", sleep_s)
-            for i in range(children)]
-    return len(tray.get(refs))
+    _log_task(key)
+    if depth > 1:
+        refs = [sleeping_parent.options(max_retries=0).remote(
+            f"{key}#{attempt}:{i}", children, sleep_s, depth - 1) for i in range(children)]
+    else:
+        refs = [long_sleeper.options(max_retries=0).remote(f"{key}#{attempt}:{i}", sleep_s)
+                for i in range(children)]
+    _ran(f"{key}#{attempt}:submitted")
+    total = len(tray.get(refs))
+    _ran(f"{key}:end")
+    return total
 
 
 # The lifecycle pieces' code (pieces_memory, pieces_lifecycle): tasks whose

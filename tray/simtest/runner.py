@@ -47,6 +47,7 @@ from .checks import (
     check_error,
     check_executions,
     check_gpu_exclusive,
+    check_promises,
     check_value,
 )
 from .introspection import leaks, wait_for_graph
@@ -310,6 +311,7 @@ def _run_seed(seed, workload, faults, trace_path, config, started,
             _liveness_and_values(cluster, program)
             check_executions(program, ledger)
             check_attributed(cluster)
+            check_promises(cluster, program, ledger)  # placement, wait's timing
             held_twice = check_gpu_exclusive(ledger)
             if held_twice is not None:
                 raise InvariantViolation("gpu-held-by-one-task-at-a-time", held_twice)
