@@ -62,6 +62,13 @@ def fault_spans(events, head_node: str) -> list[FaultSpan]:
             # runner so, and its constructor's second run had no cause).
             spans.append(FaultSpan(event["t"], event["t"], "kill_worker",
                                    worker=event["worker"]))
+        elif event["event"] == "kill_node" and event["component"] == "node_fenced":
+            # A node the GCS declared dead ended itself (a partition past
+            # the death timeout): what its processes ran until then, calls
+            # held up by the partition and delivered at its heal included,
+            # was cut off by that fault (restarts default seed 2).
+            spans.append(FaultSpan(event["t"], event["t"], "kill_node",
+                                   node=event["node"][:8]))
         elif event["event"] == "memory_kill":
             # A node's memory monitor killed a worker (pieces_memory): its
             # task is retried, and its actor restarts, for that cause.

@@ -58,6 +58,7 @@ from ..core.gcs.actor_manager import GRACEFUL_EXIT_TIMEOUT_S, OUT_OF_SCOPE
 from ..core.messages import ActorStatus, PlacementGroupStatus
 from ..core.scheduling import NodeAffinityStrategy, PlacementGroupStrategy
 from ..core.worker.reference_counter import actor_handle_id
+from .checks_actors import FencingWatch
 from .invariants import InvariantViolation
 
 SAMPLE_S = 0.01  # virtual seconds between two looks at the cluster
@@ -123,6 +124,7 @@ class LivenessMonitor:
         self._last_holders: dict = {}  # actor id -> who held a handle at the last look
         self._settled: set = set()  # DEAD actors whose end was checked
         self._original = None
+        self.fencing = FencingWatch(cluster)  # dead-node-fenced (checks_actors)
 
     # ------------------------------------------------------------ plumbing
 
@@ -164,6 +166,7 @@ class LivenessMonitor:
         quiet_from = self._disturbed_s + self.settle_s
         self._note_churn(nodes)
         try:
+            self.fencing.sample(now, gcs)
             self._check_leases(now, nodes, quiet_from,
                                gcs.actor_manager.actors if gcs is not None else None)
             if gcs is not None:

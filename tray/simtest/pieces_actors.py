@@ -14,7 +14,9 @@ import itertools
 import time
 
 import tray
+from tray import exceptions
 
+from .invariants import InvariantViolation
 from .remote_code import Account, Squarer, account_caller, add
 
 
@@ -100,6 +102,54 @@ def restarts(program) -> None:
         ref = actors[i % len(actors)].square.remote(i, rng.random() * 0.05)
         program.expect(ref, i * i, label=f"call {i} to a restarting actor", actor_call=True,
                        unlimited=True)
+    if program.kills and len(tray.nodes()) >= 2 and rng.random() < 0.5:
+        program.later(lambda: _cut_off_past_death(program, actors))
+
+
+def _cut_off_past_death(program, actors: list) -> None:
+    """Once the faults are over: the node of an actor (never the head) is
+    cut off by a partition until the GCS declares it dead, with calls in
+    flight; then the partition heals, and the node must learn at its next
+    heartbeat that it is dead and end itself (``dead-node-fenced``) while
+    its actors restart elsewhere and every call comes back; the machine
+    then starts a fresh node."""
+    sim = tray.simtest.cluster()
+    head = sim.node_ids()[0]
+    homes = []
+    for actor in actors:
+        record = _gcs_actor(str(actor._actor_id))
+        if record is not None and record.node_id and record.node_id != head and \
+                sim.is_alive(record.node_id):
+            homes.append(record.node_id)
+    if not homes:
+        return
+    victim = sorted(homes)[0]
+    others = [node for node in sim.node_ids() if node != victim and sim.is_alive(node)]
+    _own_fault(program, f"partition isolated={victim[:8]}")
+    sim.partition([victim], others)
+    for i in range(len(actors)):
+        ref = actors[i].square.remote(100 + i, 0.0)
+        program.expect(ref, (100 + i) ** 2, label=f"a call to restarting actor {i} while a "
+                       "node is cut off past its death", actor_call=True, unlimited=True)
+    from .checks_actors import _gcs
+
+    def declared_dead() -> bool:
+        gcs = _gcs(sim)
+        record = gcs.node_table.nodes.get(victim) if gcs is not None else None
+        return record is not None and not record.alive
+
+    timeout_s = sim.config.node_death_timeout_s + 4 * sim.config.heartbeat_period_s
+    _wait_for(declared_dead, timeout_s, step_s=0.25)
+    _own_fault(program, "heal")
+    sim.heal()
+    # Fenced (it ends itself: the liveness monitor bounds how soon), then
+    # a fresh node on its machine.
+    if _wait_for(lambda: not sim.is_alive(victim), 5.0):
+        sim.restart_node(victim)
+    for i in range(len(actors)):
+        ref = actors[i].square.remote(200 + i, 0.0)
+        program.expect(ref, (200 + i) ** 2, label=f"a call to restarting actor {i} after a "
+                       "node was fenced", actor_call=True, unlimited=True)
 
 
 def restarts_unretried(program) -> None:
@@ -133,8 +183,11 @@ def restarts_unretried(program) -> None:
 def named(program) -> None:
     """A named actor (detached or not), looked up by name only after the
     faults, GCS restarts included: the name survives, and so does the actor
-    (it restarts without limit)."""
+    (it restarts without limit). Most seeds also have an actor create a
+    detached and an owned named actor and end (``lifetimes_of_created``)."""
     rng = program.rng
+    if rng.random() < 0.7:
+        created_by_an_actor(program)
     name = program.key("named")
     detached = rng.random() < 0.5
     options = {"name": name, "max_restarts": -1, "max_task_retries": -1, "num_cpus": 0}
@@ -151,3 +204,262 @@ def named(program) -> None:
                        label=f"named actor ({'detached' if detached else 'owned'}) found "
                              "by name after the faults", actor_call=True, unlimited=True)
     program.later(look_up)
+
+
+# ======================================================= lifetimes by owner
+
+# How long the GCS may take to end an actor whose owner ended (the owner's
+# node reports the worker's death, the GCS buries what it owned), in
+# virtual seconds once the faults are over.
+OWNER_END_S = 10.0
+# Removing a placement group ends its actors in the GCS before the call
+# returns; a heartbeat period is allowed.
+GROUP_END_S = 0.5
+DETACHED = "detached-actor-outlives-its-creator"
+OWNED = "owned-actor-dies-with-its-owner"
+REMOVED = "removed-group-ends-its-actors"
+
+
+@tray.remote
+class Creator:
+    """Creates a detached named actor and an owned (named) one, keeps their
+    handles, and ends when told (killed, or by ``exit_actor``)."""
+
+    def __init__(self) -> None:
+        self.made: list = []
+
+    def make(self, key: str, detached_name: str, owned_name: str, x: int) -> list:
+        options = {"max_restarts": -1, "max_task_retries": -1, "num_cpus": 0}
+        detached = Squarer.options(name=detached_name, lifetime="detached",
+                                   **options).remote(f"{key}-detached")
+        owned = Squarer.options(name=owned_name, **options).remote(f"{key}-owned")
+        self.made = [detached, owned]
+        return tray.get([detached.square.remote(x, 0.0), owned.square.remote(x, 0.0)])
+
+    def leave(self) -> None:
+        tray.actor.exit_actor()
+
+
+def _gcs_actor(actor_id: str):
+    """The GCS's record of an actor (None while the GCS is down)."""
+    from .checks_actors import _gcs
+
+    gcs = _gcs(tray.simtest.cluster())
+    return None if gcs is None else gcs.actor_manager.actors.get(actor_id)
+
+
+def _wait_for(predicate, bound_s: float, step_s: float = 0.05) -> bool:
+    """Advance virtual time until ``predicate()`` holds (True) or ``bound_s`` passed."""
+    sim = tray.simtest.cluster()
+    deadline = sim.clock.current_time() + bound_s
+    while not predicate():
+        if sim.clock.current_time() >= deadline:
+            return False
+        sim.advance(step_s)
+    return True
+
+
+def _dead(actor_id: str) -> bool:
+    record = _gcs_actor(actor_id)
+    return record is not None and record.state.value == "DEAD"
+
+
+def created_by_an_actor(program) -> None:
+    """An actor creates a detached named actor and an owned one, then ends
+    (killed or by ``exit_actor``, once the faults are over): as in Ray, the
+    detached one outlives it (found by name, it answers), the owned one dies
+    with it (its calls raise ActorDiedError, its owner exited)."""
+    rng = program.rng
+    key = program.key("creator", retries=0)
+    detached_name, owned_name = f"{key}-detached", f"{key}-owned"
+    creator = program.actor(Creator.options(num_cpus=0, max_restarts=0))
+    x = rng.randint(2, 30)
+    made = creator.make.remote(key, detached_name, owned_name, x)
+    program.expect(made, [x * x, x * x], label="an actor creates a detached and an owned actor",
+                   actor_call=True, max_restarts=0, actor=creator)
+    by_kill = rng.random() < 0.5
+
+    def end_the_creator() -> None:
+        try:
+            tray.get(made, timeout=30.0)
+            owned = tray.get_actor(owned_name)
+        except Exception:  # noqa: BLE001 - a fault ended the creator first (judged above)
+            if not program.kills:
+                raise
+            try:  # (killed at quiescence, if it was made; actor-death-explained judges it)
+                program.actors.append(tray.get_actor(detached_name))
+            except ValueError:
+                pass
+            return
+        owned_id = str(owned._actor_id)
+        if by_kill:
+            tray.kill(creator)
+        else:
+            try:
+                tray.get(creator.leave.remote(), timeout=30.0)
+            except exceptions.ActorDiedError:
+                pass  # (the call that exits is answered so, as in Ray)
+        if not _wait_for(lambda: _dead(owned_id), OWNER_END_S):
+            record = _gcs_actor(owned_id)
+            raise InvariantViolation(OWNED, f"actor {owned_id} ({owned_name}), owned by an "
+                                     f"actor that ended ({'tray.kill' if by_kill else 'exit_actor'}"
+                                     f") {OWNER_END_S} s ago, is "
+                                     f"{record.state.value if record else '?'} by the GCS")
+        try:
+            value = tray.get(owned.square.remote(x, 0.0), timeout=30.0)
+        except exceptions.ActorDiedError as error:
+            if "owner" not in str(error):
+                raise InvariantViolation(OWNED, f"a call to actor {owned_name}, whose owner "
+                                         f"ended, raised {type(error).__name__} for another "
+                                         f"cause: {str(error)[:300]}") from None
+        except exceptions.GetTimeoutError:
+            raise InvariantViolation(OWNED, f"a call to actor {owned_name}, dead with its "
+                                     "owner, did not fail within 30 s") from None
+        else:
+            raise InvariantViolation(OWNED, f"a call to actor {owned_name}, whose owner "
+                                     f"ended, returned {value!r}")
+        try:
+            detached = tray.get_actor(detached_name)
+        except ValueError as error:
+            record = _gcs_actor_by_name(detached_name)
+            raise InvariantViolation(DETACHED, f"the detached actor {detached_name} was not "
+                                     f"found by name after its creator ended: {error}"
+                                     + (f"; the GCS: {record.state.value}, "
+                                        f"{record.death_cause}" if record else "")) from None
+        program.actors.append(detached)  # (killed at quiescence)
+        program.expect(detached.square.remote(x + 1, 0.0), (x + 1) ** 2, actor_call=True,
+                       unlimited=True, label=f"detached actor {detached_name}, its creator "
+                       "ended")
+    program.later(end_the_creator)
+
+
+def _gcs_actor_by_name(name: str):
+    from .checks_actors import _gcs
+
+    gcs = _gcs(tray.simtest.cluster())
+    if gcs is None:
+        return None
+    for record in gcs.actor_manager.actors.values():
+        if record.spec.name == name:
+            return record
+    return None
+
+
+def _own_fault(program, what: str) -> None:
+    """Record a fault the piece causes itself (as the injector records its
+    own), so that the checks attribute what it causes."""
+    sim = tray.simtest.cluster()
+    text = f"t={sim.clock.current_time():.3f}s {what} (by the workload)"
+    sim.trace.record("simtest", "fault", what="heal" if what == "heal" else text)
+    program.own_faults.append(text)
+
+
+def removed_group(program) -> None:
+    """Actors placed in a placement group's bundles, called, then the group
+    removed once the faults are over (its bundle node cut off by a
+    partition meanwhile, in some seeds): as in Ray, every actor in it is
+    ended with the group-removed cause at once (DEAD by the GCS within
+    ``GROUP_END_S``), and a call to one raises ActorPlacementGroupRemoved,
+    whatever its restart budget."""
+    from tray.util import placement_group, remove_placement_group
+    from tray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    rng = program.rng
+    nodes = [node for node in tray.nodes() if node["Alive"]]
+    count = rng.randint(1, 3)
+    strategy = rng.choice(["PACK", "SPREAD"] + (["STRICT_SPREAD"] if len(nodes) >= count
+                                                 else []))
+    group = placement_group([{"CPU": 0.25} for _ in range(count)], strategy=strategy)
+    program.placement_groups.append(group)  # (removed below; at quiescence if not)
+    actors, calls = [], []
+    for index in range(count):
+        restarts = rng.choice([0, 1, -1]) if program.kills else rng.choice([0, -1])
+        where = PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=index)
+        actor = Squarer.options(num_cpus=0.25, max_restarts=restarts,
+                                max_task_retries=-1 if restarts else 0,
+                                scheduling_strategy=where).remote(
+            program.key(f"in group bundle {index}", retries=-1))
+        x = rng.randint(2, 30)
+        ref = actor.square.remote(x, rng.random() * 0.05)
+        budget = {"max_restarts": restarts, "actor": actor} if restarts >= 0 else {}
+        program.expect(ref, x * x, label=f"actor in bundle {index} of a {strategy} group",
+                       actor_call=True, unlimited=restarts == -1, **budget)
+        actors.append(actor)
+        calls.append(ref)
+    cut_off = program.kills and len(nodes) >= 2 and rng.random() < 0.5
+
+    def remove() -> None:
+        sim = tray.simtest.cluster()
+        try:
+            tray.get(calls, timeout=30.0)
+        except Exception:  # noqa: BLE001 - judged with the expectations
+            pass
+        finally:
+            calls.clear()
+        before = {str(actor._actor_id): _gcs_actor(str(actor._actor_id)) for actor in actors}
+        if any(record is None for record in before.values()):
+            return  # the GCS is down: removed at quiescence
+        dead_before = {actor_id for actor_id, record in before.items()
+                       if record.state.value == "DEAD"}
+        victim = None
+        if cut_off:
+            head = sim.node_ids()[0]
+            homes = sorted({record.node_id for record in before.values()
+                            if record.node_id and record.node_id != head and
+                            record.state.value == "ALIVE" and sim.is_alive(record.node_id)})
+            if homes:
+                victim = homes[0]
+                others = [node for node in sim.node_ids() if node != victim and
+                          sim.is_alive(node)]
+                _own_fault(program, f"partition isolated={victim[:8]}")
+                sim.partition([victim], others)
+        try:
+            remove_placement_group(group)
+            program.placement_groups.remove(group)
+            ended = _wait_for(lambda: all(_dead(actor_id) for actor_id in before), GROUP_END_S)
+            if not ended:
+                alive = {actor_id: _gcs_actor(actor_id) for actor_id in before}
+                raise InvariantViolation(REMOVED, "after remove_placement_group, actors of the "
+                                         "group are not DEAD by the GCS within "
+                                         f"{GROUP_END_S} s: " + ", ".join(
+                                             f"{actor_id[:8]} {record.state.value}"
+                                             for actor_id, record in alive.items()
+                                             if record is not None and
+                                             record.state.value != "DEAD")
+                                         + (f" (bundle node {victim[:8]} cut off)" if victim
+                                            else ""))
+        finally:
+            if victim is not None:
+                _own_fault(program, "heal")
+                sim.heal()
+        for actor in actors:
+            actor_id = str(actor._actor_id)
+            try:
+                value = tray.get(actor.square.remote(1, 0.0), timeout=30.0)
+            except exceptions.ActorPlacementGroupRemoved:
+                continue
+            except exceptions.ActorDiedError as error:
+                if actor_id in dead_before:
+                    continue  # it had died of something else first
+                raise InvariantViolation(REMOVED, f"a call to actor {actor_id} after its "
+                                         "placement group was removed raised "
+                                         f"{type(error).__name__}, not "
+                                         f"ActorPlacementGroupRemoved: {str(error)[:300]}") \
+                    from None
+            except exceptions.GetTimeoutError:
+                raise InvariantViolation(REMOVED, f"a call to actor {actor_id} after its "
+                                         "placement group was removed did not fail within "
+                                         "30 s") from None
+            else:
+                raise InvariantViolation(REMOVED, f"a call to actor {actor_id} after its "
+                                         f"placement group was removed returned {value!r}")
+    program.later(remove)
+
+
+def groups_removed(program) -> None:
+    """The ``groups`` workload: the placement groups piece, then actors in
+    a group that is removed (``removed_group``)."""
+    from .pieces_tasks import placement_groups
+
+    placement_groups(program)
+    removed_group(program)

@@ -50,6 +50,7 @@ from .checks import (
     check_promises,
     check_value,
 )
+from .checks_actors import check_actor_deaths, check_one_incarnation
 from .introspection import leaks, wait_for_graph
 from .invariants import InvariantViolation
 from .liveness import LivenessMonitor
@@ -320,6 +321,8 @@ def _run_seed(seed, workload, faults, trace_path, config, started,
             # After quiescence: a cancelled body that was not interrupted
             # has had time to reach its end.
             check_cancels(cluster, program, ledger)
+            check_one_incarnation(cluster)
+            check_actor_deaths(cluster, program)
         except InvariantViolation as violation:
             failure = violation
         except SimulationTimeLimit as error:

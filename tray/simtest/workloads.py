@@ -8,9 +8,10 @@ model expects (``program.expect``). The runner then gets every ref after the
 faults stop and checks the value, or that the error is one the injected
 faults and the task's options permit.
 
-The pieces live in ``pieces_tasks``, ``pieces_objects`` and ``pieces_actors``;
-the code their tasks and actors run, and the ledger that code counts its
-executions in, in ``remote_code``; ``mixed`` runs 3 to 6 pieces at random.
+The pieces live in ``pieces_tasks``, ``pieces_objects``, ``pieces_actors``
+and the other ``pieces_<name>`` modules beside them; the code their tasks
+and actors run, and the ledger that code counts its executions in, in
+``remote_code``; ``mixed`` runs 3 to 6 pieces at random.
 The libraries' workloads (tray.data, tray.tune, ...) are found in the
 ``workloads_<library>.py`` modules beside this one.
 
@@ -19,12 +20,20 @@ Randomness comes only from ``program.rng`` (``random.Random(f"{seed}:workload")`
 
 from __future__ import annotations
 
-from .pieces_actors import actors, named, restarts, restarts_unretried
+from .pieces_actors import (
+    actors,
+    groups_removed,
+    named,
+    removed_group,
+    restarts,
+    restarts_unretried,
+)
 from .pieces_edges import edges
 from .pieces_lifecycle import inflight, recycle
 from .pieces_lifetimes import backlog, lifetimes, waiting_groups
 from .pieces_memory import memory
 from .pieces_objects import chains, lineage, objects, returns, wait_loop
+from .pieces_paths import paths
 from .pieces_recovery import copies
 from .pieces_tasks import cancellation, dag, gpus, nested, placement_groups, retries
 
@@ -35,7 +44,7 @@ PIECES = {
     "gpus": gpus, "lineage": lineage, "memory": memory,
     "inflight": inflight, "recycle": recycle,
     "lifetimes": lifetimes, "copies": copies, "waiting_groups": waiting_groups, "backlog": backlog,
-    "edges": edges,
+    "edges": edges, "paths": paths, "removed_group": removed_group,
 }
 # Pieces that run after every other piece of ``mixed`` (memory pressure:
 # the monitor may kill any work on its node, which other pieces' checks do
@@ -69,7 +78,7 @@ def _library_workloads() -> dict:
 
 
 WORKLOADS = {**PIECES, "mixed": mixed, "lineage": lambda program: lineage(program, alone=True),
-             "restarts_unretried": restarts_unretried,
+             "restarts_unretried": restarts_unretried, "groups": groups_removed,
              "memory": lambda program: memory(program, alone=True),
              "copies": lambda program: copies(program, alone=True),
              **_library_workloads()}
