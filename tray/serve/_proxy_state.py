@@ -7,7 +7,8 @@ Once per control-loop step the controller has them managed: a wanted node
 without a proxy gets one (after ``PROXY_RESTART_BACKOFF_S`` when the last
 start failed); a running one is health-checked every
 ``PROXY_HEALTH_CHECK_PERIOD_S`` and replaced when a check fails; one on a
-node no longer wanted (gone, or Serve shutting down) drains and is killed.
+node no longer wanted (gone, or Serve shutting down) drains and is killed,
+even while it starts (a start on a dead node would never end).
 The alive nodes are asked every ``NODES_REFRESH_PERIOD_S``."""
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ class ProxyStateManager:
         self.proxies: dict[str, ProxyState] = {}
         self.controller_handle = None
         self._checkpointer = checkpointer
-        self._alive_nodes: list = []
+        self._alive_nodes: list | None = None  # None: not known yet
         self._nodes_refresh_s = -1e18
         self._nodes_task: asyncio.Task | None = None
 
@@ -72,12 +73,20 @@ class ProxyStateManager:
             return []
         if self.proxy_location == ProxyLocation.HeadOnly:
             return [self.head_node_id]
-        if now - self._nodes_refresh_s >= NODES_REFRESH_PERIOD_S and \
-                (self._nodes_task is None or self._nodes_task.done()):
-            if self._nodes_task is not None and self._nodes_task.exception() is None:
-                self._alive_nodes = self._nodes_task.result()
+        task = self._nodes_task
+        if task is not None and task.done():
+            # Taken as soon as it came (not at the next refresh: a node's
+            # proxy would outlive it a period longer).
+            if not task.cancelled() and task.exception() is None:
+                self._alive_nodes = task.result()
+            self._nodes_task = None
+        if now - self._nodes_refresh_s >= NODES_REFRESH_PERIOD_S and self._nodes_task is None:
             self._nodes_refresh_s = now
             self._nodes_task = spawn(await_ref(_common.alive_node_ids.remote()))
+        if self._alive_nodes is None:
+            # Not known yet (a controller that just restarted): the proxies it
+            # re-attaches stay, rather than drain and start again once known.
+            return list(dict.fromkeys([self.head_node_id, *self.proxies]))
         return self._alive_nodes or [self.head_node_id]
 
     def manage(self, now: float, shutting_down: bool) -> None:
@@ -90,7 +99,12 @@ class ProxyStateManager:
                 self._checkpointer.dirty = True
         for node_id, proxy in list(self.proxies.items()):
             if proxy.task is not None and not proxy.task.done():
-                continue
+                if node_id in wanted or proxy.status == ProxyStatus.DRAINING:
+                    continue
+                # Its node went (or Serve shuts down) while it started or was
+                # checked: a start on a dead node never ends (its actor waits
+                # for that node for good), so it stops now, not never.
+                proxy.task.cancel()
             if node_id not in wanted:
                 proxy.status = ProxyStatus.DRAINING
                 proxy.task = spawn(self._stop(proxy))
@@ -149,6 +163,13 @@ class ProxyStateManager:
 
     async def _stop(self, proxy: ProxyState) -> None:
         handle = proxy.handle
+        if handle is None:
+            # A start cut short may have made its actor all the same.
+            try:
+                handle = await _common.lookup_actor.remote(PROXY_NAME_PREFIX + proxy.node_id,
+                                                           SERVE_NAMESPACE)
+            except Exception:  # noqa: BLE001 - none to stop
+                handle = None
         if handle is not None:
             try:
                 await asyncio.wait_for(await_ref(handle.shutdown.remote()),

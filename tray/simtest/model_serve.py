@@ -20,6 +20,10 @@ with or without it) and judges it against what Ray Serve documents:
   deployment never ``HEALTHY``); ``UNHEALTHY`` only after a replica of it
   was stopped for dying or failing its health checks, since it last was
   ``HEALTHY``;
+* **proxies** (``serve-proxies-follow-the-nodes``): a ``HEALTHY`` proxy
+  has an actor; none is kept (other than ``DRAINING``) where the location
+  wants none (``HeadOnly``: off the head; ``Disabled``: anywhere); a
+  ``DRAINING`` proxy is never taken back;
 * **replica counts** (``serve-replica-count-follows-the-target``): as many
   replicas of the current version are starting or serving as the target
   (not one more or less: extras stop, missing ones start, in the same
@@ -34,6 +38,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 SCALING = ("UPSCALING", "DOWNSCALING")
+PROXIES = "serve-proxies-follow-the-nodes"
+HTTP_P = 0.5  # the seeds that start Serve with HTTP proxies
+PROXIES_CONVERGE_S = 60.0  # virtual seconds for the proxies to follow a change
 
 
 def _where(app, dep) -> str:
@@ -55,6 +62,7 @@ class RolloutRecorder:
     _explained: set = field(default_factory=set)  # deployments whose UNHEALTHY is explained
     _saved: tuple = ()
     _cluster: object = None
+    _draining_proxies: dict = field(default_factory=dict)  # id -> proxy seen DRAINING
 
     # -- installing
     def __enter__(self) -> RolloutRecorder:
@@ -106,6 +114,24 @@ class RolloutRecorder:
             app = controller._apps.get(app_name)
             if app is not None:
                 self._observe_app(controller, app_name, app)
+        self._observe_proxies(controller._proxy_states)
+
+    def _observe_proxies(self, manager) -> None:
+        location = manager.proxy_location.value
+        draining = self._draining_proxies
+        for node_id, proxy in manager.proxies.items():
+            status = proxy.status.value
+            if status == "DRAINING":
+                draining[id(proxy)] = proxy
+                continue
+            where = f"the proxy on node {node_id[:8]} is {status} ({location})"
+            if id(proxy) in draining and draining[id(proxy)] is proxy:
+                self._fail(PROXIES, f"{where} after it was DRAINING")
+            if status == "HEALTHY" and proxy.handle is None:
+                self._fail(PROXIES, f"{where} with no actor")
+            if location == "Disabled" or \
+                    (location == "HeadOnly" and node_id != manager.head_node_id):
+                self._fail(PROXIES, f"{where}: that location wants no proxy there")
 
     def _observe_app(self, controller, app_name: str, app) -> None:
         from tray.serve._deployment_state import MAX_CONSTRUCTOR_FAILURES
@@ -196,3 +222,134 @@ class RolloutRecorder:
             invariant, message = self.violations[0]
             more = f" (and {len(self.violations) - 1} more)" if len(self.violations) > 1 else ""
             raise InvariantViolation(invariant, message + more)
+
+
+# ====================================================== HTTP proxies
+
+
+def _violation(message: str):
+    from .invariants import InvariantViolation
+
+    return InvariantViolation(PROXIES, message)
+
+
+def start_http(program) -> str | None:
+    """Start Serve with HTTP proxies on some seeds (their location), or not
+    (None). Port 0: the proxies bind real sockets, each its own port."""
+    from tray import serve
+    from tray.serve.exceptions import RayServeException
+
+    rng = program.rng
+    if rng.random() >= HTTP_P:
+        return None
+    location = rng.choice(["EveryNode", "EveryNode", "HeadOnly"])
+    try:
+        serve.start(http_options={"host": "127.0.0.1", "port": 0}, proxy_location=location)
+    except RayServeException as error:
+        # A proxy that failed to start (its node crashed meanwhile) is
+        # started again: judged once it had the time to (proxy_phase).
+        if not program.kills:
+            raise _violation(f"serve.start with HTTP raised: {error}") from None
+    return location
+
+
+def _proxy_actors() -> dict:
+    """node id -> (actor id, state, node id) of every ServeProxy actor not
+    DEAD, by its name."""
+    from tray.serve._common import PROXY_NAME_PREFIX
+    from tray.util.state import list_actors
+
+    found = {}
+    for actor in list_actors(limit=100_000):
+        if actor.class_name == "ServeProxy" and actor.state != "DEAD" and \
+                (actor.name or "").startswith(PROXY_NAME_PREFIX):
+            found[actor.name[len(PROXY_NAME_PREFIX):]] = (actor.actor_id, actor.state,
+                                                          actor.node_id)
+    return found
+
+
+def _proxies_converge(location: str, what: str, joined: str = "") -> dict:
+    """Virtual time passes until the proxies are exactly the wanted nodes'
+    (the alive nodes', or the head's), all HEALTHY, each actor ALIVE on its
+    node and answering its health check; node id -> actor id."""
+    import tray
+    import tray.simtest
+    from tray.serve import _context
+    from tray.serve._common import PROXY_NAME_PREFIX
+
+    cluster = tray.simtest.cluster()
+    controller = _context.controller_handle()
+    head = tray.get_runtime_context().get_node_id()  # the driver's: the controller's
+    deadline = cluster.clock.current_time() + PROXIES_CONVERGE_S
+    while True:
+        alive = sorted(n["NodeID"] for n in tray.nodes() if n["Alive"])
+        wanted = alive if location == "EveryNode" else [head]
+        statuses = {node: s.value for node, s in
+                    tray.get(controller.get_serve_status.remote()).proxies.items()}
+        actors = _proxy_actors()
+        problem = None
+        if joined and joined not in alive:
+            problem = f"the node that joined ({joined[:8]}) is not alive"
+        elif sorted(statuses) != wanted:
+            problem = f"the proxies' nodes are {sorted(n[:8] for n in statuses)}"
+        elif any(s != "HEALTHY" for s in statuses.values()):
+            problem = f"the proxies are {statuses}"
+        elif sorted(actors) != wanted or \
+                any(state != "ALIVE" or node != where
+                    for where, (_id, state, node) in actors.items()):
+            problem = f"the proxy actors (node: (id, state, node)) are {actors}"
+        else:
+            for node in wanted:
+                proxy = tray.get_actor(PROXY_NAME_PREFIX + node, namespace="serve")
+                try:
+                    tray.get(proxy.check_health.remote(), timeout=5.0)
+                except Exception as error:  # noqa: BLE001 - judged below
+                    problem = f"the proxy on {node[:8]} failed its check: {error!r}"
+                    break
+        if problem is None:
+            return {node: actor_id for node, (actor_id, _s, _n) in actors.items()}
+        if cluster.clock.current_time() > deadline:
+            raise _violation(f"{what}: after {PROXIES_CONVERGE_S} s {problem}; the wanted "
+                             f"nodes ({location}) are {[n[:8] for n in wanted]}")
+        cluster.advance(0.5)
+
+
+def proxy_phase(program, location: str) -> None:
+    """The proxies follow the nodes, the deaths of their actors and a
+    controller restart (see workloads_serve's header)."""
+    import tray
+    import tray.simtest
+    from tray.serve import _context
+    from tray.serve._common import PROXY_NAME_PREFIX
+
+    rng = program.rng
+    sim = tray.simtest.cluster()
+    before = _proxies_converge(location, "the proxies after the applications ran")
+    victim = rng.choice(sorted(before))
+    actor = tray.get_actor(PROXY_NAME_PREFIX + victim, namespace="serve")
+    if sim.kill_actor_worker(actor):
+        after = _proxies_converge(location, f"the proxy on {victim[:8]} was killed")
+        if after.get(victim) == before[victim]:
+            raise _violation(f"the proxy on {victim[:8]} was killed, and its actor "
+                             f"{before[victim][:8]} is still the one named there")
+        before = after
+    if rng.random() < 0.5:
+        controller = _context.controller_handle()
+        if sim.kill_actor_worker(controller):  # it restarts (max_restarts=-1)
+            after = _proxies_converge(location, "the controller restarted")
+            replaced = sorted(n[:8] for n in before if after.get(n) != before[n])
+            if replaced:
+                raise _violation(f"a restarted controller replaced the proxies on {replaced}"
+                                 f" rather than re-attach them")
+    if location == "EveryNode":
+        added = sim.add_node()
+        _proxies_converge(location, f"node {added[:8]} joined", joined=added)
+        program.kill_node(added, restart_after_s=None)
+        _proxies_converge(location, f"node {added[:8]} left")
+
+
+def check_no_proxies() -> None:
+    """After serve.shutdown: no proxy actor is left."""
+    left = _proxy_actors()
+    if left:
+        raise _violation(f"serve.shutdown() returned and proxy actors are left: {left}")

@@ -23,7 +23,15 @@ Reference model and invariants:
   long requests held, the target becomes ``ceil(h / target_ongoing_requests)``
   bounded by ``max_replicas``, and as many ``v2`` replicas run (unless a
   fault failed a held request: that load was never there); once they end,
-  it returns to ``min_replicas``, with nothing else left running.
+  it returns to ``min_replicas``, with nothing else left running;
+* **one healthy HTTP proxy per wanted node** (``serve-proxies-follow-the-nodes``):
+  half the seeds start Serve with HTTP (on port 0; ``EveryNode`` or
+  ``HeadOnly``), and at the end the proxies are exactly the alive nodes'
+  (or the head's), all ``HEALTHY``, each actor alive on its node and
+  answering; then a proxy's worker is killed (a new actor replaces it), the
+  controller is killed (it re-attaches the same proxy actors, none
+  replaced), a node joins (it gets one) and leaves (its proxy goes); after
+  ``serve.shutdown`` no proxy actor is left.
 """
 
 from __future__ import annotations
@@ -388,17 +396,22 @@ def serve_stream(program) -> None:
     with model_serve.RolloutRecorder(apps=(APP, FIXED_APP, BROKEN_APP),
                          failing={(BROKEN_APP, "Broken")}) as recorder:
         try:
+            location = model_serve.start_http(program)
             _stream(program, recorder)
             if program.rng.random() < 0.6:
                 _fixed_phase(program, recorder)
             if program.rng.random() < 0.25:
                 _broken_phase(recorder)
+            if location is not None:
+                model_serve.proxy_phase(program, location)
         except (SimulationTimeLimit, InvariantViolation):
             recorder.raise_first()  # what the recorder saw first, if it saw anything
             raise
         _check_ongoing()
         recorder.raise_first()
     serve.shutdown()
+    if location is not None:
+        model_serve.check_no_proxies()
     program.expect(tray.put(True), True, label="serve: the stream, the update and scaling")
 
 
