@@ -311,6 +311,7 @@ def _run_seed(seed, workload, faults, trace_path, config, started,
                 program.laters.pop(0)()
             _liveness_and_values(cluster, program)
             check_executions(program, ledger)
+            check_one_incarnation(cluster)
             check_attributed(cluster)
             check_promises(cluster, program, ledger)  # placement, wait's timing
             held_twice = check_gpu_exclusive(ledger)
@@ -321,7 +322,6 @@ def _run_seed(seed, workload, faults, trace_path, config, started,
             # After quiescence: a cancelled body that was not interrupted
             # has had time to reach its end.
             check_cancels(cluster, program, ledger)
-            check_one_incarnation(cluster)
             check_actor_deaths(cluster, program)
         except InvariantViolation as violation:
             failure = violation

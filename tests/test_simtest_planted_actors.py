@@ -1,0 +1,109 @@
+"""Actor lifetimes and node fencing (tray/simtest/checks_actors.py and the
+patterns of pieces_actors.py): a bug planted in the core by monkeypatching
+(never by editing tray) must make a sweep fail on the right invariant
+within a stated number of seeds."""
+
+from __future__ import annotations
+
+from planting import first_failure  # (tests/ is on sys.path)
+
+from tray.core.gcs.actor_manager import OUT_OF_SCOPE, ActorManager
+from tray.core.messages import ActorStatus
+from tray.core.node.node_manager import NodeManager
+from tray.core.node.worker_pool import WorkerPool, WorkerState
+from tray.core.scheduling import placement_group_id_of
+
+
+def test_a_detached_actor_ended_with_its_owner_is_caught_within_5_seeds(monkeypatch):
+    # When an owner dies, the GCS also ends the detached actors it created,
+    # as if every handle to them had gone out of scope.
+    original = ActorManager.handle_owner_died
+
+    def ends_detached_too(self, conn, owner_address):
+        original(self, conn, owner_address)
+        for actor in list(self.actors.values()):
+            if actor.spec.owner_address == owner_address and actor.spec.detached and \
+                    actor.state != ActorStatus.DEAD:
+                self._end_gracefully(actor, OUT_OF_SCOPE)
+
+    monkeypatch.setattr(ActorManager, "handle_owner_died", ends_detached_too)
+    result = first_failure(range(5), "named", "none", "detached-actor-outlives-its-creator")
+    assert "not found by name after its creator ended" in result.message
+
+
+def test_actors_ended_for_an_owner_that_lives_are_caught_within_3_seeds(monkeypatch):
+    # When a node dies, the GCS ends the actors whose owners lived on it,
+    # and, its filter lost, those owned on every other node as well.
+    def every_owner(self, node_id, reason):
+        for actor in list(self.actors.values()):
+            if actor.node_id == node_id and \
+                    actor.state in (ActorStatus.ALIVE, ActorStatus.PENDING_CREATION):
+                self._actor_failed(actor, f"its node {node_id} died ({reason})")
+        for owner in sorted({actor.spec.owner_address for actor in self.actors.values()}):
+            self.handle_owner_died(None, owner)
+
+    monkeypatch.setattr(ActorManager, "node_died", every_owner)
+    result = first_failure(range(3), "lifetimes", "node_crash", "actor-death-explained")
+    assert "is alive" in result.message
+
+
+def test_a_removed_group_whose_actors_die_of_another_cause_is_caught_within_5_seeds(
+        monkeypatch):
+    # The GCS ends a removed group's actors, but forgets the cause: their
+    # calls raise a plain ActorDiedError, not ActorPlacementGroupRemoved.
+    def forgets_the_cause(self, pg_id):
+        for actor in list(self.actors.values()):
+            if placement_group_id_of(actor.spec.strategy) == pg_id and \
+                    actor.state != ActorStatus.DEAD:
+                self._set_dead(actor, "its worker died")
+                if actor.worker_id and actor.node_id in self._nodes.nodes:
+                    self._nursery.start_soon(self._kill_worker, actor.node_id, actor.worker_id)
+
+    monkeypatch.setattr(ActorManager, "placement_group_removed", forgets_the_cause)
+    result = first_failure(range(5), "groups", "none", "removed-group-ends-its-actors")
+    assert "ActorPlacementGroupRemoved" in result.message
+
+
+def test_a_removed_group_that_spares_live_actors_is_caught_within_10_seeds(monkeypatch):
+    # Only the actors not created yet end with the group: live ones are left
+    # to die with their bundle's worker (and a restartable one is created
+    # again in the removed group: it dies then, of the group, too late).
+    def pending_only(self, pg_id):
+        for actor in list(self.actors.values()):
+            if placement_group_id_of(actor.spec.strategy) == pg_id and \
+                    actor.state == ActorStatus.PENDING_CREATION:
+                self._set_dead(actor, f"its placement group {pg_id} was removed",
+                               group_removed=True)
+
+    monkeypatch.setattr(ActorManager, "placement_group_removed", pending_only)
+    first_failure(range(10), "groups", "none", "removed-group-ends-its-actors")
+
+
+def test_a_node_that_ignores_its_death_is_caught_within_10_seeds(monkeypatch):
+    # Told by the GCS that it was declared dead, the node stops
+    # heartbeating but does not end itself nor its workers.
+    monkeypatch.setattr(NodeManager, "_fence", lambda self: None)
+    result = first_failure(range(10), "restarts", "default", "dead-node-fenced")
+    assert "declared dead" in result.message
+
+
+def test_an_actor_worker_reported_dead_while_it_serves_is_caught_within_10_seeds(
+        monkeypatch):
+    # The node's idle-worker reaper counts an actor's worker among the idle
+    # ones: it reports it dead to the GCS (which restarts the actor
+    # elsewhere) without ending it, so callers that still know the old
+    # incarnation's address go on calling it beside the new one.
+    original = WorkerPool.reap_idle
+    reported: set = set()
+
+    def reaps_an_actor(self):
+        original(self)
+        for worker in list(self.workers.values()):
+            if worker.state == WorkerState.ACTOR and worker.worker_id not in reported:
+                reported.add(worker.worker_id)
+                self._nursery.start_soon(self._report_worker_death, worker.worker_id, "idle",
+                                         worker.address)
+                return
+
+    monkeypatch.setattr(WorkerPool, "reap_idle", reaps_an_actor)
+    first_failure(range(10), "restarts", "none", "one-actor-incarnation-at-a-time")
