@@ -404,23 +404,32 @@ class ActorHost:
             self._idle.set()
             self._idle = None
 
+    def _exit_if_asked(self, spec: TaskSpec, error: BaseException | None) -> bool:
+        """Whether the finished call ``spec`` ended the actor (``exit_actor()``,
+        ``sys.exit()``, ``__ray_terminate__``); if so the exit begins: no
+        call admitted after it runs (one in its own task used to, while the
+        executor ran on before that task replied: a call sent right after
+        ``__ray_terminate__`` ran, simtest paths none seed 0)."""
+        if isinstance(error, SystemExit):
+            if self._exit_request is None or self._exit_request[0] != spec.task_id:
+                self._exit_request = (spec.task_id, f"the actor's method {spec.name} "
+                                                    "called sys.exit()")
+        if self._exit_request is None or self._exit_request[0] != spec.task_id:
+            return False
+        self.begin_exit(self._exit_request[1])
+        return True
+
     def _call_outcome(self, queue: CallerQueue, spec: TaskSpec, reply: TaskReply | None,
                       error: BaseException | None) -> TaskReply:
         """What the caller of a finished call gets: its reply (kept for a
         re-send), or the error it raises. A call that ended the actor
         (``exit_actor()``, ``sys.exit()``) gets ActorDiedError, as in Ray."""
-        if isinstance(error, SystemExit):
-            if self._exit_request is None or self._exit_request[0] != spec.task_id:
-                self._exit_request = (spec.task_id, f"the actor's method {spec.name} "
-                                                    "called sys.exit()")
-        elif error is not None:
+        if error is not None and not isinstance(error, SystemExit):
             raise error
-        if self._exit_request is not None and self._exit_request[0] == spec.task_id:
-            reason = self._exit_request[1]
-            self.begin_exit(reason)
+        if self._exit_if_asked(spec, error):
             raise exceptions.ActorDiedError(
-                f"the actor {self.actor_id} exited during {spec.name}: {reason}",
-                self.actor_id)
+                f"the actor {self.actor_id} exited during {spec.name}: "
+                f"{self._exit_request[1]}", self.actor_id)
         # Kept for a re-send — unless the caller's floor passed this call
         # while it ran (the caller gave up on it): then nobody will ask.
         if spec.seq in queue.started:
@@ -594,7 +603,10 @@ class ActorHost:
                         call.done.set()
                     raise
                 if call.deferred is None:
-                    call.done.set()  # its task replies
+                    # Its task replies, later: a call that ended the actor
+                    # ends it now, before the next admitted call can run.
+                    self._exit_if_asked(call.spec, call.error)
+                    call.done.set()
                     continue
                 # Admitted by handle_actor_call: this executor replies.
                 try:

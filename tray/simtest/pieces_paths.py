@@ -1,0 +1,296 @@
+"""Workload piece ``paths``: public-API paths of the core the other pieces
+leave alone, each checked against what Ray promises (a piece of ``mixed``,
+and a workload of its own). Per seed, ``program.rng`` draws which run:
+
+* ``timeouts``: ``get(ref, timeout=)`` of a task that sleeps raises
+  ``GetTimeoutError``; ``wait(timeout=)`` never reports a sleeping task
+  ready; ``get`` of a list in which one task fails raises that task's error
+  (its class) as soon as it fails, without waiting for the others (checked
+  without kills: the sleeper has not got to its end then). On the driver's
+  thread path (half the seeds) these are the thread's timed waits.
+* ``kv``: a random sequence of ``internal_kv`` puts (with and without
+  ``overwrite``), deletes (by key and by prefix) in two namespaces of its own; after
+  each, ``get``/``exists``/``list`` answer what a dict model holds (the
+  state, not the return values: a GCS call retried across a restart may
+  be answered twice).
+* ``builtins``: ``__ray_ready__`` answers True; calls queued before
+  ``__ray_terminate__`` run in order, the terminate call and every later
+  call raise ``ActorDiedError``, and the actor is not restarted (its
+  ``max_restarts`` notwithstanding: the exit was asked for).
+* ``boxes``: refs and an actor handle inside a put object and inside an
+  argument, read by a task (the refs' values and the actor's answer), the
+  outer refs dropped by the driver meanwhile.
+* ``object_states``: ``list_objects`` reports the driver's references as
+  Ray types them: held (``LOCAL_REFERENCE``), an argument of a task still
+  running (``USED_BY_PENDING_TASK``), only inside another object
+  (``CAPTURED_IN_OBJECT``); a dropped one is gone.
+
+Refusals and answers known at once are judged on the spot (invariant
+``api-outcome-as-ray``); values go through ``program.expect``."""
+
+from __future__ import annotations
+
+import tray
+from tray import exceptions
+
+from . import remote_code
+from .invariants import InvariantViolation
+from .remote_code import leaf
+from .remote_code_paths import PathError, Quitter, Tally, fails, open_box, slow_end
+
+API = "api-outcome-as-ray"
+
+
+def _violation(label: str, what: str) -> InvariantViolation:
+    return InvariantViolation(API, f"{label}: {what}")
+
+
+def timeouts(program) -> None:
+    key = program.key("timeouts", retries=-1)
+    sleeper = slow_end.options(max_retries=-1).remote(key, 3.0)
+    program.expect(sleeper, key, label="timeouts sleeper", unlimited=True)
+    try:
+        value = tray.get(sleeper, timeout=program.rng.choice([0.0, 0.01, 0.1]))
+    except exceptions.GetTimeoutError:
+        pass
+    except Exception as error:  # noqa: BLE001 - the wrong outcome
+        raise _violation("get(timeout=) of a sleeping task",
+                         f"raised {type(error).__name__}: {error}, Ray raises GetTimeoutError"
+                         ) from None
+    else:
+        raise _violation("get(timeout=) of a sleeping task", f"answered {value!r}")
+    quick = leaf.remote(program.key("timeouts-leaf", retries=3), 5)
+    program.expect(quick, 25, label="timeouts leaf")
+    ready, not_ready = program.timed_wait([sleeper, quick], num_returns=2,
+                                          timeout=program.rng.choice([0.0, 0.05]),
+                                          fetch_local=False, label="paths timeouts")
+    if sleeper in ready or len(ready) + len(not_ready) != 2:
+        raise _violation("wait(timeout=) with a sleeping task",
+                         f"ready {len(ready)} (the sleeper among them: {sleeper in ready}), "
+                         f"not ready {len(not_ready)}")
+    failing = fails.remote(program.key("timeouts-fails", retries=3))
+    other_key = program.key("timeouts-other", retries=-1)
+    other = slow_end.options(max_retries=-1).remote(other_key, 3.0)
+    program.expect(other, other_key, label="timeouts other", unlimited=True)
+    try:
+        tray.get([other, failing])
+    except PathError:
+        pass
+    except exceptions.TrayError as error:
+        if not program.kills:
+            raise _violation("get of a list with a failing task",
+                             f"raised {type(error).__name__}: {error}, not its error"
+                             ) from None
+    else:
+        raise _violation("get of a list with a failing task", "answered values")
+    if not program.kills and remote_code.LEDGER.executions.get(f"{other_key}:end", 0):
+        raise _violation("get of a list with a failing task",
+                         "waited for the other task's end (Ray raises the error at once)")
+    program.expect(failing, program.error(PathError), label="timeouts failing")
+
+
+def kv(program) -> None:
+    from tray.experimental import internal_kv
+
+    rng = program.rng
+    namespaces = [f"paths-{program.key('kv')}", f"paths-{program.key('kv')}"]
+    model: dict = {}  # (namespace, key) -> value
+    keys = [b"a", b"ab", b"abc", b"b", b"ba"]
+    for step in range(rng.randint(8, 16)):
+        namespace = rng.choice(namespaces)
+        key = rng.choice(keys)
+        op = rng.choice(["put", "put", "put_new", "del", "del_prefix"])
+        if op == "del_prefix":
+            key = key[:1]  # (a prefix of others, often)
+        value = f"{step}".encode()
+        if op == "put":
+            internal_kv._internal_kv_put(key, value, namespace=namespace)
+            model[(namespace, key)] = value
+        elif op == "put_new":
+            internal_kv._internal_kv_put(key, value, overwrite=False, namespace=namespace)
+            model.setdefault((namespace, key), value)
+        elif op == "del":
+            internal_kv._internal_kv_del(key, namespace=namespace)
+            model.pop((namespace, key), None)
+        else:
+            internal_kv._internal_kv_del(key, del_by_prefix=True, namespace=namespace)
+            for name in [name for name in model if name[0] == namespace and
+                         name[1].startswith(key)]:
+                del model[name]
+        _check_kv(internal_kv, model, namespace, key, f"kv step {step} ({op})")
+    for namespace in namespaces:
+        listed = sorted(internal_kv._internal_kv_list(b"", namespace=namespace))
+        held = sorted(name[1] for name in model if name[0] == namespace)
+        if listed != held:
+            raise _violation("kv list", f"lists {listed}, the model holds {held}")
+
+
+def _check_kv(internal_kv, model: dict, namespace, key: bytes, label: str) -> None:
+    got = internal_kv._internal_kv_get(key, namespace=namespace)
+    if got != model.get((namespace, key)):
+        raise _violation(label, f"get({key!r}) is {got!r}, the model holds "
+                                f"{model.get((namespace, key))!r}")
+    if internal_kv._internal_kv_exists(key, namespace=namespace) != ((namespace, key) in model):
+        raise _violation(label, f"exists({key!r}) disagrees with get")
+    listed = sorted(internal_kv._internal_kv_list(key[:1], namespace=namespace))
+    held = sorted(name[1] for name in model if name[0] == namespace and
+                  name[1].startswith(key[:1]))
+    if listed != held:
+        raise _violation(label, f"list({key[:1]!r}) is {listed}, the model holds {held}")
+
+
+def builtins(program) -> None:
+    rng = program.rng
+    key = program.key("tally")
+    restarts = rng.choice([0, 1, 2])
+    tally = program.actor(Tally.options(max_restarts=restarts), key)
+    program.actor_restarts(key, restarts)
+    ready = tally.__ray_ready__.remote()
+    program.expect(ready, True, label="__ray_ready__", actor=tally, max_restarts=restarts)
+    amounts = [rng.randint(1, 9) for _ in range(rng.randint(1, 4))]
+    running = 0
+    for amount in amounts:
+        running += amount
+        ref = tally.add.remote(amount)
+        # Restarted (under kills), the actor starts again from 0.
+        program.expect(ref, running if not program.kills else program.ANY_INT,
+                       label="tally add", actor=tally, max_restarts=restarts)
+    done = tally.__ray_terminate__.remote()
+    program.expect(done, program.error(exceptions.ActorDiedError),
+                   label="__ray_terminate__", actor=tally, max_restarts=restarts)
+    after = tally.total.remote()
+    program.expect(after, program.error(exceptions.ActorDiedError),
+                   label="a call after __ray_terminate__", actor=tally, max_restarts=restarts)
+
+
+def boxes(program) -> None:
+    rng = program.rng
+    key = program.key("boxes")
+    tally = program.actor(Tally.options(max_restarts=-1, max_task_retries=-1), key)
+    values = [rng.randint(1, 50) for _ in range(rng.randint(1, 4))]
+    made_by_task = [rng.random() < 0.5 for _ in values]  # (leaf answers its square)
+    refs = [leaf.remote(program.key("boxes-leaf", retries=3), value) if made else tray.put(value)
+            for value, made in zip(values, made_by_task, strict=True)]
+    echo = rng.randint(1, 9)
+    box = {"refs": refs, "actor": tally, "echo": echo}
+    if rng.random() < 0.5:
+        box = tray.put(box)
+    result = open_box.options(max_retries=-1).remote(program.key("boxes-open", retries=-1),
+                                                    box)
+    del box, refs  # the task's argument holds what it needs
+    expected = sum(value * value if made else value
+                   for value, made in zip(values, made_by_task, strict=True)) + echo
+    program.expect(result, expected, label="box of refs and a handle", unlimited=True)
+
+
+def object_states(program) -> None:
+    from tray.util.state import list_objects
+
+    key = program.key("states", retries=-1)
+    held = tray.put(f"{key}-held")
+    inner = tray.put(f"{key}-inner")
+    outer = tray.put([inner])
+    inner_hex = inner.hex()
+    del inner
+    argument = tray.put(f"{key}-argument")
+    sleeper = slow_end.options(max_retries=-1).remote(key, 3.0, argument)
+    program.expect(sleeper, key, label="states sleeper", unlimited=True)
+    dropped = tray.put(f"{key}-dropped")
+    dropped_hex = dropped.hex()
+    del dropped
+    want = {held.hex(): "LOCAL_REFERENCE", inner_hex: "CAPTURED_IN_OBJECT",
+            argument.hex(): "USED_BY_PENDING_TASK", dropped_hex: None}
+    try:
+        rows = list_objects(filters=[("type", "=", "DRIVER")], limit=100_000)
+    except exceptions.TrayError:
+        if program.kills:
+            return  # (a query during a fault may fail; the state workload checks it after)
+        raise
+    types: dict = {}
+    for row in rows:
+        if row.object_id in want:
+            types.setdefault(row.object_id, set()).add(row.reference_type)
+    for object_hex, expected in want.items():
+        found = types.get(object_hex)
+        if expected is None and found:
+            raise _violation("list_objects", f"a dropped ref is still listed ({found})")
+        if expected is not None and found != {expected}:
+            raise _violation("list_objects", f"the driver's ref {object_hex[:12]} is listed as "
+                                             f"{sorted(found or ())}, Ray's type is {expected}")
+    del held, argument, outer
+
+
+def infeasible(program) -> None:
+    """Work no node can hold (a resource nobody has) waits, never fails by
+    itself: a task until it is cancelled (``TaskCancelledError``), an
+    actor's call until the actor is killed (``ActorDiedError``)."""
+    rng = program.rng
+    nowhere = {"paths-nowhere": 1}
+    task_key = program.key("infeasible", retries=3)
+    task = leaf.options(resources=nowhere).remote(task_key, 2)
+    actor = program.actor(Tally.options(resources=nowhere), program.key("infeasible-actor"))
+    call = actor.add.remote(1)
+    ready, _ = program.timed_wait([task, call], num_returns=1,
+                                  timeout=rng.choice([0.1, 0.5]), label="paths infeasible")
+    if ready:
+        raise _violation("infeasible work", "a task or call no node can hold got done")
+    tray.cancel(task)
+    tray.kill(actor)
+    program.expect(task, program.error(exceptions.TaskCancelledError),
+                   label="cancelled infeasible task", strict=True)
+    program.expect(call, program.error(exceptions.ActorDiedError),
+                   label="call of a killed infeasible actor", strict=True)
+    program.exact_executions(task_key, 0)  # it never ran anywhere
+
+
+def exits(program) -> None:
+    """An actor ended from inside (``exit_actor()`` or ``sys.exit()`` in a
+    method): the calls before run in order, that call and every later one
+    raise ``ActorDiedError``, and it is not restarted, whatever its
+    ``max_restarts``. A cancel of a running method of another actor
+    interrupts nothing: the method sees it (``is_canceled()``), or the call
+    had not started and raises ``TaskCancelledError``."""
+    rng = program.rng
+    restarts = rng.choice([0, 1, 2])
+    quitter = program.actor(Quitter.options(max_restarts=restarts), program.key("quitter"))
+    running = 0
+    for amount in [rng.randint(1, 9) for _ in range(rng.randint(0, 3))]:
+        running += amount
+        program.expect(quitter.add.remote(amount),
+                       running if not program.kills else program.ANY_INT,
+                       label="quitter add", actor=quitter, max_restarts=restarts)
+    quit_call = quitter.quit.remote(rng.choice(["exit_actor", "sys.exit"]))
+    program.expect(quit_call, program.error(exceptions.ActorDiedError), label="quit",
+                   actor=quitter, max_restarts=restarts)
+    program.expect(quitter.add.remote(1), program.error(exceptions.ActorDiedError),
+                   label="a call after the actor quit", actor=quitter, max_restarts=restarts)
+
+    poller = program.actor(Quitter, program.key("poller"))
+    poll_key = program.key("poll", retries=0)
+    poll = poller.poll.remote(poll_key, 40, 0.05)
+    program.timed_wait([poll], timeout=rng.choice([0.0, 0.1, 0.3]), label="paths poll")
+    tray.cancel(poll)
+    program.expect(poll, program.CANCELLED_OR_VALUE, label="cancelled poll", actor=poller,
+                   max_restarts=0)
+
+    def seen() -> None:
+        try:
+            value = tray.get(poll)
+        except exceptions.TrayError:
+            return  # (judged by the expectation)
+        if value != "saw the cancel" and not program.kills:
+            raise _violation("cancel of a running actor method", f"the method says {value!r}")
+    program.later(seen)
+
+
+SUBPIECES = {"timeouts": timeouts, "kv": kv, "builtins": builtins, "boxes": boxes,
+             "object_states": object_states, "infeasible": infeasible,
+             "exits": exits}
+
+
+def paths(program) -> None:
+    names = sorted(SUBPIECES)
+    chosen = [name for name in names if program.rng.random() < 0.6] or \
+        [program.rng.choice(names)]
+    for name in chosen:
+        SUBPIECES[name](program)
