@@ -289,34 +289,89 @@ def test_the_group_is_placed_all_at_once(sim, tmp_path):
     assert min(r["start_s"] for r in RANKS) >= released_s
 
 
-def test_a_group_that_cannot_start_in_time_is_a_failure(sim, tmp_path, monkeypatch):
+def trainer_waiting(tmp_path, *, num_workers, limit=-1, strategy="PACK", verbose=1, **scaling):
+    return train.DataParallelTrainer(
+        context_loop, scaling_config=train.ScalingConfig(
+            num_workers=num_workers, placement_strategy=strategy, **scaling),
+        run_config=train.RunConfig(
+            name="waits", storage_path=str(tmp_path), verbose=verbose,
+            failure_config=train.FailureConfig(controller_failure_limit=limit)))
+
+
+def test_a_run_waits_while_other_work_holds_the_resources(sim, tmp_path, monkeypatch, capsys):
+    # As Ray Train's controller: a group that does not start in time is
+    # scheduled again, without spending max_failures, saying what it lacks.
     from tray.train import trainer as trainer_module
 
     monkeypatch.setattr(trainer_module, "WORKER_GROUP_START_TIMEOUT_S", 3.0)
 
     @tray.remote(num_cpus=2)
-    class Hog:
-        def ready(self):
-            return True
+    def hold(seconds):
+        time.sleep(seconds)
+        return time.time()
 
-    hog = Hog.remote()  # holds half of the cluster's 4 CPUs for good
-    tray.get(hog.ready.remote())
+    holder = hold.remote(8.0)  # half of the cluster's 4 CPUs, for 8 s
+    assert tray.wait([holder], timeout=0.5)[0] == []
+    result = trainer_waiting(tmp_path, num_workers=3).fit()
+    released_s = tray.get(holder)
+    assert result.error is None and result.num_restarts == 0
+    assert result.metrics["start_s"] >= released_s
+    out = capsys.readouterr().out
+    waits = [line for line in out.splitlines() if "waiting for resources" in line]
+    assert len(waits) >= 2, out  # (3 s each, while the 8 s hold lasts)
+    assert "other work holds the resources" in waits[0]
+    assert "controller_failure_limit" in waits[0] and "(1 unlimited" in waits[0]
+
+
+def test_a_group_larger_than_the_cluster_waits_for_nodes_within_the_limit(
+        sim, tmp_path, monkeypatch, capsys):
+    from tray.train import trainer as trainer_module
+
+    monkeypatch.setattr(trainer_module, "WORKER_GROUP_START_TIMEOUT_S", 2.0)
     with pytest.raises(train.TrainingFailedError) as caught:
-        trainer(context_loop, tmp_path, num_workers=3, max_failures=1).fit()
-    assert "the worker group did not start" in str(caught.value)
-    assert "was not placed within 3 s" in str(caught.value)
-    assert caught.value.num_restarts == 1
-    tray.kill(hog)
+        trainer_waiting(tmp_path, num_workers=6, limit=2).fit()
+    assert "scheduled again FailureConfig(controller_failure_limit=2) times" in \
+        str(caught.value)
+    assert "was not placed within 2 s" in str(caught.value)
+    assert caught.value.num_restarts == 0
+    waits = [line for line in capsys.readouterr().out.splitlines()
+             if "waiting for resources" in line]
+    assert len(waits) == 2
+    assert "at most 4 fit in the whole cluster of 2 alive node(s): it waits for nodes to " \
+        "join" in waits[0]
+    assert tray.util.placement_group_table() == {} or all(
+        group["state"] == "REMOVED" for group in tray.util.placement_group_table().values())
+
+
+def test_a_group_waits_for_the_node_the_autoscaler_launches(sim, tmp_path, monkeypatch):
+    # One worker needs 4 CPUs: no node has them, but a node type does.
+    from tray import autoscaler
+    from tray.train import trainer as trainer_module
+
+    monkeypatch.setattr(trainer_module, "WORKER_GROUP_START_TIMEOUT_S", 5.0)
+    monitor = autoscaler.start({
+        "max_workers": 2, "idle_timeout_minutes": 5, "autoscaler_period_s": 1.0,
+        "head_node_type": "head",
+        "available_node_types": {"head": {"resources": {}, "max_workers": 0},
+                                 "big": {"resources": {"CPU": 4}, "max_workers": 2}},
+        "provider": {"type": "sim", "boot_delay_s": [1.0, 2.0]}})
+    try:
+        time.sleep(2.0)  # (its first status: the node types)
+        result = trainer_waiting(tmp_path, num_workers=1, verbose=0,
+                                 resources_per_worker={"CPU": 4}).fit()
+    finally:
+        monitor.stop()
+    assert result.error is None
+    launched = [d for d in monitor.decisions if d.action == "launch"]
+    assert launched and launched[0].node_type == "big"
 
 
 @pytest.mark.parametrize("scaling, expected", [
-    (dict(num_workers=100), "at most 4 such worker(s) fit in the whole cluster"),
     (dict(num_workers=3, placement_strategy="STRICT_PACK"),
-     "at most 2 such worker(s) fit on one node (STRICT_PACK)"),
-    (dict(num_workers=3, placement_strategy="STRICT_SPREAD"),
-     "at most 2 such worker(s) fit on distinct nodes (STRICT_SPREAD)"),
+     "no node can hold 3 workers on one node (STRICT_PACK), and the largest node has "
+     "{'CPU': 2.0}"),
     (dict(num_workers=1, use_gpu=True), "no node has 'GPU'"),
-    (dict(num_workers=1, resources_per_worker={"CPU": 3}), "at most 0 such worker(s)"),
+    (dict(num_workers=1, resources_per_worker={"CPU": 3}), "no node can hold one worker"),
 ])
 def test_a_group_the_cluster_can_never_hold_fails_at_once(sim, tmp_path, scaling, expected):
     started = time.perf_counter()

@@ -33,9 +33,12 @@ STATUS_KEY = "__autoscaler_status"
 NODE_CALL_TIMEOUT_S = 5.0
 
 
-def status_to_json(status) -> bytes:
+def status_to_json(status, config=None) -> bytes:
     record = dataclasses.asdict(status)
     record["pending_demand"] = [[shape, count] for shape, count in status.pending_demand]
+    if config is not None:  # (what a node it may launch could hold: Train asks)
+        record["node_types"] = {node_type.name: dict(node_type.resources)
+                                for node_type in config.worker_types()}
     return json.dumps(record, sort_keys=True).encode()
 
 
@@ -123,7 +126,7 @@ class Monitor:
                             decision.reason)
         self.rounds += 1
         if self.status is not None:
-            payload = status_to_json(self.status)
+            payload = status_to_json(self.status, self.config)
             if payload != self._published:
                 await self._worker.gcs_call("kv_put", STATUS_KEY, payload, True)
                 self._published = payload

@@ -81,6 +81,9 @@ class Progress:
         start = f"from {restore}" if restore else "from scratch"
         self._print(f"!! {summary}\n!! restart {restart} ({budget}) {start}")
 
+    def waiting(self, text: str) -> None:
+        self._print(f".. {text}")
+
     def finished(self, reports: int, restarts: int, checkpoint: str | None,
                  failed: bool) -> None:
         outcome = "failed" if failed else "finished"

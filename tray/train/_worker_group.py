@@ -33,41 +33,63 @@ from .config import ScalingConfig
 from .error import WorkerGroupStartError
 
 
-def feasibility_error(scaling: ScalingConfig, nodes: list[dict]) -> str | None:
-    """Why the cluster (its alive ``nodes``) can never hold the group, or None."""
+def _fits(need: dict, have: dict) -> int:
+    """How many bundles of ``need`` fit in ``have``."""
+    return min((int(have.get(name, 0.0) / amount + 1e-9) for name, amount in need.items()),
+               default=0)
+
+
+def _alive(nodes: list[dict]) -> list[dict]:
+    return [node for node in nodes if node.get("Alive", node.get("alive", False))]
+
+
+def feasibility_error(scaling: ScalingConfig, nodes: list[dict],
+                      node_types: list[dict] = ()) -> str | None:
+    """Why the group can never be placed, or None: no node shape it could
+    ever have — an alive node's (``nodes``, as ``tray.nodes()``) or a node
+    type the autoscaler may launch (``node_types``: their resources) — holds
+    one worker (STRICT_PACK: the whole group). A group larger than the
+    cluster of the moment waits for nodes to join (``shortfall``)."""
     need = scaling.worker_resources()
-    alive = [node for node in nodes if node.get("Alive", node.get("alive", False))]
-    per_node = []
-    for node in alive:
-        have = node.get("Resources", {})
-        fits = min((int(have.get(name, 0.0) / amount + 1e-9) for name, amount in need.items()),
-                   default=0)
-        per_node.append(fits)
+    shapes = [node.get("Resources", {}) for node in _alive(nodes)] + list(node_types)
+    strict_pack = scaling.placement_strategy == "STRICT_PACK"
+    wanted = scaling.num_workers if strict_pack else 1
+    if any(_fits(need, shape) >= wanted for shape in shapes):
+        return None
+    totals: dict[str, float] = {}
+    for shape in shapes:
+        for name in need:
+            totals[name] = max(totals.get(name, 0.0), shape.get(name, 0.0))
+    missing = [name for name in need if not totals.get(name)]
+    detail = (f"no node has {', '.join(repr(m) for m in missing)}" if missing else
+              f"the largest node{' type' if node_types else ''} has {totals}")
+    what = f"{wanted} workers on one node (STRICT_PACK)" if strict_pack else "one worker"
+    return (f"ScalingConfig(num_workers={scaling.num_workers}, resources_per_worker={need}, "
+            f"placement_strategy={scaling.placement_strategy!r}) can never be placed: no node"
+            f"{' or autoscaler node type' if node_types else ''} can hold {what}, and "
+            f"{detail}. Lower resources_per_worker, or add a node that fits.")
+
+
+def shortfall(scaling: ScalingConfig, nodes: list[dict], available: dict) -> str:
+    """What the cluster of the moment lacks for the group, in words (for a
+    run that waits for resources)."""
+    need = scaling.worker_resources()
+    alive = _alive(nodes)
+    per_node = [_fits(need, node.get("Resources", {})) for node in alive]
     wanted = scaling.num_workers
     strategy = scaling.placement_strategy
     if strategy == "STRICT_PACK":
-        most = max(per_node, default=0)
-        where = "on one node (STRICT_PACK)"
+        most, where = max(per_node, default=0), "on one node (STRICT_PACK)"
     elif strategy == "STRICT_SPREAD":
-        most = sum(1 for fits in per_node if fits > 0)
-        where = "on distinct nodes (STRICT_SPREAD)"
+        most, where = sum(1 for fits in per_node if fits > 0), "on distinct nodes (STRICT_SPREAD)"
     else:
-        most = sum(per_node)
-        where = "in the whole cluster"
-    if most >= wanted:
-        return None
-    totals: dict[str, float] = {}
-    for node in alive:
-        for name, amount in node.get("Resources", {}).items():
-            if name in need:
-                totals[name] = totals.get(name, 0.0) + amount
-    missing = [name for name in need if not totals.get(name)]
-    detail = (f"no node has {', '.join(repr(m) for m in missing)}" if missing else
-              f"the cluster's {len(alive)} alive node(s) have {totals} in all")
-    return (f"ScalingConfig(num_workers={wanted}, resources_per_worker={need}, "
-            f"placement_strategy={strategy!r}) can never be placed: at most {most} such "
-            f"worker(s) fit {where}, and {detail}. Lower num_workers or "
-            f"resources_per_worker, or add nodes.")
+        most, where = sum(per_node), "in the whole cluster"
+    free = {name: available.get(name, 0.0) for name in need}
+    group = f"{wanted} worker(s) x {need} ({strategy})"
+    if most < wanted:
+        return (f"{group}: at most {most} fit {where} of {len(alive)} alive node(s): it waits "
+                f"for nodes to join (an autoscaler, or 'tray start --address')")
+    return f"{group}: other work holds the resources ({free} free now)"
 
 
 def rank_bundles(bundle_nodes: dict[int, str]) -> list[tuple[int, WorkerInfo]]:

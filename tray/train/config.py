@@ -128,11 +128,16 @@ class CheckpointConfig:
 class FailureConfig:
     """``max_failures``: how many times the worker group is torn down and
     started again (from the latest checkpoint) after a failure — a worker
-    that died or raised; ``-1`` without limit, ``0`` (the default) never."""
+    that died or raised; ``-1`` without limit, ``0`` (the default) never.
+    ``controller_failure_limit`` (Ray Train's): how many times a group that
+    did not start in time (the cluster lacked the resources) is scheduled
+    again; ``-1`` (the default) without limit: a run waits for resources."""
     max_failures: int = 0
+    controller_failure_limit: int = -1
 
     def __post_init__(self) -> None:
         check_int("FailureConfig.max_failures", self.max_failures, -1)
+        check_int("FailureConfig.controller_failure_limit", self.controller_failure_limit, -1)
 
 
 @dataclass

@@ -32,7 +32,15 @@ moment for the other ranks' errors (a surviving rank often fails too, on a
 collective with the dead one; the dead one is named first), tears the whole
 group down, and — within ``FailureConfig.max_failures`` — starts the next
 attempt from the latest checkpoint. Each failure counts once, whatever
-failed: a worker, the collector, or the group's start.
+failed: a worker or the collector.
+
+A group that does not start in time (the cluster lacks the resources: other
+work holds them, or the group is larger than the cluster of the moment) is
+scheduled again, as Ray Train's controller does, within
+``FailureConfig.controller_failure_limit`` (unlimited by default), with a
+warning each time saying what is missing: a run waits for resources. Only a
+group no node could ever hold (no alive node and no autoscaler node type
+fits one worker) fails ``fit()`` at once.
 """
 
 from __future__ import annotations
@@ -40,6 +48,7 @@ from __future__ import annotations
 import copy
 import datetime
 import inspect
+import logging
 import os
 from collections.abc import Callable
 from dataclasses import replace
@@ -51,7 +60,7 @@ from tray.exceptions import NotInitializedError, TaskError, TrayError
 from ._progress import Progress
 from ._session import RunInfo
 from ._storage import RunStorage
-from ._worker_group import WorkerGroup, feasibility_error
+from ._worker_group import WorkerGroup, feasibility_error, shortfall
 from .checkpoint import Checkpoint
 from .config import RunConfig, ScalingConfig
 from .error import TrainingFailedError, WorkerGroupStartError
@@ -64,6 +73,16 @@ FAILURE_GATHER_S = 2.0
 # How long to wait for the reports a failed attempt completed.
 DRAIN_TIMEOUT_S = 5.0
 DEFAULT_STORAGE_PATH = os.path.join("~", "tray_results")
+
+logger = logging.getLogger(__name__)
+
+
+def _autoscaler_node_types() -> list[dict]:
+    """The resources of the node types a running autoscaler may launch."""
+    from tray.autoscaler import read_status
+
+    status = read_status() or {}
+    return list(status.get("node_types", {}).values())
 
 
 def _on_simulator() -> bool:
@@ -103,10 +122,12 @@ def _describe_failure(rank: int, world_size: int, error: BaseException) -> str:
 class _Failure:
     """Why an attempt failed."""
 
-    def __init__(self, summary: str, worker_failures: dict, cause: BaseException | None):
+    def __init__(self, summary: str, worker_failures: dict, cause: BaseException | None,
+                 scheduling: bool = False):
         self.summary = summary
         self.worker_failures = worker_failures
         self.cause = cause
+        self.scheduling = scheduling  # the group did not start in time
 
 
 class DataParallelTrainer:
@@ -187,7 +208,7 @@ class DataParallelTrainer:
                                       f"tray.init() first")
         on_simulator = _on_simulator()
         self._check_backend(on_simulator)
-        problem = feasibility_error(self.scaling_config, tray.nodes())
+        problem = feasibility_error(self.scaling_config, tray.nodes(), _autoscaler_node_types())
         if problem is not None:
             raise ValueError(problem)
         return _Run(self, on_simulator, trial, report_hook).execute()
@@ -266,6 +287,7 @@ class _Run:
         self.storage = RunStorage(self.run_dir, config.checkpoint_config)
         self.progress = Progress(config.verbose)
         self.max_failures = config.failure_config.max_failures
+        self.controller_failure_limit = config.failure_config.controller_failure_limit
         # Per report: the iteration counts on from the checkpoint a restart resumes.
         self.iteration = 0
         self.time_total_s = 0.0
@@ -280,7 +302,7 @@ class _Run:
         self.progress.started(type(trainer).__name__, self.name, n, self.run_dir)
         initial = trainer.resume_from_checkpoint
         restore = initial.path if initial is not None else None
-        failures = 0
+        failures = scheduling_failures = 0
         failure: _Failure | None = None
         function = tray.put(trainer.train_loop_per_worker)  # pickled once for every worker
         try:
@@ -288,6 +310,13 @@ class _Run:
                 failure = self._attempt(function, restore)
                 if failure is None:
                     break
+                if failure.scheduling:
+                    scheduling_failures += 1
+                    limit = self.controller_failure_limit
+                    if limit != -1 and scheduling_failures > limit:
+                        break
+                    self._waiting(failure, scheduling_failures)
+                    continue
                 failures += 1
                 if self.max_failures != -1 and failures > self.max_failures:
                     self.progress.failure(failure.summary, None, self.max_failures, None)
@@ -305,14 +334,30 @@ class _Run:
             del function
         return self._result(failure)
 
+    def _waiting(self, failure: _Failure, tries: int) -> None:
+        """The group did not start: say what is missing, and try again."""
+        limit = self.controller_failure_limit
+        budget = "unlimited" if limit == -1 else f"of {limit}"
+        missing = shortfall(self.trainer.scaling_config, tray.nodes(), tray.available_resources())
+        text = (f"the worker group did not start ({failure.summary}); waiting for resources: "
+                f"{missing}; scheduling it again ({tries} {budget}, FailureConfig."
+                f"controller_failure_limit)")
+        logger.warning("%s: %s", self.name, text)
+        self.progress.waiting(text)
+
     def _result(self, failure: _Failure | None) -> Result:
         latest = self.storage.latest
         error = None
         if failure is not None:
-            budget = ("" if self.max_failures == 0 else
-                      f" and {self.attempt} restart(s)")
-            message = (f"training failed (FailureConfig(max_failures={self.max_failures})"
-                       f"{budget}): {failure.summary}")
+            if failure.scheduling:
+                message = (f"training failed: the worker group did not start, scheduled again "
+                           f"FailureConfig(controller_failure_limit="
+                           f"{self.controller_failure_limit}) times: {failure.summary}")
+            else:
+                budget = ("" if self.max_failures == 0 else
+                          f" and {self.attempt} restart(s)")
+                message = (f"training failed (FailureConfig(max_failures={self.max_failures})"
+                           f"{budget}): {failure.summary}")
             error = TrainingFailedError(message, failure.worker_failures, self.attempt)
             if failure.cause is not None:
                 error.__cause__ = failure.cause
@@ -347,7 +392,9 @@ class _Run:
             try:
                 group.start(WORKER_GROUP_START_TIMEOUT_S)
                 trainer._setup_backend(group, WORKER_GROUP_START_TIMEOUT_S, self.on_simulator)
-            except (WorkerGroupStartError, TrayError) as error:
+            except WorkerGroupStartError as error:
+                return _Failure(str(error), {}, error, scheduling=True)
+            except TrayError as error:
                 return _Failure(f"the worker group did not start: {error}", {}, error)
             self.last_time = group.started_at
             n = scaling.num_workers
