@@ -128,3 +128,23 @@ def test_a_hard_node_affinity_that_spills_is_caught_within_10_seeds(monkeypatch)
     monkeypatch.setattr(scheduling, "pick_node", spilling)
     result = first_failure(range(10), "objects", "none", "node-affinity-honoured")
     assert "soft=False" in result.message
+
+
+def test_default_that_skips_an_idle_local_node_is_caught_within_10_seeds(monkeypatch):
+    # The locality test compares the wrong way: an idle local node is
+    # "busy", and the task goes to the least utilized node, the local one
+    # last among equals.
+    original = scheduling.pick_node
+
+    def far(request, strategy, local_node_id, view, state, threshold):
+        if isinstance(strategy, scheduling.DefaultStrategy):
+            others = {node_id: node for node_id, node in view.items()
+                      if node_id != local_node_id}
+            if others:
+                choice = original(request, strategy, None, others, state, threshold)
+                if choice != scheduling.INFEASIBLE:
+                    return choice
+        return original(request, strategy, local_node_id, view, state, threshold)
+
+    monkeypatch.setattr(scheduling, "pick_node", far)
+    first_failure(range(10), "objects", "none", "default-strategy-runs-locally-first")

@@ -503,6 +503,9 @@ def check_placements(cluster, program: Program, ledger: Ledger) -> None:
     * NodeAffinity, hard: on that node only; soft: there, unless that node
       had died or been cut off by then (the tasks need no resources, so
       the node always has room) (``node-affinity-honoured``);
+    * DEFAULT, from the driver, needing no CPU, submitted while the
+      driver's node was idle: there, unless that node granted a lease or
+      took a bundle before it ran (``default-strategy-runs-locally-first``);
     * SPREAD, a batch of tasks one after the other that need no resources
       (so every node has room): each of the nodes alive throughout runs
       its share, no node more than one past an even share while another
@@ -538,6 +541,17 @@ def check_placements(cluster, program: Program, ledger: Ledger) -> None:
                     f"{key}, pinned to node {target[:8]} (soft={detail}), ran on node "
                     f"{node[:8]} at t={at:.6f}" + ("" if not detail else
                                                     "; that node was alive, with room"))
+        elif kind == "local" and runs:
+            node, at = runs[0]
+            busy = [event for event in cluster.trace.events if detail <= event["t"] <= at
+                    and event["component"] == target[:8]
+                    and event["event"] in ("lease_granted", "bundles_committed")]
+            if node != target and not busy:
+                raise InvariantViolation(
+                    "default-strategy-runs-locally-first",
+                    f"{key} (DEFAULT, from the driver, needing no CPU) ran on node "
+                    f"{node[:8]} at t={at:.6f}; the driver's node {target[:8]} was idle when "
+                    f"it was submitted (t={detail:.6f}) and granted nothing since")
         elif kind == "spread" and runs:
             batches.setdefault(target, (detail, []))[1].append(runs[0])
     for batch, (alive, runs) in sorted(batches.items()):

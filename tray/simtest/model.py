@@ -117,7 +117,8 @@ class Program:
         self.waits: list[WaitCall] = []  # every timed_wait, for check_waits
         # (execution key, strategy kind, target): where the work behind the
         # key must run (check_placements): ("group", pg hex, bundle index),
-        # ("node", node hex, soft), ("spread", batch name, alive nodes)
+        # ("node", node hex, soft), ("spread", batch name, alive nodes),
+        # ("local", the driver's node hex, when it was submitted)
         self.placements: list[tuple] = []
         self.group_strategies: dict[str, str] = {}  # placement group hex -> its strategy
         # Non-recursive cancels: (children's key prefix, the parent's task hex);
@@ -194,7 +195,10 @@ class Program:
         (``check_placements``): ``group`` (``target`` the placement group's
         hex id, ``detail`` the bundle index, -1 any): on a node holding that
         bundle; ``node`` (``target`` a node's hex id, ``detail`` soft): on
-        that node (soft: unless it died or was cut off); ``spread``
+        that node (soft: unless it died or was cut off); ``local``
+        (``target`` the driver's node, idle at ``detail``, the virtual time
+        it was submitted): there, unless that node took other work since;
+        ``spread``
         (``target`` the batch's name): the batch's tasks spread over the
         nodes alive throughout."""
         self.placements.append((key, kind, target, detail))

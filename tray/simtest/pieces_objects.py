@@ -82,6 +82,25 @@ def strategies(program) -> None:
             key, i)
         program.expect(ref, i * i, label=f"SPREAD task {i} of {2 * len(alive)}", unlimited=True)
         tray.wait([ref], timeout=program.wait_timeout_s, fetch_local=False)
+    # DEFAULT: on the driver's node while it has room and is not busy (here:
+    # idle when the task is submitted; needing a sliver of memory, its tasks
+    # are a scheduling class of their own, no lease of other work reused).
+    from tray.core.scheduling import utilization
+
+    from . import cluster
+
+    head = tray.get_runtime_context().get_node_id()
+    for i in range(rng.randint(1, 3)):
+        key = program.key(f"local{i}", retries=-1)
+        manager = next((process.component.leases for address, process in
+                        sorted(cluster().processes.items()) if address.endswith("/raylet")
+                        and process.alive and getattr(process.component, "node_id", None) == head
+                        and hasattr(process.component, "leases")), None)
+        if manager is not None and utilization(manager.total, manager.available) < 1e-9:
+            program.placed(key, "local", head, cluster().clock.current_time())
+        ref = leaf.options(num_cpus=0, memory=4321, max_retries=-1).remote(key, i)
+        program.expect(ref, i * i, label=f"DEFAULT task {i}", unlimited=True)
+        tray.wait([ref], timeout=program.wait_timeout_s, fetch_local=False)
     target, soft = rng.choice(alive), rng.random() < 0.5
     for i in range(rng.randint(1, 3)):
         key = program.key(f"pinned{i}", retries=-1)
