@@ -148,3 +148,25 @@ def test_default_that_skips_an_idle_local_node_is_caught_within_10_seeds(monkeyp
 
     monkeypatch.setattr(scheduling, "pick_node", far)
     first_failure(range(10), "objects", "none", "default-strategy-runs-locally-first")
+
+
+def test_work_in_any_bundle_of_its_group_is_caught_within_15_seeds(monkeypatch):
+    # The bundle index is dropped on the way: the owner asks the node of
+    # any bundle of the group, and that node grants from any of its bundles.
+    import dataclasses
+
+    from tray.core.node.lease_manager import LeaseManager
+    from tray.core.worker.normal_task_submitter import NormalTaskSubmitter
+
+    original_manager = NormalTaskSubmitter._bundle_manager
+
+    async def any_manager(self, queue, spec):
+        anywhere = dataclasses.replace(spec.strategy, bundle_index=-1)
+        return await original_manager(self, queue, dataclasses.replace(spec, strategy=anywhere))
+
+    def any_bundle(self, strategy):
+        return [key for key in sorted(self.bundles) if key[0] == strategy.placement_group_id]
+
+    monkeypatch.setattr(NormalTaskSubmitter, "_bundle_manager", any_manager)
+    monkeypatch.setattr(LeaseManager, "_bundles_for", any_bundle)
+    first_failure(range(15), "groups", "none", "placement-group-work-runs-in-its-bundle")
