@@ -413,7 +413,8 @@ def test_a_done_result_ends_its_trial_whatever_the_scheduler_answers(tmp_path):
     scheduler = _PausingScheduler.make()
     controller = _unit_controller(tmp_path, scheduler)
     shape = "num_cpus=1"
-    a, b = controller.next_work(0, shape), controller.next_work(1, shape)
+    controller.next_work(0, shape)  # (x == 0.1: the trial the scheduler lets run)
+    b = controller.next_work(1, shape)
     done = {"score": 1.0, "training_iteration": 3, "done": True}
     assert controller.report(b.trial_id, b.attempt, [(dict(done), None)]) == ("stop", False)
     trial = controller.get_trial(b.trial_id)

@@ -399,19 +399,140 @@ def _consume(pipeline: _Pipeline, make, rows: list, order: str, checks: list) ->
                      sorted(map(_key, got)))]
 
 
+class UdfError(ValueError):
+    """A user function's own error: it must reach the consumer as itself."""
+
+
+def _explode(batch, bad: int, exit_: bool = False):
+    if bad in set(batch["id"].tolist()):
+        if exit_:  # the worker exits: a system error, WorkerCrashedError
+            raise SystemExit(3)
+        raise UdfError(f"the user function refuses row {bad}")
+    return batch
+
+
+def _exiting(program, make, bad: int, label: str) -> None:
+    """A user function whose worker exits (no retries): the consumer gets
+    the system error, a TrayError, noted with the operator that ran it."""
+    from tray import exceptions
+    from tray.data import DataContext
+
+    context = DataContext.get_current()
+    before, context.task_max_retries = context.task_max_retries, 0
+    try:
+        got = make().map_batches(_explode, fn_kwargs={"bad": bad, "exit_": True}).take_all()
+    except exceptions.WorkerCrashedError as error:
+        notes = " ".join(getattr(error, "__notes__", []))
+        got = "noted" if "tray.data operator" in notes and "_explode" in notes else \
+            f"{type(error).__name__} with notes {notes!r}"
+    except Exception as error:  # noqa: BLE001 - judged by the runner like any error
+        program.expect(_reraise.remote(error), "WorkerCrashedError", label=label)
+        return
+    else:
+        got = f"no error: {len(got)} rows"
+    finally:
+        context.task_max_retries = before
+    if got != "noted":
+        from .invariants import InvariantViolation
+
+        raise InvariantViolation("data-udf-error-reaches-consumer",
+                                 f"{label}: expected WorkerCrashedError noted with the operator "
+                                 f"map_batches(_explode), got {got}")
+
+
+def _failing(program, pipeline: _Pipeline, make, rows: list) -> None:
+    """The pipeline, then a ``map_batches`` whose function raises on one of
+    the model's rows: consuming it raises the user's error class, with its
+    message (``data-udf-error-reaches-consumer``), unless a fault the plan
+    injected ended it first (judged by the runner)."""
+    bad = rows[pipeline.rng.randrange(len(rows))]["id"]
+    label = "data: " + " -> ".join(pipeline.steps) + f" -> map_batches(_explode: row {bad})"
+    if pipeline.rng.random() < 0.4:
+        _exiting(program, make, bad, label + " (its worker exits)")
+        return
+    expected = f"UdfError: the user function refuses row {bad}"
+    try:
+        got = make().map_batches(_explode, fn_kwargs={"bad": bad}).take_all()
+    except UdfError as error:  # (the operator's name and the traceback may come with it)
+        got = expected if f"refuses row {bad}" in str(error) else f"UdfError: {error}"
+    except Exception as error:  # noqa: BLE001 - judged by the runner like any error
+        program.expect(_reraise.remote(error), expected, label=label)
+        return
+    else:
+        got = f"no error: {len(got)} rows"
+    if got != expected:
+        from .invariants import InvariantViolation
+
+        raise InvariantViolation("data-udf-error-reaches-consumer",
+                                 f"{label}: expected {expected!r}, got {got!r}")
+
+
+def _limits(seed: int):
+    """A tiny object-store budget (backpressure: one task at a time, or a
+    few), or none, and an operators_max the plan must exceed, or none: the
+    context's settings for this seed (an RNG of their own)."""
+    import random
+
+    rng = random.Random(f"{seed}:data-limits")
+    budget = rng.choice([1, 4_000, 40_000]) if rng.random() < 0.3 else None
+    refuse, udf_error = rng.random() < 0.05, rng.random() < 0.2
+    # No retries: a task a fault ends raises its system error to the consumer.
+    retries = 0 if rng.random() < 0.3 else None
+    return budget, refuse, udf_error, retries
+
+
 def data_pipeline(program) -> None:
     import tray.simtest
+    from tray.data import DataContext
 
     cluster = tray.simtest.cluster()
-    for _ in range(program.rng.randint(1, 3)):
-        pipeline = _Pipeline(program, cluster)
-        make, rows, order, checks = pipeline.build()
-        try:
-            for label, expected, got in _consume(pipeline, make, rows, order, checks):
-                program.expect(tray.put(got), expected, label=f"data: {label}")
-        except Exception as error:  # noqa: BLE001 - judged by the runner like any error
-            program.expect(_reraise.remote(error), _normalize(rows),
-                           label="data: " + " -> ".join(pipeline.steps))
+    budget, refuse, udf_error, retries = _limits(cluster.seed)
+    context = DataContext.get_current()
+    limits = context.execution_options.resource_limits
+    saved = limits.object_store_memory, context.operators_max, context.task_max_retries
+    limits.object_store_memory = budget
+    if retries is not None:
+        context.task_max_retries = retries
+    try:
+        if refuse:
+            _refused(context)
+        for _ in range(program.rng.randint(1, 3)):
+            pipeline = _Pipeline(program, cluster)
+            make, rows, order, checks = pipeline.build()
+            if budget is not None:
+                pipeline.steps.append(f"(object_store_memory budget {budget} bytes)")
+            if retries is not None:
+                pipeline.steps.append(f"(task_max_retries {retries})")
+            try:
+                for label, expected, got in _consume(pipeline, make, rows, order, checks):
+                    program.expect(tray.put(got), expected, label=f"data: {label}")
+            except Exception as error:  # noqa: BLE001 - judged by the runner like any error
+                program.expect(_reraise.remote(error), _normalize(rows),
+                               label="data: " + " -> ".join(pipeline.steps))
+            if udf_error and rows and "id" in rows[0]:
+                _failing(program, pipeline, make, rows)
+    finally:
+        limits.object_store_memory, context.operators_max, context.task_max_retries = saved
+
+
+def _refused(context) -> None:
+    """A plan with more operators than ``operators_max`` is refused, with a
+    ValueError saying so, before anything runs."""
+    import tray.data as td
+
+    before, context.operators_max = context.operators_max, 3
+    try:  # (a read's two operators, two all-to-all ones: they never fuse)
+        td.range(10, override_num_blocks=2).repartition(2).repartition(3).take_all()
+    except ValueError as error:
+        if "operators" not in str(error):
+            raise
+    else:
+        from .invariants import InvariantViolation
+
+        raise InvariantViolation("data-operators-max", "a plan of 4 operators ran with "
+                                 "DataContext.operators_max = 3")
+    finally:
+        context.operators_max = before
 
 
 WORKLOADS = {"data": data_pipeline}
