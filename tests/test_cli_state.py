@@ -87,7 +87,7 @@ def test_state_commands_on_a_live_cluster(cluster_address, tmp_path):
     assert "4" in add_line.split()
     actors = json.loads(_run("summary", "actors", "--format", "json", "--address",
                              address).output)
-    assert actors["summary"]["Keeper"]["state_counts"] == {"ALIVE": 1}
+    assert actors["cluster"]["summary"]["Keeper"]["state_counts"] == {"ALIVE": 1}
 
     def failure_told():  # the owner's events say FAILED; the executor's carry the traceback
         got = json.loads(_run("get", "task", failed[0]["task_id"], "--address",

@@ -84,7 +84,8 @@ def test_tasks_finished_and_failed_with_error(one_node):
     assert {"PENDING_NODE_ASSIGNMENT", "SUBMITTED_TO_WORKER", "RUNNING"} <= set(states)
     assert detail.start_time_ms <= detail.end_time_ms
     assert any(span["event_name"] == "task:execute" for span in detail.profiling_data)
-    summary = state.summarize_tasks()
+    summary = state.summarize_tasks()["cluster"]
+    assert summary["summary_by"] == "func_name" and summary["total_tasks"] == 5
     assert summary["summary"]["add_one"]["state_counts"] == {"FINISHED": 4}
     assert summary["summary"]["boom"]["state_counts"] == {"FAILED": 1}
     # Filters: = and != (state names case-insensitively), and a limit.
@@ -130,7 +131,7 @@ def test_actors_alive_then_dead_with_cause(one_node):
     dead = _until(lambda: state.get_actor(actor.actor_id), lambda a: a.state == "DEAD")
     assert "tray.kill" in dead.death_cause
     assert [e["state"] for e in dead.events] == ["PENDING_CREATION", "ALIVE", "DEAD"]
-    assert state.summarize_actors()["summary"]["Counter"]["state_counts"] == {"DEAD": 1}
+    assert state.summarize_actors()["cluster"]["summary"]["Counter"]["state_counts"] == {"DEAD": 1}
     calls = _until(lambda: state.list_tasks(filters=[("type", "=", "ACTOR_TASK")]),
                    lambda ts: ts and ts[0].state == "FINISHED")
     assert calls[0].name == "Counter.add" and calls[0].actor_id == actor.actor_id
@@ -149,7 +150,7 @@ def test_objects_workers_jobs_and_memory(one_node):
     assert summary["nodes"][0]["store_used_bytes"] >= 300_000
     assert summary["nodes"][0]["spilled_bytes"] == 0
     assert summary["totals"]["objects"] >= 2
-    assert state.summarize_objects()["summary"]["total_size_bytes"] >= 300_000
+    assert state.summarize_objects()["cluster"]["summary"]["total_size_bytes"] >= 300_000
     tray.get(add_one.remote(1))
     workers = state.list_workers()
     assert any(w.worker_type == "DRIVER" for w in workers)

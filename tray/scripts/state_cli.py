@@ -154,6 +154,7 @@ def summary(resource: str, output_format: str, address: str) -> int:
     if output_format == "json":
         _echo_json(result)
         return 0
+    result = result["cluster"]
     if resource == "objects":
         body = result["summary"]
         click.echo(f"{body['total_objects']} object reference(s), "
