@@ -256,6 +256,42 @@ def test_a_best_result_picked_the_wrong_way_is_caught_within_2_seeds(monkeypatch
     first_failure([2, 5], "tune", "none", "tune-best-result")
 
 
+def test_a_runner_reusing_a_class_trainable_without_reset_config_is_caught_within_2_seeds(
+        monkeypatch):
+    # Seeds 0 and 9 run a class trainable with reuse_actors=True.
+    from tray.tune._runner import TrialRunner
+
+    original = TrialRunner._make_instance
+
+    def reuse_always(self, work):
+        cached = self._instance
+        if cached is not None and type(cached) is self.spec.trainable:
+            self._instance = None
+            cached.config = dict(work.config)  # reset_config forgotten: its state stays
+            return cached
+        return original(self, work)
+
+    monkeypatch.setattr(TrialRunner, "_make_instance", reuse_always)
+    first_failure([0, 9], "tune", "none", "tune-scores-match-model")
+
+
+# ------------------------------------------------------------------------ data
+# The data workload's seeds 6 and 11 end a pipeline with a user function
+# that raises (tray/simtest/workloads_data.py, _limits).
+
+
+def test_a_user_error_that_loses_its_class_is_caught_within_2_seeds(monkeypatch):
+    from tray import exceptions
+    from tray.data import _executor
+
+    def plain(error, op_name):  # not as_instanceof_cause: a bare TaskError
+        return exceptions.TaskError(f"tray.data operator {op_name}", error.traceback_str,
+                                    error.cause)
+
+    monkeypatch.setattr(_executor, "_operator_error", plain)
+    first_failure([6, 11], "data", "none", "data-udf-error-reaches-consumer")
+
+
 # ----------------------------------------------------------------------- train
 # The train workload's seeds 10 (max_failures=0), 16 (max_failures=1) and 18
 # (max_failures=0) spend their budget under the default faults; 0, 9, 16, 18
