@@ -423,8 +423,12 @@ def _exiting(program, make, bad: int, label: str) -> None:
         got = make().map_batches(_explode, fn_kwargs={"bad": bad, "exit_": True}).take_all()
     except exceptions.WorkerCrashedError as error:
         notes = " ".join(getattr(error, "__notes__", []))
-        got = "noted" if "tray.data operator" in notes and "_explode" in notes else \
-            f"{type(error).__name__} with notes {notes!r}"
+        if "tray.data operator" not in notes or "_explode" not in notes:
+            # Another operator's task, ended by a fault (no retries either):
+            # judged by the runner, as any error a fault may explain.
+            program.expect(_reraise.remote(error), "WorkerCrashedError", label=label)
+            return
+        got = "noted"
     except Exception as error:  # noqa: BLE001 - judged by the runner like any error
         program.expect(_reraise.remote(error), "WorkerCrashedError", label=label)
         return
