@@ -28,7 +28,18 @@ default: outputs leave every operator in input order):
 * a pool as large as the cluster (every CPU held by its actors) followed
   by ``take``/``take_all``/``iter_batches`` finishes (issue 41: it hung).
 
-An error the faults permit (a worker crashed past its retries, an object
+* ``data-udf-error-reaches-consumer``: a pipeline ending in a user
+  function that raises on one of the model's rows raises the user's own
+  exception class, with its message, to the consumer (not a bare
+  TaskError, not nothing); one whose worker exits (``SystemExit``, no
+  retries) raises ``WorkerCrashedError`` noted with that operator;
+* ``data-operators-max``: a plan with more operators than
+  ``DataContext.operators_max`` is refused with a ValueError.
+
+Some seeds (an RNG of their own) run under a tiny object-store budget
+(``resource_limits.object_store_memory`` of 1 byte to 40 kB: the executor's
+backpressure, one task or a few in flight) or with ``task_max_retries=0``
+(a fault that ends a task surfaces as its system error). An error the faults permit (a worker crashed past its retries, an object
 lost with its lineage) is re-raised by a task so that the runner judges it
 as it judges any; a wrong answer fails ``values-match-model``.
 

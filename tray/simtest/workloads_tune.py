@@ -8,7 +8,11 @@ the workload's own, maybe under a ``ConcurrencyLimiter``), trials that
 fail once or at every run,
 a search space (``width`` sampled, or a grid over it: the trials are
 ``num_samples`` x the grid), ``max_concurrent_trials`` and
-``FailureConfig.max_failures``. The trainable's score is ``quality(config)
+``FailureConfig.max_failures``; and (an RNG of its own) a function
+trainable or a class one (``TuneClassObjective``: ``checkpoint_frequency``
+1 to 3, ``checkpoint_at_end``, ``reuse_actors``, its state as a dict or a
+file; it saves when the controller asks, at a pause or for a PBT donor,
+and its ``done`` ends the trial whatever the scheduler answers). The trainable's score is ``quality(config)
 * iteration``, accumulated from its checkpoint, and every result says
 where its run resumed from (``restored_t``, ``restored_total``) and the
 quality it ran with. The scheduler is the public one with a recorder mixed
@@ -28,9 +32,11 @@ answers. Reference models and invariants:
   STOP ends the trial at that result; a trial ends before ``max_t`` only
   when told to;
 * ``tune-resumes-from-latest-checkpoint``: every new run of a trial (after
-  a failure, a pause, a controller restart) resumes from the last result
-  the controller took (each carries a checkpoint); after a PBT exploit,
-  from a checkpoint some trial reported;
+  a failure, a pause, a controller restart) resumes from the latest
+  checkpoint the controller registered as of its last result (the function
+  trainable checkpoints every result; a class one every
+  ``checkpoint_frequency``, or on request: then from that last result);
+  after a PBT exploit, from a checkpoint some trial reported;
 * ``tune-scores-match-model``: every score follows from where its run
   resumed; ``tune-result-history``: a trial's ``result.json`` holds
   iterations 1..n once each, ending at the controller's last result;
