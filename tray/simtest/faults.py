@@ -162,12 +162,15 @@ def _overlaps(rng: random.Random, faults: list[Fault], num_nodes: int) -> list[F
     return extra
 
 
-# BUGGIFY (FoundationDB's term): under the chaos profile a seed also turns
-# some of the core's knobs to values that make rare paths common -- every
-# object through the store (pulls, locations, reconciling), one lease request
-# per scheduling class, spillback on every grant, workers reaped when idle
-# for a moment, owners asked about stored copies often. Each knob is on with
-# probability one half, drawn from the seed; only the simulator sees them.
+# BUGGIFY (FoundationDB's term): a seed also turns some of the core's knobs
+# to values that make rare paths common. Only the simulator sees them (the
+# runner puts them in the simulated cluster's Config; the real backend's
+# defaults never change), and the failure report lists them.
+#
+# The chaos profile's (each on with probability one half): every object
+# through the store (pulls, locations, reconciling), one lease request per
+# scheduling class, spillback on every grant, workers reaped when idle for a
+# moment, owners asked about stored copies often.
 BUGGIFY_KNOBS = {
     "inline_object_max_bytes": 0,
     "pending_lease_requests_max": 1,
@@ -175,14 +178,43 @@ BUGGIFY_KNOBS = {
     "idle_worker_timeout_s": 0.2,
     "object_reconcile_period_s": 0.25,
 }
+# Every profile that injects faults (default and chaos) draws these too, from
+# a stream of their own: half the seeds turn none, the others each with
+# probability one half, to one of its values. Each changes how the core
+# does its work, never what a program may observe: objects pulled in many
+# chunks (16 or 64 KiB: the workloads' stored objects are 120 KB to 1.6 MB,
+# so a pull takes 2 to 100 chunks, several in flight), objects a few KiB
+# large kept in the store, one or two lease requests in flight, the work
+# spread at once or packed to the full, workers reaped after a moment idle,
+# owners asked often whether they still know the copies, task events sent
+# to the GCS often.
+PATH_KNOBS = {
+    "object_chunk_bytes": (16 * 1024, 64 * 1024),
+    "inline_object_max_bytes": (0, 4 * 1024),
+    "pending_lease_requests_max": (1, 2),
+    "local_utilization_threshold": (0.0, 1.0),
+    "idle_worker_timeout_s": (0.2, 1.0),
+    "object_reconcile_period_s": (0.25, 0.5),
+    "task_events_flush_period_s": (0.1,),
+}
+PATH_KNOB_PROFILES = ("default", "chaos")
 
 
 def buggify(seed: int, profile: str) -> dict:
-    """The knobs this seed turns (empty unless the profile is chaos)."""
-    if profile != "chaos":
-        return {}
-    rng = random.Random(f"{seed}:buggify")
-    return {name: value for name, value in BUGGIFY_KNOBS.items() if rng.random() < 0.5}
+    """The knobs this seed turns: the chaos profile's ``BUGGIFY_KNOBS``, and
+    under ``PATH_KNOB_PROFILES`` the ``PATH_KNOBS`` (a chaos knob wins)."""
+    knobs: dict = {}
+    if profile in PATH_KNOB_PROFILES:
+        rng = random.Random(f"{seed}:buggify:paths")
+        if rng.random() < 0.5:
+            for name, values in PATH_KNOBS.items():
+                if rng.random() < 0.5:
+                    knobs[name] = rng.choice(values)
+    if profile == "chaos":
+        rng = random.Random(f"{seed}:buggify")
+        knobs.update({name: value for name, value in BUGGIFY_KNOBS.items()
+                      if rng.random() < 0.5})
+    return knobs
 
 
 def _space_gcs_restarts(faults: list[Fault]) -> list[Fault]:
