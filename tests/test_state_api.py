@@ -258,6 +258,42 @@ def test_gcs_table_checks_the_rows_merged_since_its_last_check():
     table.validate_state()
 
 
+def test_an_ended_jobs_unfinished_attempts_are_marked_failed():
+    """When a job's driver exits, the GCS marks the job's attempts that had
+    not ended FAILED (WORKER_DIED, Ray's message), as Ray's GCS does; ended
+    ones and other jobs' stay as they were."""
+    from types import SimpleNamespace
+
+    import trio
+
+    from tray.core.gcs.task_event_table import TaskEventTable
+
+    table = TaskEventTable(config=Config(), tracer=None)
+    info = {job: ("f", "NORMAL_TASK", job, None, "p", {}, None, "f", "driver")
+            for job in (1, 2)}
+    rows = [("pending", 1, "PENDING_NODE_ASSIGNMENT"), ("running", 1, "RUNNING"),
+            ("done", 1, "FINISHED"), ("other", 2, "RUNNING")]
+
+    async def merge_then_end() -> None:
+        events = [(task, 0, info[job], {state_: 1.0}, None, None, None, None, None, [])
+                  for task, job, state_ in rows]
+        table.handle_add_task_events(None, SimpleNamespace(events=events, dropped=0,
+                                                           sender_now=trio.current_time()))
+        table.job_ended(1)
+
+    trio.run(merge_then_end)
+    state_of = {key[0]: row["state"] for key, row in table.rows.items()}
+    assert state_of == {"pending": "FAILED", "running": "FAILED", "done": "FINISHED",
+                        "other": "RUNNING"}
+    failed = table.rows[("running", 0)]
+    assert failed["error_type"] == "WORKER_DIED"
+    assert failed["error_message"] == ("Job finishes (00000001) as driver exits. Marking all "
+                                       "non-terminal tasks as failed.")
+    assert "FAILED" in failed["events"] and "RUNNING" in failed["events"]
+    assert table.rows[("done", 0)]["error_type"] is None
+    table.validate_state()
+
+
 def test_process_buffer_is_bounded_and_counts_drops():
     tray.init(backend="sim", seed=0, num_cpus=2, config=Config(task_events_buffer_max=3))
     tray.get([add_one.remote(i) for i in range(10)])

@@ -168,7 +168,8 @@ class GcsServer:
         self.placement_groups.owner_died(address)
         if address in self.node_table.addresses():
             return
-        self.kv.driver_exited(address)
+        for job_id in self.kv.driver_exited(address):
+            self.task_events.job_ended(job_id)
         for _node_id, node in sorted(self.node_table.nodes.items()):
             if node.alive:
                 self.nursery.start_soon(self.endpoint.notify_reliable, node.address,

@@ -89,14 +89,17 @@ class KvStore:
         self._tracer.record("gcs", "job_registered", job=job_id)
         return job_id
 
-    def driver_exited(self, address: str) -> None:
+    def driver_exited(self, address: str) -> list[int]:
         """The driver at ``address`` went away (the GCS saw its connection
         close, which is also when its actors go): its job is over, as in
-        Ray's job table (``is_dead``)."""
+        Ray's job table (``is_dead``). The jobs that ended."""
+        ended = []
         for key in self._running_jobs.pop(address, ()):
             if self._storage.get(T_JOBS_ENDED, key) is None:
                 self._storage.put(T_JOBS_ENDED, key, b"")
                 self._tracer.record("gcs", "job_ended", job=int(key))
+                ended.append(int(key))
+        return ended
 
     def handle_list_driver_jobs(self, conn) -> list:
         """Every job a driver registered: [(job number, driver address,

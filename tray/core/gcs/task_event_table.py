@@ -27,8 +27,10 @@ from dataclasses import dataclass
 import trio
 
 from ..messages import TaskEventPage, TaskSummaryReply
-from ..task_status import STATUS_ORDER
+from ..task_status import STATUS_ORDER, TaskStatus
 from ..worker.task_events import INFO_FIELDS, TaskType
+
+_ENDED = (TaskStatus.FINISHED, TaskStatus.FAILED)
 
 # Workers whose pids are kept (list_workers shows the others without).
 WORKER_PIDS_MAX = 10_000
@@ -150,6 +152,23 @@ class TaskEventTable:
                 row["error_type"], row["error_message"] = error_type, error_message
         for name, start, end in spans:
             row["spans"].append((name, start + shift, end + shift))
+
+    def job_ended(self, job_id: int) -> None:
+        """The job's driver exited: its attempts that had not ended never
+        will (nobody waits for them), and are marked failed, as Ray's GCS
+        does (``MarkTasksFailedOnJobEnds``), instead of staying pending or
+        running in every listing for good."""
+        now = trio.current_time()
+        message = (f"Job finishes ({job_id:08x}) as driver exits. Marking all non-terminal "
+                   f"tasks as failed.")
+        for key, row in self.rows.items():
+            if row["job_id"] == job_id and row["state"] not in _ENDED:
+                if self._merged_since_check is not None:
+                    self._merged_since_check.add(key)
+                row["events"][TaskStatus.FAILED] = now
+                row["state"] = TaskStatus.FAILED
+                if row["error_type"] is None:
+                    row["error_type"], row["error_message"] = "WORKER_DIED", message
 
     def handle_get_task_events(self, conn, task_id: str | None = None,
                                job_id: int | None = None, filters: list | None = None,
