@@ -144,7 +144,8 @@ def _check_never_placed(extra) -> None:
     strategy = extra.choice(["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"])
     largest = int(max(n["Resources"].get("CPU", 0) for n in nodes))
     total = int(sum(n["Resources"].get("CPU", 0) for n in nodes))
-    never = extra.random() < 0.5
+    # (A STRICT_PACK group larger than the largest node never fits.)
+    never = extra.random() < 0.5 or strategy == "STRICT_PACK"
     if never:
         workers, per_worker = ((largest + 1, 1) if strategy == "STRICT_PACK" else
                                (1, largest + 1))
