@@ -5,6 +5,7 @@ within a stated number of seeds."""
 
 from __future__ import annotations
 
+import pytest
 from planting import first_failure  # (tests/ is on sys.path)
 
 from tray.core.gcs.actor_manager import OUT_OF_SCOPE, ActorManager
@@ -107,3 +108,49 @@ def test_an_actor_worker_reported_dead_while_it_serves_is_caught_within_10_seeds
 
     monkeypatch.setattr(WorkerPool, "reap_idle", reaps_an_actor)
     first_failure(range(10), "restarts", "none", "one-actor-incarnation-at-a-time")
+
+
+# ============================================ regressions these checks found
+
+
+@pytest.mark.parametrize("reconnecting", [False, True])
+def test_a_call_to_an_actor_on_a_node_declared_dead_comes_back_while_the_node_is_cut_off(
+        reconnecting):
+    # A node cut off (a partition) past the death timeout: the GCS declares
+    # it dead and restarts its actor elsewhere, and the call in flight must
+    # go to the new incarnation while the partition still holds. It waited
+    # for the heal instead: the caller asked whether the old actor still
+    # listened (reachable), or was opening a connection to it (after a
+    # reset), and either stayed held by the partition (restarts default
+    # seeds 2, 25, 32 with the cut_off_past_death pattern).
+    import tray
+    from tray.simtest.pytest_plugin import simtest_cluster
+    from tray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    @tray.remote(max_restarts=-1, max_task_retries=-1, num_cpus=0)
+    class Echo:
+        def twice(self, x):
+            return 2 * x
+
+    with simtest_cluster(1, num_nodes=2, num_cpus=1) as sim:
+        head, other = sim.node_ids()
+        echo = Echo.options(scheduling_strategy=NodeAffinitySchedulingStrategy(
+            other, soft=True)).remote()
+        assert tray.get(echo.twice.remote(1)) == 2
+        if reconnecting:
+            sim.reset_connections(other)  # the next call opens a new connection
+        sim.partition([other], [head])
+        ref = echo.twice.remote(21)
+        sim.advance(sim.config.node_death_timeout_s + 2.0)
+        assert not any(node["Alive"] for node in tray.nodes() if node["NodeID"] == other)
+        assert tray.get(ref, timeout=10.0) == 42  # (the partition still holds)
+        sim.heal()
+
+
+def test_restarts_default_seed_2_passes():
+    # The seed that found it (a call to the actor on the node cut off past
+    # its death came back only after the heal).
+    from tray.simtest import runner
+
+    result = runner.run_seed(2, "restarts", "default")
+    assert result.ok, result.report()

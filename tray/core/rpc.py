@@ -1,43 +1,37 @@
 """Request/response and one-way messages over a Transport stream.
 
-Every component is a set of handlers. A *plain* handler (``def``) runs
-inline in the connection's receive loop, so the messages of one connection
-are handled strictly in the order they were sent — reference-count updates
-and actor submissions rely on that. An ``async def`` handler runs in its own
-task and may wait (for a lease, an object, an actor to come alive); its
-reply is sent when it returns. A plain handler whose reply comes later
-returns a ``Deferred``: it runs in order like any plain handler, and the
-reply leaves when whoever finishes the work resolves it (an actor's
-executor, with no task of the handler's waiting in between).
+Every component is a set of handlers. A *plain* handler (``def``) runs inline in the
+connection's receive loop, so the messages of one connection are handled strictly in the
+order they were sent — reference-count updates and actor submissions rely on that. An ``async
+def`` handler runs in its own task and may wait (for a lease, an object, an actor to come
+alive); its reply is sent when it returns. A plain handler whose reply comes later returns a
+``Deferred``: it runs in order like any plain handler, and the reply leaves when whoever
+finishes the work resolves it (an actor's executor, with no task of the handler's waiting in
+between).
 
-Wire messages are tuples:
-``(REQUEST, call_id, method, args)``, ``(REPLY, call_id, ok, value)``,
-``(ONEWAY, 0, method, args)``, ``(RELIABLE, seq, method, args)`` and
-``(ACK, seq, None, None)``; a connection opens with the connecting side's
-``("hello", address, session)`` and the other side's ``(WELCOME, session,
-None, None)``.
+Wire messages are tuples: ``(REQUEST, call_id, method, args)``, ``(REPLY, call_id, ok,
+value)``, ``(ONEWAY, 0, method, args)``, ``(RELIABLE, seq, method, args)`` and ``(ACK, seq,
+None, None)``; a connection opens with the connecting side's ``("hello", address, session)``
+and the other side's ``(WELCOME, session, None, None)``.
 
-**Reliable one-way messages.** A plain one-way message is lost when its
-connection breaks (a reset): fine for a view that the next heartbeat
-repeats, not for reference counting (a lost ``remove_borrower`` leaks an
-object, a lost ``add_borrower`` frees one too early), frees, lease returns or
-death notices. Those go with ``notify_reliable``: each gets a sequence number
-(increasing, from one counter per process) and stays in the sender's
-``unacked`` queue for its destination until the receiver acknowledges it
-(acks are cumulative, and sent once per burst). One task at a time sends a
-connection's reliable messages, strictly in sequence order; when a new
-connection to the destination opens, every unacknowledged message is sent
-again first. The receiver handles each message once: it remembers the last
-sequence number handled per sender and *session* (a restarted sender has a
-new one). Messages are for one incarnation of their receiver: when a new
-connection finds another process (another session) at the address — a
-restarted node manager at its predecessor's address — what was waiting for
-the old one is dropped, never delivered to its successor (a ``return_lease``
-of lease 5 must not return the new node's lease 5). A peer that stops
-answering may only be cut off (a partition), so what waits for it is kept
-for ``reliable_retention_s`` and dropped after that, or at once when its
-machine is declared dead (``drop``). At most ``reliable_unacked_max`` wait per
-destination; beyond that the oldest go, with an error logged.
+**Reliable one-way messages.** A plain one-way message is lost when its connection breaks
+(a reset): fine for a view that the next heartbeat repeats, not for reference counting (a
+lost ``remove_borrower`` leaks an object, a lost ``add_borrower`` frees one too early), frees,
+lease returns or death notices. Those go with ``notify_reliable``: each gets a sequence number
+(increasing, from one counter per process) and stays in the sender's ``unacked`` queue for its
+destination until the receiver acknowledges it (acks are cumulative, and sent once per burst).
+One task at a time sends a connection's reliable messages, strictly in sequence order; when a
+new connection to the destination opens, every unacknowledged message is sent again first.
+The receiver handles each message once: it remembers the last sequence number handled per
+sender and *session* (a restarted sender has a new one). Messages are for one incarnation of
+their receiver: when a new connection finds another process (another session) at the address
+— a restarted node manager at its predecessor's address — what was waiting for the old one is
+dropped, never delivered to its successor (a ``return_lease`` of lease 5 must not return the
+new node's lease 5). A peer that stops answering may only be cut off (a partition), so what
+waits for it is kept for ``reliable_retention_s`` and dropped after that, or at once when its
+machine is declared dead (``drop``), which also gives up a connection being opened to it. At
+most ``reliable_unacked_max`` wait per destination; beyond that the oldest go, with an error
+logged.
 ``call_reliable`` sends one such message and waits for its
 acknowledgement, which comes after the receiver's (plain) handler ran: a
 call that a reset neither loses nor runs twice, for what must be applied
@@ -63,11 +57,11 @@ REQUEST, REPLY, ONEWAY, RELIABLE, ACK, WELCOME = 0, 1, 2, 3, 4, 5
 # How many senders' last sequence numbers a process remembers (a sender is
 # one process; workers come and go, so the table would grow without end).
 RECEIVED_SENDERS_MAX = 65_536
-# How many times a connection is tried when it breaks before the peer's
-# welcome (a reset in the middle of a handshake is not a dead peer).
+# How many times a connection is tried when it breaks before the peer's welcome (a reset in
+# the middle of a handshake is not a dead peer).
 HANDSHAKE_ATTEMPTS = 3
-# How often ``call_reliable`` asks whether a receiver that has not
-# acknowledged its message still listens (a dead one never will).
+# How often ``call_reliable`` asks whether a receiver that has not acknowledged its message
+# still listens (a dead one never will).
 RELIABLE_RECHECK_S = 1.0
 
 
@@ -81,9 +75,8 @@ class PeerDisconnected(ConnectionClosed):
 
 
 class HandshakeBroken(PeerDisconnected):
-    """A process listens at the address, but every handshake with it broke
-    (resets while a partition held them up): the process lives, only the
-    connections to it broke."""
+    """A process listens at the address, but every handshake with it broke (resets while a
+    partition held them up): the process lives, only the connections to it broke."""
 
 
 class RemoteError(Exception):
@@ -228,10 +221,10 @@ class Connection:
             try:
                 await self._stream.send((REQUEST, call_id, method, args))
             except ConnectionClosed:
-                # Closed now, not when the receive loop next runs: until then
-                # the endpoint handed this connection out again, and a caller
-                # retrying at once never yielded to that loop (chaos seed 3071
-                # spun forever in a get's status query, no virtual time passing).
+                # Closed now, not when the receive loop next runs: until then the endpoint
+                # handed this connection out again, and a caller retrying at once never
+                # yielded to that loop (chaos seed 3071 spun forever in a get's status
+                # query, no virtual time passing).
                 self._close()
                 raise PeerDisconnected(self.peer, method) from None
             await pending.event.wait()
@@ -437,6 +430,7 @@ class Endpoint:
         self._connections: dict[str, Connection] = {}
         self._inbound: dict[str, list[Connection]] = {}
         self._connecting: dict[str, trio.Event] = {}
+        self._connect_scopes: dict[str, trio.CancelScope] = {}  # (the opener's: ``drop``)
         # Each is called with the address of a peer process that has gone
         # away, in the order they were added.
         self._peer_closed_listeners: list[Callable[[str], None]] = []
@@ -446,16 +440,14 @@ class Endpoint:
         self._reliable_seq = 0  # the last sequence number given
         # destination -> deque[(seq, method, args, the destination's session)]
         self._unacked: dict[str, deque] = {}
-        # sender -> (its session, the last seq handled). Kept when a sender
-        # seems gone (it may only be cut off and send again); the least
-        # recently heard of go beyond RECEIVED_SENDERS_MAX.
+        # sender -> (its session, the last seq handled). Kept when a sender seems gone (it may
+        # only be cut off and send again); the least recently heard of go past RECEIVED_SENDERS_MAX.
         self._received: OrderedDict[str, tuple[int, int]] = OrderedDict()
         self._peer_sessions: dict[str, int] = {}  # destination -> its session, last seen
         self._unreachable_since: dict[str, float] = {}  # destination -> when found gone
         self.reliable_dropped = 0  # messages dropped: the limit, or a replaced receiver
-        # Reliable messages received and handled (each once: a copy sent
-        # again after a broken connection is not counted). The simulator
-        # checks it against its own count of those new to this receiver.
+        # Reliable messages received and handled (each once: a copy sent again after a broken
+        # connection is not counted). The simulator checks it against its own count.
         self.reliable_handled = 0
         # seq -> [acknowledged?, event] of the messages ``call_reliable``
         # waits on (each is in an ``_unacked`` queue, so as bounded).
@@ -609,10 +601,17 @@ class Endpoint:
             event = self._connecting.get(address)
             if event is None:
                 break
+            scope = self._connect_scopes[address]
             await event.wait()
+            if scope.cancel_called:
+                raise PeerDisconnected(address)  # its machine was declared dead (drop)
         event = self._connecting[address] = trio.Event()
+        scope = self._connect_scopes[address] = trio.CancelScope()
         try:
-            stream, session = await self._open(address)
+            with scope:
+                stream, session = await self._open(address)
+            if scope.cancel_called:
+                raise PeerDisconnected(address)  # (held up by a partition, say)
             self._unreachable_since.pop(address, None)
             if self._peer_sessions.get(address) != session:
                 # Another process at the address: what was meant for the one
@@ -637,7 +636,7 @@ class Endpoint:
                 await connection.send_reliable(unacked)
             return connection
         finally:
-            del self._connecting[address]
+            del self._connecting[address], self._connect_scopes[address]
             event.set()
 
     async def _open(self, address: str):
@@ -777,12 +776,14 @@ class Endpoint:
         return sorted(set(self._connections) | set(self._inbound))
 
     def drop(self, address: str) -> None:
-        """Give up on the process at ``address`` (its machine was declared
-        dead): close every connection with it; calls waiting for its replies
-        raise PeerDisconnected now, whatever the network does."""
+        """Give up on the process at ``address`` (its machine was declared dead): close its
+        connections, and stop opening one (a handshake held up by a partition: restarts default
+        seed 2); calls waiting for it raise PeerDisconnected now, whatever the network does."""
         connections = list(self._inbound.get(address, []))
         if address in self._connections:
             connections.append(self._connections[address])
+        if address in self._connect_scopes:
+            self._connect_scopes[address].cancel()
         self._forget_peer(address)
         for connection in connections:
             connection._close()

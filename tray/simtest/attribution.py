@@ -128,6 +128,7 @@ def unattributed_executions(cluster) -> list[str] | None:
     open_by: dict[str, set] = {}
     excused: set = set()  # (task, attempt that followed an error, a memory kill, a loss)
     first_node_death_s = None
+    dead_at: dict[str, float] = {}  # node id prefix -> declared dead by the GCS at
     # A run begins when its task reaches the worker, not when its body
     # starts: fetching the function and the arguments is part of it, and a
     # fault then cuts it off as well (chaos seed 2650: a reset cut the GCS's
@@ -180,6 +181,8 @@ def unattributed_executions(cluster) -> list[str] | None:
             excused.add((event["task"], event.get("attempt")))
         elif name in ("kill_node", "node_dead") and first_node_death_s is None:
             first_node_death_s = event["t"]
+        if name == "node_dead":
+            dead_at.setdefault(event["node"][:8], event["t"])
 
     def where(component: str) -> tuple[str, tuple]:
         """A component's worker id (suffix) and the node(s) it may live on."""
@@ -201,9 +204,15 @@ def unattributed_executions(cluster) -> list[str] | None:
         owner = owner_of.get(task)
         _, owner_nodes = where(owner) if owner else ("", ())
         for (start_s, component, attempt, fn, submission, _), \
-                (next_s, _, next_attempt, _, next_submission, next_open) in \
+                (next_s, next_component, next_attempt, _, next_submission, next_open) in \
                 zip(runs, runs[1:], strict=False):
             if next_submission != submission or next_open > 1:
+                continue
+            if any(dead_at.get(node, float("inf")) <= next_s
+                   for node in where(next_component)[1]):
+                # It began on a node the GCS had declared dead (cut off, and
+                # not fenced yet): a call held up by the partition and
+                # delivered at its heal (restarts default seed 2).
                 continue
             if (task, next_attempt) in excused and next_attempt != attempt:
                 continue

@@ -127,10 +127,13 @@ def _cut_off_past_death(program, actors: list) -> None:
     others = [node for node in sim.node_ids() if node != victim and sim.is_alive(node)]
     _own_fault(program, f"partition isolated={victim[:8]}")
     sim.partition([victim], others)
+    cut_off_s = sim.clock.current_time()
+    refs = []
     for i in range(len(actors)):
         ref = actors[i].square.remote(100 + i, 0.0)
         program.expect(ref, (100 + i) ** 2, label=f"a call to restarting actor {i} while a "
                        "node is cut off past its death", actor_call=True, unlimited=True)
+        refs.append(ref)
     from .checks_actors import _gcs
 
     def declared_dead() -> bool:
@@ -138,8 +141,23 @@ def _cut_off_past_death(program, actors: list) -> None:
         record = gcs.node_table.nodes.get(victim) if gcs is not None else None
         return record is not None and not record.alive
 
-    timeout_s = sim.config.node_death_timeout_s + 4 * sim.config.heartbeat_period_s
-    _wait_for(declared_dead, timeout_s, step_s=0.25)
+    config = sim.config
+    timeout_s = config.node_death_timeout_s + 4 * config.heartbeat_period_s
+    if not _wait_for(declared_dead, timeout_s, step_s=0.25):
+        raise InvariantViolation(SILENT, f"node {victim[:8]}, cut off from every other node "
+                                 f"at t={cut_off_s:.3f}s, was not declared dead by the GCS "
+                                 f"within {timeout_s} s of virtual time (node_death_timeout_s="
+                                 f"{config.node_death_timeout_s})")
+    # Its actors restart elsewhere and the calls come back while it is
+    # still cut off: nothing waits for a dead node to return.
+    ready, pending = tray.wait(refs, num_returns=len(refs), timeout=RECOVER_S,
+                               fetch_local=False)
+    if pending:
+        raise InvariantViolation(RECOVERED, f"{len(pending)} call(s) to restartable actors "
+                                 f"on node {victim[:8]}, declared dead by the GCS, did not "
+                                 f"come back within {RECOVER_S} s of virtual time while it "
+                                 "stayed cut off (they must restart elsewhere)")
+    del ready, refs
     _own_fault(program, "heal")
     sim.heal()
     # Fenced (it ends itself: the liveness monitor bounds how soon), then
@@ -218,6 +236,11 @@ GROUP_END_S = 0.5
 DETACHED = "detached-actor-outlives-its-creator"
 OWNED = "owned-actor-dies-with-its-owner"
 REMOVED = "removed-group-ends-its-actors"
+SILENT = "silent-node-declared-dead"
+RECOVERED = "dead-node-work-recovered"
+# How long the calls to a dead node's restartable actors may take to come
+# back from their next incarnations (the actor's creation elsewhere).
+RECOVER_S = 10.0
 
 
 @tray.remote

@@ -28,6 +28,7 @@ import tray
 from tray import exceptions
 
 from . import remote_code
+from .invariants import InvariantViolation
 
 # How long the piece's later step waits for the borrowers it needs done
 # before it declares their actor unreferenced (virtual seconds; they are
@@ -121,7 +122,7 @@ def lifetimes(program) -> None:
         label = f"{'detached' if detached else 'scoped'} actor {key}"
         if detached:
             program.actors.append(handle)  # only a kill ends it (at quiescence)
-            later["detached"].append((options["name"], key))
+            later["detached"].append((options["name"], key, restarts))
         else:
             later["ids"][actor_id] = label
         unlimited = restarts == -1
@@ -189,13 +190,16 @@ def _let_go(program, later: dict) -> None:
                            actor_call=True)
             waits.append(ref)
         del keeper  # (a keeper not asked goes, and what it held with it)
-    for name, key in later.pop("detached"):
+    for name, key, restarts in later.pop("detached"):
         try:
             found = tray.get_actor(name)
         except ValueError:
-            program.not_ready.append(f"detached actor {key} ({name}) was not found by name "
-                                     "after its handles were let go of")
-            continue
+            if program.kills and restarts != -1:
+                continue  # faults may use up its restarts (actor-death-explained judges why)
+            # (Raised here: program.not_ready is read before the later steps run.)
+            raise InvariantViolation("detached-actor-outlives-its-handles",
+                                     f"detached actor {key} ({name}) was not found by name "
+                                     "after its handles were let go of") from None
         program.expect(found.square.remote(7), 49, label=f"detached actor {key} found by "
                        "name after every handle the program held was let go of",
                        actor_call=True)

@@ -201,6 +201,10 @@ class ActorTaskSubmitter:
         self.actors: dict[str, ActorState] = {}
         self._sent_at_once = 0
         self._sent_by_task = 0
+        # Nodes the GCS declared dead (``node_died``; ids are never reused):
+        # nothing of theirs is waited for, though the network may still
+        # hold a handshake with them up (a partition).
+        self._dead_nodes: set[str] = set()
         task_manager.args_to_release = self._args_to_release
 
     def statistics(self) -> ActorSubmitterStatistics:
@@ -374,6 +378,8 @@ class ActorTaskSubmitter:
                 if task.done:  # cancelled while it waited for the actor
                     return None
                 try:
+                    if info.node_id in self._dead_nodes:
+                        raise PeerDisconnected(info.address)  # fenced, if it still lives
                     await self._endpoint.connect(info.address)
                 except HandshakeBroken:
                     pass  # it may still listen: the call is cut off below
@@ -407,7 +413,8 @@ class ActorTaskSubmitter:
             info, cut_off_from = cut_off_from, None
             # Dead, or (when it still answers) only the connection broke:
             # then the actor lives on, and the call may or may not have run.
-            cut_off = await self._endpoint.reachable(info.address)
+            cut_off = info.node_id not in self._dead_nodes and \
+                await self._endpoint.reachable(info.address)
             if not cut_off:
                 state.seen_incarnation = max(state.seen_incarnation, info.incarnation)
                 # Gone, and what it borrowed with it: no copy is left to run.
@@ -577,8 +584,13 @@ class ActorTaskSubmitter:
             f"the actor {state.actor_id} died while running {spec.name}; the call was not "
             "retried (max_task_retries=0)", state.actor_id)
 
-    def addresses_on(self, node_id: str) -> set:
-        """Addresses of the actors this process knows to live on a node."""
+    def node_died(self, node_id: str) -> set:
+        """The GCS declared a node dead: the addresses of the actors this
+        process knows to live on it (to drop), none of which is waited for
+        any more, even if a partition still holds it (restarts default seed
+        2: a call cut off by the node's death asked whether the actor still
+        listened, and waited for the partition to heal)."""
+        self._dead_nodes.add(node_id)
         return {state.info.address for state in self.actors.values()
                 if state.info is not None and state.info.node_id == node_id
                 and state.info.address}

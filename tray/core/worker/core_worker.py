@@ -492,7 +492,7 @@ class CoreWorker:
         self.tracer.record(self.name, "node_died", node=node_id)
         dropped = {manager}
         dropped |= self.normal_submitter.node_died(node_id)
-        dropped |= self.actor_submitter.addresses_on(node_id)
+        dropped |= self.actor_submitter.node_died(node_id)
         for address in sorted(dropped):
             self.endpoint.drop(address)
         self.references.forget_node(node_id)
