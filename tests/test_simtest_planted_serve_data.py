@@ -15,7 +15,8 @@ import tray
 # How many seeds each planted bug may take (the first that catches it, from
 # the sweep that found it, plus a margin).
 SEEDS = {"union": 5, "zip": 3, "sort": 10, "retry": 10,
-         "healthy": 4, "impatient": 3, "count": 3, "spread": 4, "ongoing": 3}
+         "healthy": 4, "impatient": 3, "count": 3, "spread": 4, "ongoing": 3,
+         "proxy-dead": 2, "proxy-nodes": 3, "proxy-restart": 2, "proxy-stop": 3}
 
 
 # ====================================================== issue 41 regressions
@@ -205,3 +206,63 @@ def test_a_replica_past_max_ongoing_requests_is_caught(monkeypatch):
     monkeypatch.setattr(_Limiter, "set_limit", lambda self, limit: None)
     first_failure(range(SEEDS["ongoing"]), "serve", "none",
                    "serve-replica-runs-at-most-max_ongoing_requests")
+
+
+# ======================================================= Serve's HTTP proxies, planted
+
+
+def test_a_proxy_not_replaced_after_its_actor_died_is_caught(monkeypatch):
+    # A failed health check marks the proxy UNHEALTHY but keeps its dead
+    # actor (and checks it again for ever): no new proxy starts.
+    from tray.serve import _proxy_state
+    from tray.serve._status import ProxyStatus
+
+    async def keeps(self, proxy):
+        try:
+            await _proxy_state.await_ref(proxy.handle.check_health.remote())
+        except Exception as error:  # noqa: BLE001
+            proxy.status = ProxyStatus.UNHEALTHY
+            proxy.message = str(error)
+
+    monkeypatch.setattr(_proxy_state.ProxyStateManager, "_check", keeps)
+    first_failure(range(SEEDS["proxy-dead"]), "serve", "none", "serve-proxies-follow-the-nodes")
+
+
+def test_nodes_read_once_are_caught(monkeypatch):
+    # The alive nodes are asked once: a node that joins later gets no proxy.
+    from tray.serve import _proxy_state
+
+    monkeypatch.setattr(_proxy_state, "NODES_REFRESH_PERIOD_S", 1e9)
+    first_failure(range(SEEDS["proxy-nodes"]), "serve", "none", "serve-proxies-follow-the-nodes")
+
+
+def test_a_restarted_controller_replacing_its_proxies_is_caught(monkeypatch):
+    # A restarted controller does not take its proxies back: it replaces them.
+    from tray.serve import _proxy_state
+    from tray.serve._status import ProxyStatus
+
+    async def replaces(self, proxy):
+        handle = await _proxy_state._common.lookup_actor.remote(
+            _proxy_state.PROXY_NAME_PREFIX + proxy.node_id, _proxy_state.SERVE_NAMESPACE)
+        await _proxy_state._kill_quietly(handle)
+        proxy.handle = None
+        proxy.status = ProxyStatus.UNHEALTHY
+        proxy.retry_at_s = _proxy_state.loop_time()
+
+    monkeypatch.setattr(_proxy_state.ProxyStateManager, "reattach", replaces)
+    first_failure(range(SEEDS["proxy-restart"]), "serve", "none",
+                  "serve-proxies-follow-the-nodes")
+
+
+def test_a_stopped_proxy_left_in_the_table_is_caught(monkeypatch):
+    # A proxy stopped (its node left) stays in the controller's table.
+    from tray.serve import _proxy_state
+
+    async def kept(self, proxy):
+        if proxy.handle is not None:
+            await _proxy_state._kill_quietly(proxy.handle)
+
+    monkeypatch.setattr(_proxy_state.ProxyStateManager, "_stop", kept)
+    # (From seed 1: seed 0's proxy is on the head only, no node leaves, and
+    # serve.shutdown waits for its stop to time out.)
+    first_failure(range(1, SEEDS["proxy-stop"]), "serve", "none", "serve-proxies-follow-the-nodes")
