@@ -147,3 +147,24 @@ def test_chunked_pull_misplacing_a_chunk_is_caught_by_the_default_sweep_of_objec
     # The same seed without the knobs pulls in one chunk: the bug hides.
     monkeypatch.setattr(faults, "buggify", lambda seed, profile: {})
     assert runner.run_seed(result.seed, "objects", "default").ok
+
+
+def test_a_concurrency_group_admitting_one_call_too_many_is_caught_within_12_seeds(
+        monkeypatch):
+    import trio
+
+    from tray.core.worker.actor_host import ActorHost
+
+    original = ActorHost._run_concurrent
+    widened: set = set()
+
+    async def run(self, queue, spec):
+        if id(self) not in widened:  # each named group takes one call more than its limit
+            widened.add(id(self))
+            self._groups = {name: trio.Semaphore(slots.value + 1)
+                            for name, slots in self._groups.items()}
+        return await original(self, queue, spec)
+
+    monkeypatch.setattr(ActorHost, "_run_concurrent", run)
+    result = first_failure(range(12), "paths", "none", "api-outcome-as-ray")
+    assert "concurrency groups" in result.message

@@ -32,6 +32,11 @@ and a workload of its own). Per seed, ``program.rng`` draws which run:
   every later one raise ``ActorDiedError``, no restart; a cancel of a
   running synchronous method interrupts nothing, the method sees it
   (``is_canceled()``), or the call had not started (``TaskCancelledError``).
+* ``concurrency``: an async actor with concurrency groups (calls moved
+  between groups by ``.options``) or a threaded actor: no group ever runs
+  more calls at once than its limit (checked on the spans the calls log in
+  virtual time), and without kills calls sent together run together, up
+  to it.
 
 Refusals and answers known at once are judged on the spot (invariant
 ``api-outcome-as-ray``); values go through ``program.expect``."""
@@ -43,10 +48,19 @@ import warnings
 import tray
 from tray import exceptions
 
-from . import remote_code
+from . import remote_code, remote_code_paths
 from .invariants import InvariantViolation
 from .remote_code import leaf
-from .remote_code_paths import PathError, Quitter, Tally, fails, open_box, slow_end
+from .remote_code_paths import (
+    Grouped,
+    PathError,
+    Quitter,
+    Tally,
+    Threaded,
+    fails,
+    open_box,
+    slow_end,
+)
 
 API = "api-outcome-as-ray"
 
@@ -297,9 +311,65 @@ def exits(program) -> None:
     program.later(seen)
 
 
+def _peak(spans: list) -> int:
+    """How many of the (start, end) spans ran at once at most (an end at
+    the instant of a start comes first)."""
+    events = sorted([(start, 1) for start, _ in spans] + [(end, -1) for _, end in spans])
+    running = peak = 0
+    for _, step in events:
+        running += step
+        peak = max(peak, running)
+    return peak
+
+
+def concurrency(program) -> None:
+    """A concurrent actor never runs more calls of a concurrency group at
+    once than the group's limit (``concurrency_groups``, and
+    ``max_concurrency`` for the default group), whatever ``.options``
+    moves a call to; without kills, calls sent together do run together,
+    up to the limit. Async methods (groups) and a threaded actor's
+    synchronous ones."""
+    rng = program.rng
+    remote_code_paths.SPANS.clear()
+    key = program.key("grouped")
+    limits = {"io": 2, "compute": 1, "default": rng.choice([1, 2, 3])}
+    if rng.random() < 0.5:
+        actor = program.actor(Grouped.options(max_concurrency=limits["default"]), key)
+        methods = {"io": actor.io, "compute": actor.compute, "default": actor.plain}
+    else:
+        actor = program.actor(Threaded.options(max_concurrency=limits["default"]), key)
+        methods = {"default": actor.plain}
+    counts = dict.fromkeys(methods, 0)
+    for x in range(rng.randint(3, 9)):
+        group = rng.choice(sorted(methods))
+        method = methods[group]
+        if group != "default" and rng.random() < 0.3:  # moved to the other named group
+            group = "compute" if group == "io" else "io"
+            method = method.options(concurrency_group=group)
+        counts[group] += 1
+        program.expect(method.remote(x, 0.3, group), x, label=f"concurrency {group} call")
+
+    def bounded() -> None:
+        by_group: dict = {}
+        for group, start, end in remote_code_paths.SPANS.get(key, []):
+            by_group.setdefault(group, []).append((start, end))
+        for group, spans in sorted(by_group.items()):
+            peak = _peak(spans)
+            if peak > limits[group]:
+                raise _violation("concurrency groups",
+                                 f"{peak} calls of group {group!r} ran at once, its limit is "
+                                 f"{limits[group]}")
+            if not program.kills and len(spans) == counts[group] and \
+                    peak < min(limits[group], counts[group]):
+                raise _violation("concurrency groups",
+                                 f"{counts[group]} calls of group {group!r} sent together ran "
+                                 f"{peak} at a time, its limit is {limits[group]}")
+    program.later(bounded)
+
+
 SUBPIECES = {"timeouts": timeouts, "kv": kv, "builtins": builtins, "boxes": boxes,
              "object_states": object_states, "infeasible": infeasible,
-             "exits": exits}
+             "exits": exits, "concurrency": concurrency}
 
 
 def paths(program) -> None:

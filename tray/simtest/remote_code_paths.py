@@ -4,6 +4,7 @@ other pieces' code does."""
 
 from __future__ import annotations
 
+import asyncio
 import sys
 import time
 
@@ -90,3 +91,58 @@ class Quitter:
                 return "saw the cancel"
             time.sleep(step_s)
         return "never saw the cancel"
+
+
+# actor key -> [(group, start, end)]: the virtual-time span of each run of a
+# concurrent actor's method (``concurrency``); the piece resets it.
+SPANS: dict = {}
+
+
+def _now() -> float:
+    from . import cluster
+
+    return cluster().clock.current_time()
+
+
+def _span(key: str, group: str, start: float) -> None:
+    SPANS.setdefault(key, []).append((group, start, _now()))
+
+
+@tray.remote(concurrency_groups={"io": 2, "compute": 1})
+class Grouped:
+    """An async actor with two concurrency groups besides the default one;
+    every run logs its span under the group its caller says it runs in."""
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+
+    async def _work(self, group: str, x: int, sleep_s: float) -> int:
+        start = _now()
+        await asyncio.sleep(sleep_s)
+        _span(self.key, group, start)
+        return x
+
+    @tray.method(concurrency_group="io")
+    async def io(self, x: int, sleep_s: float, group: str) -> int:
+        return await self._work(group, x, sleep_s)
+
+    @tray.method(concurrency_group="compute")
+    async def compute(self, x: int, sleep_s: float, group: str) -> int:
+        return await self._work(group, x, sleep_s)
+
+    async def plain(self, x: int, sleep_s: float, group: str) -> int:
+        return await self._work(group, x, sleep_s)
+
+
+@tray.remote
+class Threaded:
+    """Synchronous methods of a threaded actor (``max_concurrency`` > 1)."""
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+
+    def plain(self, x: int, sleep_s: float, group: str) -> int:
+        start = _now()
+        time.sleep(sleep_s)
+        _span(self.key, group, start)
+        return x
