@@ -37,6 +37,9 @@ and a workload of its own). Per seed, ``program.rng`` draws which run:
   more calls at once than its limit (checked on the spans the calls log in
   virtual time), and without kills calls sent together run together, up
   to it.
+* ``group_states``: ``list_placement_groups`` shows a named group as
+  created (state, strategy, bundles, detachment), ``REMOVED`` once removed;
+  ``get_placement_group`` finds it by name until then, never after.
 
 Refusals and answers known at once are judged on the spot (invariant
 ``api-outcome-as-ray``); values go through ``program.expect``."""
@@ -367,9 +370,58 @@ def concurrency(program) -> None:
     program.later(bounded)
 
 
+def _group_rows(name: str) -> list:
+    from tray.util.state import list_placement_groups
+
+    return list_placement_groups(filters=[("name", "=", name)], detail=True)
+
+
+def group_states(program) -> None:
+    """The state API's ``list_placement_groups`` says what the group is:
+    one row by its name, ``CREATED`` once ``ready()`` answered (never
+    ``PENDING`` then: under kills ``RESCHEDULING`` too), its strategy,
+    bundles and detachment as created; ``REMOVED`` once removed, and its
+    name then finds nothing (``get_placement_group`` raises ValueError)."""
+    from tray.util import get_placement_group, placement_group, remove_placement_group
+
+    rng = program.rng
+    name = program.key("paths-group")
+    detached = rng.random() < 0.3
+    strategy = rng.choice(["PACK", "SPREAD"])
+    bundles = [{"CPU": 0.1} for _ in range(rng.randint(1, 2))]
+    group = placement_group(bundles, strategy=strategy, name=name,
+                            lifetime="detached" if detached else None)
+    ready, _ = tray.wait([group.ready()], timeout=program.wait_timeout_s)
+    rows = _group_rows(name)
+    if len(rows) != 1:
+        raise _violation("list_placement_groups", f"{len(rows)} rows named {name!r}, not 1")
+    row = rows[0]
+    states = {"CREATED", "RESCHEDULING"} if program.kills else {"CREATED"}
+    if ready and row.state not in states:
+        raise _violation("list_placement_groups", f"a ready group is {row.state}")
+    if (row.placement_group_id, row.strategy, row.bundles, row.is_detached) != \
+            (group.id.hex(), strategy, bundles, detached):
+        raise _violation("list_placement_groups",
+                         f"the row {row} is not the group created ({strategy}, {bundles}, "
+                         f"detached {detached})")
+    if get_placement_group(name) != group:
+        raise _violation("get_placement_group", f"{name!r} is not the group")
+    remove_placement_group(group)
+    rows = _group_rows(name)
+    if [row.state for row in rows] != ["REMOVED"]:
+        raise _violation("list_placement_groups",
+                         f"a removed group's rows say {[row.state for row in rows]}")
+    try:
+        get_placement_group(name)
+    except ValueError:
+        pass
+    else:
+        raise _violation("get_placement_group", "a removed group's name still finds it")
+
+
 SUBPIECES = {"timeouts": timeouts, "kv": kv, "builtins": builtins, "boxes": boxes,
              "object_states": object_states, "infeasible": infeasible,
-             "exits": exits, "concurrency": concurrency}
+             "exits": exits, "concurrency": concurrency, "group_states": group_states}
 
 
 def paths(program) -> None:
