@@ -171,7 +171,7 @@ def check_cancels(cluster, program: Program, ledger: Ledger) -> None:
     # children is cancelled (whatever the faults do to them otherwise).
     cancel_events = {str(event["task"]) for event in cluster.trace.events
                      if event["event"] == "task_cancel"}
-    for prefix, task in program.uncancelled_prefixes:
+    for prefix, _task in program.uncancelled_prefixes:
         hit = sorted(key for key, ids in ledger.tasks.items() if key.startswith(prefix)
                      and any(task_id in cancel_events for task_id in ids))
         if hit:
@@ -554,7 +554,7 @@ def check_placements(cluster, program: Program, ledger: Ledger) -> None:
                     f"it was submitted (t={detail:.6f}) and granted nothing since")
         elif kind == "spread" and runs:
             batches.setdefault(target, (detail, []))[1].append(runs[0])
-    for batch, (alive, runs) in sorted(batches.items()):
+    for _batch, (alive, runs) in sorted(batches.items()):
         start, end = min(at for _, at in runs), max(at for _, at in runs)
         steady = [node for node in alive
                   if not any(n == node[:8] and t <= end for t, n in faults)]
