@@ -154,3 +154,28 @@ def test_restarts_default_seed_2_passes():
 
     result = runner.run_seed(2, "restarts", "default")
     assert result.ok, result.report()
+
+
+def test_a_restarted_gcs_is_heard_telling_of_a_node_death():
+    # The simulator started a restarted GCS with its predecessor's random
+    # draws, so with its rpc session: its reliable messages (numbered from 1
+    # again) were taken for copies of the old GCS's, already handled, and
+    # dropped, a node_died notice among them (restarts chaos seed 8: a call
+    # to an actor on a node declared dead waited for the node's return).
+    import tray
+    from tray.simtest.pytest_plugin import simtest_cluster
+
+    with simtest_cluster(1, num_nodes=3, num_cpus=1) as sim:
+        _, first, second = sim.node_ids()
+        sim.kill_node(first)
+        # (The old GCS declares it dead and tells the driver: a reliable message.)
+        sim.advance(sim.config.node_death_timeout_s + 2.0)
+        sim.restart_gcs(0.0)
+        sim.advance(2.0)
+        assert len(tray.nodes()) == 3  # (the driver connects to the new GCS)
+        sim.kill_node(second)
+        sim.advance(sim.config.node_death_timeout_s + 2.0)
+        heard = [event["node"] for event in sim.trace.events
+                 if event["event"] == "node_died" and event["component"].startswith("driver")]
+        assert heard == [first, second]
+        assert tray.get(tray.put(1)) == 1

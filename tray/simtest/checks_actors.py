@@ -52,10 +52,12 @@ def _gcs(cluster):
 
 def check_actor_deaths(cluster, program=None) -> None:
     """``actor-death-explained`` over the GCS's actor table (see the module
-    docstring); raises the first unexplained death or over-spent budget."""
+    docstring); raises the first unexplained death or over-spent budget.
+    Then ``check_node_deaths``."""
     gcs = _gcs(cluster)
     if gcs is None:
         return
+    check_node_deaths(cluster, gcs)
     groups = gcs.placement_groups.groups
     killed = removed_at = died_at = None
     if cluster.trace.event_count <= len(cluster.trace.events):
@@ -241,3 +243,37 @@ class FencingWatch:
                     f"live worker(s) {workers[:4]}: a node told it is dead must end itself "
                     f"and its work (the bound, its next heartbeat, is {self.bound_s} s)")
         self._since = tracked
+
+
+def check_node_deaths(cluster, gcs) -> None:
+    """``node-declared-dead-after-its-timeout``: the GCS declares a node dead
+    for missed heartbeats only once it has heard nothing from it (no
+    heartbeat, no registration) for ``node_death_timeout_s``, counted from
+    the GCS's own (re)start too. From the trace; skipped when it kept too
+    few events."""
+    trace = cluster.trace
+    if trace.event_count > len(trace.events):
+        return
+    timeout_s = cluster.config.node_death_timeout_s
+    heard: dict[str, float] = {}  # raylet address -> the GCS last heard from it
+    started_s = 0.0
+    gcs_name = cluster.gcs_address
+    for event in trace.events:
+        name = event["event"]
+        if name == "recv" and event["component"] == gcs_name and \
+                event["msg"] in ("heartbeat", "register_node"):
+            heard[event["peer"]] = event["t"]
+        elif name == "started" and event["component"] == "gcs":
+            started_s = event["t"]
+        elif name == "node_dead" and event.get("reason") == "missed heartbeats":
+            record = gcs.node_table.nodes.get(event["node"])
+            if record is None:
+                continue
+            last = max(heard.get(record.address, 0.0), started_s)
+            if event["t"] - last < timeout_s - 1e-6:
+                raise InvariantViolation(
+                    "node-declared-dead-after-its-timeout",
+                    f"the GCS declared node {event['node'][:8]} ({record.address}) dead for "
+                    f"missed heartbeats at t={event['t']:.6f}s, {event['t'] - last:.3f} s "
+                    f"after it last heard from it (or started), short of "
+                    f"node_death_timeout_s={timeout_s}")

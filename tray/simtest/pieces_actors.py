@@ -322,6 +322,17 @@ def created_by_an_actor(program) -> None:
                 tray.get(creator.leave.remote(), timeout=30.0)
             except exceptions.ActorDiedError:
                 pass  # (the call that exits is answered so, as in Ray)
+        creator_id = str(creator._actor_id)
+        _wait_for(lambda: _dead(creator_id), OWNER_END_S)
+        ended = _gcs_actor(creator_id)
+        cause = ended.death_cause.reason if ended is not None and ended.death_cause else ""
+        # (Under faults its worker may have died of one before it was ended.)
+        if ended is not None and not (ended.state.value == "DEAD" and (program.kills or (
+                cause.startswith("the actor was killed" if by_kill else
+                                 "the actor exited by itself")))):
+            raise InvariantViolation(OWNED, f"the creator actor, ended by "
+                                     f"{'tray.kill' if by_kill else 'exit_actor'}, is "
+                                     f"{ended.state.value} by the GCS ({cause!r})")
         if not _wait_for(lambda: _dead(owned_id), OWNER_END_S):
             record = _gcs_actor(owned_id)
             raise InvariantViolation(OWNED, f"actor {owned_id} ({owned_name}), owned by an "

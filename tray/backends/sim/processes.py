@@ -113,10 +113,16 @@ class ProcessAssembly:
             self._ready = True
             self.trace.record("cluster", "ready", nodes=self.num_nodes, seed=self.seed)
 
-    def _env(self, address: str, node_index: int | None, **hooks) -> ProcessEnv:
+    def _env(self, address: str, node_index: int | None, generation: int = 0,
+             **hooks) -> ProcessEnv:
         node_id = self._node_ids[node_index] if node_index is not None else None
-        # A restarted node draws new ids (for its workers too), not its predecessor's.
-        generation = self._generation[node_index] if node_index is not None else 0
+        # A restarted node draws new ids (for its workers too), not its predecessor's;
+        # a restarted GCS (``generation``: its restarts) a new rpc session, as a real
+        # process does: with its predecessor's, its reliable messages were taken for
+        # copies of those already handled, and dropped (a node_died notice, lost:
+        # restarts chaos seed 8).
+        if node_index is not None:
+            generation = self._generation[node_index]
         return ProcessEnv(
             address=address, transport=self.network.transport(address),
             rng=self._rng(f"process:{address}:{generation}"), tracer=self.trace,
@@ -186,8 +192,10 @@ class ProcessAssembly:
             process.scope.cancel()
 
     async def _start_gcs(self) -> None:
+        starts = self._gcs_starts = getattr(self, "_gcs_starts", -1) + 1
+
         async def gcs_main(process: SimProcess, nursery: trio.Nursery) -> None:
-            env = self._env(self.gcs_address, None, storage=self.storage)
+            env = self._env(self.gcs_address, None, starts, storage=self.storage)
             process.component = GcsServer(env, nursery)
             await process.component.run()
         await self._start_process("gcs", self.gcs_address, None, gcs_main)
