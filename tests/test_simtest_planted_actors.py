@@ -179,3 +179,24 @@ def test_a_restarted_gcs_is_heard_telling_of_a_node_death():
                  if event["event"] == "node_died" and event["component"].startswith("driver")]
         assert heard == [first, second]
         assert tray.get(tray.put(1)) == 1
+
+
+def test_a_node_declared_dead_while_it_heartbeats_is_caught_within_5_seeds(monkeypatch):
+    # The GCS forgets to note a heartbeat's time when the node's free
+    # resources did not change: an idle node is declared dead a death
+    # timeout after its last change, heartbeating all along.
+    from tray.core.gcs.node_table import NodeTable
+
+    original = NodeTable.handle_heartbeat
+
+    def forgetful(self, conn, node_id, available, epoch=0, version=-1):
+        node = self.nodes.get(node_id)
+        unchanged = node is not None and node.available == available
+        last = self.heartbeat_at.get(node_id)
+        reply = original(self, conn, node_id, available, epoch, version)
+        if unchanged and last is not None:
+            self.heartbeat_at[node_id] = last
+        return reply
+
+    monkeypatch.setattr(NodeTable, "handle_heartbeat", forgetful)
+    first_failure(range(5), "restarts", "none", "node-declared-dead-after-its-timeout")
