@@ -16,7 +16,8 @@ import tray
 # the sweep that found it, plus a margin).
 SEEDS = {"union": 5, "zip": 3, "sort": 10, "retry": 10,
          "healthy": 4, "impatient": 3, "count": 3, "spread": 4, "ongoing": 3,
-         "proxy-dead": 2, "proxy-nodes": 3, "proxy-restart": 2, "proxy-stop": 3}
+         "proxy-dead": 2, "proxy-nodes": 3, "proxy-restart": 2, "proxy-stop": 3,
+         "sick": 3, "reattach": 3}
 
 
 # ====================================================== issue 41 regressions
@@ -266,3 +267,31 @@ def test_a_stopped_proxy_left_in_the_table_is_caught(monkeypatch):
     # (From seed 1: seed 0's proxy is on the head only, no node leaves, and
     # serve.shutdown waits for its stop to time out.)
     first_failure(range(1, SEEDS["proxy-stop"]), "serve", "none", "serve-proxies-follow-the-nodes")
+
+
+# ================================ Serve's health checks and restarts, planted
+
+
+def test_a_replica_failing_its_health_checks_kept_is_caught(monkeypatch):
+    # Failed health checks are counted, and never act.
+    from tray.serve import _deployment_state
+
+    monkeypatch.setattr(_deployment_state, "REPLICA_HEALTH_CHECK_UNHEALTHY_THRESHOLD", 10**9)
+    first_failure(range(SEEDS["sick"]), "serve", "none", "serve-replicas-recover")
+
+
+def test_a_restarted_controller_replacing_its_replicas_is_caught(monkeypatch):
+    # A restarted controller stops the replicas it finds (others start).
+    from tray.serve import _common
+    from tray.serve._deployment_state import DeploymentStateManager
+    from tray.serve._status import ReplicaState
+
+    async def replaces(self, dep, replica, stopping):
+        replica.handle = await _common.lookup_actor.remote(replica.actor_name,
+                                                           _common.SERVE_NAMESPACE)
+        replica.created.set()
+        replica.state = ReplicaState.RUNNING
+        self._stop_replica(dep, replica, graceful=False)
+
+    monkeypatch.setattr(DeploymentStateManager, "reattach", replaces)
+    first_failure(range(SEEDS["reattach"]), "serve", "none", "serve-replicas-recover")

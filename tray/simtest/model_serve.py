@@ -39,6 +39,8 @@ from dataclasses import dataclass, field
 
 SCALING = ("UPSCALING", "DOWNSCALING")
 PROXIES = "serve-proxies-follow-the-nodes"
+RECOVERS = "serve-replicas-recover"
+RECOVER_S = 30.0  # virtual seconds to replace a sick replica, or to re-attach
 HTTP_P = 0.5  # the seeds that start Serve with HTTP proxies
 PROXIES_CONVERGE_S = 60.0  # virtual seconds for the proxies to follow a change
 
@@ -353,3 +355,75 @@ def check_no_proxies() -> None:
     left = _proxy_actors()
     if left:
         raise _violation(f"serve.shutdown() returned and proxy actors are left: {left}")
+
+
+# ============================================= health checks, controller restarts
+
+
+def _replicas_settle(program, app: str, deployment: str, size: int, what: str,
+                     gone: str = "", same: tuple = ()) -> list:
+    """Virtual time passes until the deployment is HEALTHY with ``size``
+    RUNNING replicas, each an ALIVE actor, none of them ``gone`` (and, with
+    ``same`` and no killing faults, exactly those); their ids."""
+    import tray
+    import tray.simtest
+    from tray.serve import _context
+    from tray.util.state import list_actors
+
+    cluster = tray.simtest.cluster()
+    controller = _context.controller_handle()
+    deadline = cluster.clock.current_time() + RECOVER_S
+    while True:
+        status = tray.get(controller.get_serve_status.remote()).applications[app]
+        dep_status = status.deployments[deployment].status.value
+        replicas = tray.get(controller.list_replicas.remote(app, deployment))
+        running = sorted(r[0] for r in replicas if r[2] == "RUNNING")
+        alive = {a.name for a in list_actors(limit=100_000) if a.state == "ALIVE"}
+        ghosts = [r[0] for r in replicas if r[2] == "RUNNING" and r[1] not in alive]
+        problem = None
+        if dep_status != "HEALTHY" or len(running) != size or len(replicas) != size:
+            problem = f"the deployment is {dep_status} with replicas {replicas}"
+        elif ghosts:
+            problem = f"replicas {ghosts} are RUNNING by the controller, dead by the GCS"
+        elif gone and gone in running:
+            problem = f"replica {gone} still runs"
+        elif same and not program.kills and tuple(running) != tuple(same):
+            problem = f"the replicas are {running}, not the same {list(same)}"
+        if problem is None:
+            return running
+        if cluster.clock.current_time() > deadline:
+            from .invariants import InvariantViolation
+
+            raise InvariantViolation(RECOVERS, f"{what}: after {RECOVER_S} s {problem} "
+                                     f"(target {size})")
+        cluster.advance(0.5)
+
+
+def fixed_recovery(program, handle, app: str, deployment: str, size: int) -> None:
+    """A replica made to fail its health checks is replaced (a new one, the
+    same count, HEALTHY again); a restarted controller re-attaches the
+    replicas (the same ones without killing faults) and they answer."""
+    import tray
+    import tray.simtest
+
+    rng = program.rng
+    before = _replicas_settle(program, app, deployment, size, "before the checks")
+    if rng.random() < 0.5:
+        try:
+            sick = handle.sicken.remote().result(timeout_s=60.0)
+        except Exception as error:  # noqa: BLE001 - only a fault may fail it
+            from .invariants import InvariantViolation, _is_fault_error
+
+            if not (program.kills and _is_fault_error(error)):
+                raise InvariantViolation("serve-request-fails-only-by-fault",
+                                         f"sicken failed: {error!r}") from None
+            sick = ""
+        if sick:
+            before = _replicas_settle(program, app, deployment, size,
+                                      f"replica {sick} failed its health checks", gone=sick)
+    if rng.random() < 0.5:
+        sim = tray.simtest.cluster()
+        controller = tray.get_actor("SERVE_CONTROLLER_ACTOR", namespace="serve")
+        if sim.kill_actor_worker(controller):  # it restarts (max_restarts=-1)
+            _replicas_settle(program, app, deployment, size, "the controller restarted",
+                             same=tuple(before))

@@ -106,9 +106,19 @@ class _Fixed:
     def __init__(self, version: str) -> None:
         self.version = version
         self.tag = None
+        self.sick = False
 
     def reconfigure(self, config: dict) -> None:
         self.tag = config["tag"]
+
+    def check_health(self) -> None:
+        if self.sick:
+            raise RuntimeError("made sick by the workload (the model says so)")
+
+    def sicken(self) -> str:
+        """Fail every health check from now on; this replica's id."""
+        self.sick = True
+        return serve.get_replica_context().replica_id
 
     async def __call__(self, request_id: str, sleep_s: float):
         from tray.simtest import workloads_serve
@@ -280,8 +290,10 @@ def _running_replicas(app: str, deployment: str) -> list:
 def _fixed_phase(program, recorder) -> None:
     """A deployment of a fixed size: requests spread over its replicas (power
     of two choices), a user_config change applied in place (the same
-    replicas answer with the new config once serve.run returns), and a
-    scale up or down by redeploying (the count follows)."""
+    replicas answer with the new config once serve.run returns), a
+    scale up or down by redeploying (the count follows), then a replica
+    failing its health checks and a controller restart
+    (model_serve.fixed_recovery)."""
     rng = program.rng
     size = rng.randint(2, 3)
     handle = serve.run(Fixed.options(num_replicas=size, user_config={"tag": "t1"}).bind("f1"),
@@ -341,6 +353,7 @@ def _fixed_phase(program, recorder) -> None:
             raise _violation("serve-response-is-the-model's",
                              f"request {rid} after scaling got {value!r} (replica {replica})")
     _judge_fixed(program, outcomes + reconfigured + scaled)
+    model_serve.fixed_recovery(program, handle, FIXED_APP, "Fixed", new_size)
     del handle
     serve.delete(FIXED_APP)
     if FIXED_APP in serve.status().applications:
