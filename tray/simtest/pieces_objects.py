@@ -83,8 +83,8 @@ def strategies(program) -> None:
         program.expect(ref, i * i, label=f"SPREAD task {i} of {2 * len(alive)}", unlimited=True)
         tray.wait([ref], timeout=program.wait_timeout_s, fetch_local=False)
     # DEFAULT: on the driver's node while it has room and is not busy (here:
-    # idle when the task is submitted; needing a sliver of memory, its tasks
-    # are a scheduling class of their own, no lease of other work reused).
+    # idle when the task is submitted; needing a sliver of memory, each is a
+    # scheduling class of its own, no lease of other work reused).
     from tray.core.scheduling import utilization
 
     from . import cluster
@@ -98,7 +98,10 @@ def strategies(program) -> None:
                         and hasattr(process.component, "leases")), None)
         if manager is not None and utilization(manager.total, manager.available) < 1e-9:
             program.placed(key, "local", head, cluster().clock.current_time())
-        ref = leaf.options(num_cpus=0, memory=4321, max_retries=-1).remote(key, i)
+        # (Each a class of its own: a lease kept a moment for the one before
+        # would run it wherever that one ran: mixed chaos seed 103.)
+        ref = leaf.options(num_cpus=0, memory=4321 + len(program.placements),
+                           max_retries=-1).remote(key, i)
         program.expect(ref, i * i, label=f"DEFAULT task {i}", unlimited=True)
         tray.wait([ref], timeout=program.wait_timeout_s, fetch_local=False)
     target, soft = rng.choice(alive), rng.random() < 0.5
