@@ -183,6 +183,25 @@ def test_readme_runtime_env_example_runs(tmp_path):
     assert result.stdout.splitlines()[:4] == ["60 m2", "60 ft2", "cm2", "10 m2 False"]
 
 
+def test_an_env_too_large_to_start_fails_its_task_and_wedges_nothing():
+    """A worker whose environment is too large to exec (E2BIG) fails the
+    task that asked for it, with the reason; the node then starts workers
+    for other envs as before (it used to wait for the one that never
+    started: every later task with env_vars hung)."""
+    tray.init(num_cpus=2, include_dashboard=False)
+
+    @tray.remote(max_retries=0)
+    def read(name):
+        return os.environ.get(name)
+
+    huge = read.options(runtime_env={"env_vars": {"TRAY_HUGE": "x" * 300_000}})
+    with pytest.raises(tray.exceptions.TaskError, match="Argument list too long"):
+        tray.get(huge.remote("TRAY_HUGE"), timeout=60)
+    small = read.options(runtime_env={"env_vars": {"TRAY_SMALL": "ok"}})
+    assert tray.get(small.remote("TRAY_SMALL"), timeout=30) == "ok"
+    assert tray.get(read.remote("TRAY_SMALL"), timeout=30) is None
+
+
 def test_env_vars_are_in_the_worker_process_environment_from_its_start():
     tray.init(num_cpus=1)  # (one worker prestarted: it must not take this env)
 

@@ -212,7 +212,15 @@ class WorkerPool:
         self.started += 1
         self._tracer.record(self._trace_name, "worker_start", worker=worker_id)
         logger.debug("starting worker %s", worker_id[:8])
-        self._spawner.start_worker(worker_id, dict(env_vars or {}))
+        try:
+            self._spawner.start_worker(worker_id, dict(env_vars or {}))
+        except Exception as error:
+            # Not even started (an environment too large to exec: E2BIG):
+            # gone at once, or the next start would wait for it for good
+            # (one starts at a time). Not counted against the node: it is
+            # this start's environment, not the node, that failed.
+            self.worker_died(self.workers[worker_id], f"its process did not start: {error}")
+            raise
 
     async def _env_vars_of(self, runtime_env_hash: str) -> dict:
         """The env_vars of a runtime_env, read from the GCS once; {} if it
