@@ -361,6 +361,24 @@ def test_a_killed_supervisor_fails_its_job_instead_of_running_forever(client):
     assert info.error_type in ("JOB_SUPERVISOR_DIED", "JOB_ENTRYPOINT_COMMAND_ERROR")
 
 
+def test_a_driver_orphaned_by_its_supervisor_is_killed(client):
+    """SIGKILL of the supervisor alone: the job reads FAILED and its driver
+    (a session of its own, which nothing else would stop) is killed, not
+    left running untracked."""
+    import psutil
+
+    submission_id = client.submit_job(entrypoint="sleep 600")
+    info = wait_for(lambda: (lambda i: i if i.status is JobStatus.RUNNING else None)(
+        client.get_job_info(submission_id)), "the job to run", timeout_s=WAIT_S)
+    driver = psutil.Process(info.driver_pid)
+    os.kill(info.supervisor_pid, 9)
+    info = _wait_terminal(client, submission_id, 30)
+    assert info.status is JobStatus.FAILED and info.error_type == "JOB_SUPERVISOR_DIED"
+    driver.wait(timeout=10)  # (psutil.TimeoutExpired if it runs on)
+    assert not driver.is_running()
+    assert client.stop_job(submission_id) is False  # over: nothing left to stop
+
+
 # ------------------------------------------------------------ bad input
 
 

@@ -7,7 +7,7 @@ the driver's log file), so a restarted dashboard, or a second one, serves
 the same jobs. The one thing it adds on reading is a liveness check: a job
 whose record says PENDING or RUNNING while its supervisor process is gone
 (killed, or the machine's processes were) is recorded FAILED, once, rather
-than shown running forever.
+than shown running forever, and its driver, orphaned, is killed.
 
 Every method is synchronous and does blocking I/O (GCS calls, files): the
 HTTP layer runs them in worker threads."""
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -208,6 +209,7 @@ class JobManager:
             return info
         info = read_job(self.gcs_address, self.token, info.submission_id)  # it may just have ended
         if info is not None and not info.status.is_terminal():
+            _kill_orphaned_driver(info)
             info = JobInfo(**{**info.__dict__, "status": JobStatus.FAILED,
                               "end_time": int(time.time() * 1000),
                               "error_type": "JOB_SUPERVISOR_DIED",
@@ -278,3 +280,23 @@ class JobManager:
                 return file.read().decode(errors="replace")
         except FileNotFoundError:
             return ""
+
+
+def _kill_orphaned_driver(info: JobInfo) -> None:
+    """The job's supervisor died: its driver (in a session of its own, so
+    nothing else stops it) would run on, untracked and unstoppable, holding
+    its tasks' resources. Kill its process group — if ``driver_pid`` still
+    names that driver: a process that leads its own group and started after
+    the job did (not a later process given the same pid)."""
+    pid = info.driver_pid
+    if pid is None:
+        return
+    try:
+        driver = psutil.Process(pid)
+        started_ms = driver.create_time() * 1000
+        if os.getpgid(pid) != pid or started_ms + 1000 * CREATE_TIME_TOLERANCE_S < \
+                (info.start_time or 0):
+            return
+        os.killpg(pid, signal.SIGKILL)
+    except (psutil.Error, ProcessLookupError, PermissionError):
+        pass
