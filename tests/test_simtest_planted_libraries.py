@@ -458,10 +458,44 @@ def test_a_done_result_ends_its_trial_whatever_the_scheduler_answers(tmp_path):
     assert (b.trial_id, 3) in type(scheduler).asked
 
 
+def test_a_checkpoint_the_snapshot_lists_is_deleted_only_after_the_next_snapshot(tmp_path):
+    # Found by tune-checkpoints-kept (default seed 20): retention deleted a
+    # trial's older checkpoints as soon as newer ones came; the controller
+    # then died, and the one restarted from the last snapshot resumed the
+    # trial from a checkpoint no longer on storage: every retry failed
+    # (FileNotFoundError) and the trial ended ERROR.
+    import os
+    import pickle
+
+    from tray import tune
+    from tray.tune.schedulers import FIFOScheduler
+
+    controller = _unit_controller(tmp_path, FIFOScheduler())
+    controller.spec.checkpoint_config = tune.CheckpointConfig(num_to_keep=1)
+    work = controller.next_work(0, "num_cpus=1")
+    paths = [str(tmp_path / f"checkpoint_{i:06d}") for i in range(2)]
+    for i, path in enumerate(paths):
+        os.makedirs(path)
+        info = {"path": path, "index": i, "training_iteration": i + 1, "time_total_s": 0.0}
+        controller.report(work.trial_id, work.attempt,
+                          [({"score": float(i), "training_iteration": i + 1}, info)])
+        if i == 0:
+            controller.snapshot(force=True)  # it lists checkpoint 0 as the latest
+    trial = controller.get_trial(work.trial_id)
+    assert [c.path for c in trial.checkpoints] == paths[1:]
+    assert os.path.isdir(paths[0])  # the snapshot on storage still resumes from it
+    controller.snapshot(force=True)
+    assert not os.path.isdir(paths[0]) and os.path.isdir(paths[1])
+    with open(os.path.join(controller.spec.experiment_path, "experiment_state.pkl"), "rb") as f:
+        state = pickle.load(f)
+    assert [c.path for c in state.trials[work.trial_id].checkpoints] == paths[1:]
+
+
 TUNE_PINNED = [
     (14, "default", "a trial stopped by HyperBand while running was paused, then ran on"),
     (0, "default", "a done result paused by the median rule: the class trainable ran on"),
     (1, "default", "a done result paused by the median rule: the class trainable ran on"),
+    (20, "default", "retention deleted checkpoints the snapshot a new controller used listed"),
 ]
 
 

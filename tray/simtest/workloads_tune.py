@@ -285,6 +285,8 @@ def tune_experiment(program) -> None:
                                      max_concurrent, searcher_limit, max_failures,
                                      trainable is TuneClassObjective)
             _check_search_space(results, added, num_samples, widths if grid else None)
+            if kind != "pbt":
+                _check_checkpoints(results, 2, score_attribute)
         except Exception as error:
             from .invariants import InvariantViolation
 
@@ -371,6 +373,55 @@ def _check(grid, expected_trials: int, max_t: int, max_failures: int, kind: str)
         raise _violation("tune-same-best-as-fault-free",
                          f"best trial {best.trial_id} (score {best.metrics.get('score')}); the "
                          f"model's best is {best_id} with {best_quality * max_t}")
+
+
+def _check_checkpoints(grid, keep: int, attribute: str | None) -> None:
+    """``tune-checkpoints-kept`` (not under PBT: a donor's checkpoint stays
+    while a trial will resume from it): a trial keeps at most ``keep``
+    checkpoints, every one it keeps is on storage, its latest among them;
+    and of the checkpoints its results carried (the result lines up to the
+    controller's last result), exactly the kept ones are still on storage,
+    the others deleted — the kept ones, but the latest, being the best by
+    ``checkpoint_score_attribute`` (or the most recent without one)."""
+    from tray.tune.result_grid import read_results
+
+    for result in grid:
+        trial = result._trial
+        where = f"trial {result.trial_id} (num_to_keep {keep}, score attribute {attribute})"
+        kept = {os.path.basename(c.path): c for c in trial.checkpoints}
+        if len(kept) > keep:
+            raise _violation("tune-checkpoints-kept", f"{where} keeps {sorted(kept)}")
+        missing = [name for name, c in kept.items() if not os.path.isdir(c.path)]
+        if missing:
+            raise _violation("tune-checkpoints-kept",
+                             f"{where}: kept checkpoints {missing} are not on storage")
+        latest = trial.restore_from
+        if latest is not None and os.path.basename(latest.path) not in kept:
+            raise _violation("tune-checkpoints-kept",
+                             f"{where}: its latest checkpoint {latest.path} is not kept "
+                             f"({sorted(kept)})")
+        taken = trial.last_result.get("training_iteration", 0)
+        carried = {}  # checkpoint dir -> (score, index) of the result that carried it
+        for row in read_results(result.path):
+            name = row.get("checkpoint_dir_name")
+            if name and row["training_iteration"] <= taken:
+                carried[name] = (row.get("score"), int(name.rsplit("_", 1)[-1]))
+        for name in sorted(carried):
+            on_storage = os.path.isdir(os.path.join(result.path, name))
+            if on_storage != (name in kept):
+                raise _violation("tune-checkpoints-kept",
+                                 f"{where}: checkpoint {name} is "
+                                 f"{'on storage' if on_storage else 'deleted'} and "
+                                 f"{'' if name in kept else 'not '}kept (kept: {sorted(kept)})")
+        others = [carried[n] for n in kept if n in carried and
+                  (latest is None or n != os.path.basename(latest.path))]
+        gone = [value for name, value in carried.items() if name not in kept]
+        if others and gone:
+            rank = (lambda v: (v[0], v[1])) if attribute else (lambda v: v[1])
+            if max(map(rank, gone)) > min(map(rank, others)):
+                raise _violation("tune-checkpoints-kept",
+                                 f"{where}: deleted a checkpoint better than one kept "
+                                 f"(deleted (score, index) {sorted(gone)}; kept {sorted(others)})")
 
 
 def _check_search_space(grid, added: dict, num_samples: int, widths: list | None) -> None:

@@ -35,7 +35,8 @@ changes, and at the end. ``Tuner.restore`` — and the driver, when the
 controller actor itself dies — builds a new controller from it: finished
 trials stay finished; trials that were running resume from their latest
 checkpoint. Work since the snapshot is redone, never lost or doubled in
-the results (a retried trial drops the result lines past its checkpoint).
+the results (a retried trial drops the result lines past its checkpoint),
+and a checkpoint that retention drops is deleted once no snapshot lists it.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ import hashlib
 import math
 import os
 import pickle
+import shutil
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -134,6 +136,7 @@ class TuneController:
         self._restore = restore
         self._save_requested: str | None = None  # a class trainable asked to save (PBT)
         self._pending_ahead = PENDING_TRIALS_MIN  # updated from the cluster's size by poll
+        self._doomed: list[str] = []  # checkpoints retention dropped, not deleted yet
 
     @staticmethod
     def _prefix(seed: int) -> str:
@@ -637,15 +640,9 @@ class TuneController:
         # A checkpoint another trial will resume from (a PBT donor's) stays.
         pinned = {t.restore_from.path for t in self.state.trials.values()
                   if t.restore_from is not None and not t.is_finished}
-        survivors = []
-        for record in trial.checkpoints:
-            if record not in victims or record.path in pinned:
-                survivors.append(record)
-            else:
-                import shutil
-
-                shutil.rmtree(record.path, ignore_errors=True)
-        trial.checkpoints = survivors
+        # Deleted after the next snapshot: the last one may still resume from them.
+        self._doomed += [c.path for c in victims if c.path not in pinned]
+        trial.checkpoints = [c for c in trial.checkpoints if c not in victims or c.path in pinned]
 
     def _check_budget(self) -> None:
         budget = self.spec.time_budget_s
@@ -798,3 +795,6 @@ class TuneController:
         os.replace(path + ".tmp", path)
         self._last_snapshot = now
         self._dirty = False
+        for path in self._doomed:  # no snapshot lists them now
+            shutil.rmtree(path, ignore_errors=True)
+        self._doomed = []
