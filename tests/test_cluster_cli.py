@@ -123,6 +123,26 @@ def test_head_on_a_busy_port_says_so(cli_cluster):
     assert "busy" in result.stderr
 
 
+def test_a_port_held_only_by_closed_connections_is_free_for_a_new_head():
+    """A crashed head leaves its port's connections in TIME_WAIT: the head
+    started again there must not be refused as busy for a minute (the GCS
+    listens with SO_REUSEADDR); a port someone listens on stays busy."""
+    import socket
+
+    from tray.scripts.cluster import _port_is_free
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    assert not _port_is_free("127.0.0.1", port)
+    client = socket.create_connection(("127.0.0.1", port))
+    server_side, _ = listener.accept()
+    server_side.close()  # the server closes first: its end waits in TIME_WAIT
+    client.recv(1)
+    client.close()
+    listener.close()
+    assert _port_is_free("127.0.0.1", port)
+
+
 def test_wrong_token_is_named(cli_cluster, monkeypatch):
     _, address = cli_cluster
     monkeypatch.setenv("TRAY_CLUSTER_TOKEN", "0" * 64)

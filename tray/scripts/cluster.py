@@ -142,7 +142,11 @@ def status(address: str) -> int:
 
 
 def _port_is_free(ip: str, port: int) -> bool:
+    """Could the GCS listen there? As its listener will (SO_REUSEADDR): the
+    TIME_WAIT connections a crashed head left do not make the port taken
+    (they kept a restart off it for ~60 s), a listener does."""
     with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((ip, port))
         except OSError:
