@@ -194,6 +194,11 @@ INVALID_FUNCTION_OPTIONS = [
     ("scheduling_strategy", "BOGUS"),
     ("resources", {"CPU": 1}),  # Ray: use num_cpus, not resources={"CPU": ...}
     ("resources", {"widget": -1}),
+    # Ray refuses nan; inf and an empty resource name used to pend for good.
+    ("num_cpus", float("nan")),
+    ("num_cpus", float("inf")),
+    ("resources", {"widget": float("nan")}),
+    ("resources", {"": 1}),
 ]
 
 INVALID_ACTOR_OPTIONS = [

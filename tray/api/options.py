@@ -12,6 +12,7 @@ with the reason (``NOT_YET``), never accepted and ignored."""
 
 from __future__ import annotations
 
+import math
 import numbers
 
 from ..core.scheduling import (
@@ -52,8 +53,9 @@ def _wrong_type(name: str, value, expected: str) -> TypeError:
 def _non_negative_number(name: str, value) -> None:
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise _wrong_type(name, value, "a number")
-    if value < 0:
-        raise ValueError(f"option {name} must be a non-negative number, got {value!r}")
+    if not value >= 0 or value == math.inf:  # (nan compares false to everything)
+        raise ValueError(f"option {name} must be a finite non-negative number, got "
+                         f"{value!r}")
 
 
 def _int_at_least(name: str, value, minimum: int) -> None:
@@ -107,6 +109,8 @@ def validate(options: dict, allowed: set[str], what: str, *, in_options: bool = 
         for key, amount in resources.items():
             if not isinstance(key, str):
                 raise _wrong_type("resources' keys", key, "a string")
+            if not key:
+                raise ValueError("a resource name must not be empty (resources={'': ...})")
             if key in ("CPU", "GPU", "memory"):
                 raise ValueError(f"use num_cpus/num_gpus/memory rather than resources[{key!r}]")
             _non_negative_number(f"resources[{key!r}]", amount)
