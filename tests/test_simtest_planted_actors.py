@@ -147,12 +147,15 @@ def test_a_call_to_an_actor_on_a_node_declared_dead_comes_back_while_the_node_is
         sim.heal()
 
 
-def test_restarts_default_seed_2_passes():
-    # The seed that found it (a call to the actor on the node cut off past
-    # its death came back only after the heal).
+@pytest.mark.parametrize("seed, faults", [(2, "default"), (71, "default"), (8, "chaos")])
+def test_the_restarts_seeds_that_found_them_pass(seed, faults):
+    # The seeds that found the bugs these regression tests pin (a call to
+    # an actor on a node cut off past its death came back only after the
+    # heal: 2 for the caller's wait, 71 for the GCS's lease request, 8 for
+    # the restarted GCS's node_died notice).
     from tray.simtest import runner
 
-    result = runner.run_seed(2, "restarts", "default")
+    result = runner.run_seed(seed, "restarts", faults)
     assert result.ok, result.report()
 
 
@@ -200,3 +203,28 @@ def test_a_node_declared_dead_while_it_heartbeats_is_caught_within_5_seeds(monke
 
     monkeypatch.setattr(NodeTable, "handle_heartbeat", forgetful)
     first_failure(range(5), "restarts", "none", "node-declared-dead-after-its-timeout")
+
+
+def test_an_actor_whose_lease_request_a_dead_node_holds_is_created_elsewhere():
+    # The GCS asked a node for an actor's lease, and the node was cut off
+    # (a partition) until the GCS declared it dead: the GCS kept waiting for
+    # that node's answer, and created the actor only after the heal
+    # (restarts default seed 71: a restarting actor stayed RESTARTING).
+    import tray
+    from tray.simtest.pytest_plugin import simtest_cluster
+    from tray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    @tray.remote(max_restarts=-1, max_task_retries=-1, num_cpus=0)
+    class Echo:
+        def twice(self, x):
+            return 2 * x
+
+    with simtest_cluster(1, num_nodes=2, num_cpus=1) as sim:
+        head, other = sim.node_ids()
+        sim.partition([other], [head])
+        echo = Echo.options(scheduling_strategy=NodeAffinitySchedulingStrategy(
+            other, soft=True)).remote()
+        ref = echo.twice.remote(21)
+        sim.advance(sim.config.node_death_timeout_s + 2.0)
+        assert tray.get(ref, timeout=10.0) == 42  # (the partition still holds)
+        sim.heal()

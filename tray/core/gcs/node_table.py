@@ -281,7 +281,12 @@ class NodeTable:
         self._tracer.record("gcs", "node_dead", node=node_id, reason=reason)
         self._publish_view()
         logger.warning("node %s is dead: %s", node_id, reason)
-        # Every other process stops waiting for the dead node's processes.
+        # This GCS stops waiting for the dead node's manager (a lease request
+        # held up by a partition: restarts default seed 71), unless a newer
+        # node listens at its address; every other process stops waiting
+        # for the dead node's processes.
+        if not any(self.nodes[other].alive for other in self._at_address[node.address]):
+            self._endpoint.drop(node.address)
         nodes = self.addresses()
         for peer in self._endpoint.peers():
             if peer not in nodes:
