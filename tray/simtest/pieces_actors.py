@@ -233,6 +233,7 @@ OWNER_END_S = 10.0
 # Removing a placement group ends its actors in the GCS before the call
 # returns; a heartbeat period is allowed.
 GROUP_END_S = 0.5
+WORKERS_GONE_S = 5.0  # (its workers killed, the partition healed)
 DETACHED = "detached-actor-outlives-its-creator"
 OWNED = "owned-actor-dies-with-its-owner"
 REMOVED = "removed-group-ends-its-actors"
@@ -468,6 +469,15 @@ def removed_group(program) -> None:
             if victim is not None:
                 _own_fault(program, "heal")
                 sim.heal()
+        # A call sent while an actor's worker still runs may run there, as
+        # in Ray (the GCS has the worker killed after it ends the actor): its
+        # calls are judged once the workers are gone (unreferenced-actor-ends
+        # bounds how soon).
+        workers = [f"/worker-{record.worker_id[:12]}" for record in before.values()
+                   if record.worker_id]
+        _wait_for(lambda: not any(process.alive and address.endswith(workers_of)
+                                  for address, process in sim.processes.items()
+                                  for workers_of in workers), WORKERS_GONE_S)
         for actor in actors:
             actor_id = str(actor._actor_id)
             try:
