@@ -353,6 +353,23 @@ def created_by_an_actor(program) -> None:
         else:
             raise InvariantViolation(OWNED, f"a call to actor {owned_name}, whose owner "
                                      f"ended, returned {value!r}")
+        # A dead actor's name is free (Ray): not found, and taken again.
+        try:
+            found = tray.get_actor(owned_name)
+        except ValueError:
+            pass
+        else:
+            raise InvariantViolation(OWNED, f"get_actor({owned_name!r}) found actor "
+                                     f"{found._actor_id} after it died with its owner")
+        try:
+            again = program.actor(Squarer.options(name=owned_name, num_cpus=0),
+                                  program.key("named again", retries=-1))
+        except ValueError as error:
+            raise InvariantViolation(OWNED, f"the name {owned_name!r} of an actor dead with "
+                                     f"its owner could not be taken again: {error}") from None
+        program.expect(again.square.remote(x + 2, 0.0), (x + 2) ** 2, actor_call=True,
+                       max_restarts=0, actor=again,
+                       label=f"a new actor named {owned_name}, its first holder dead")
         try:
             detached = tray.get_actor(detached_name)
         except ValueError as error:
