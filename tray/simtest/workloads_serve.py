@@ -25,13 +25,18 @@ Reference model and invariants:
   fault failed a held request: that load was never there); once they end,
   it returns to ``min_replicas``, with nothing else left running;
 * **one healthy HTTP proxy per wanted node** (``serve-proxies-follow-the-nodes``):
-  half the seeds start Serve with HTTP (on port 0; ``EveryNode`` or
+  a third of the seeds start Serve with HTTP (on port 0; ``EveryNode`` or
   ``HeadOnly``), and at the end the proxies are exactly the alive nodes'
   (or the head's), all ``HEALTHY``, each actor alive on its node and
   answering; then a proxy's worker is killed (a new actor replaces it), the
   controller is killed (it re-attaches the same proxy actors, none
   replaced), a node joins (it gets one) and leaves (its proxy goes); after
-  ``serve.shutdown`` no proxy actor is left.
+  ``serve.shutdown`` no proxy actor is left;
+* **replicas recover** (``serve-replicas-recover``): in the fixed
+  deployment, a replica made to fail its health checks is replaced (a new
+  one, as many as the target, ``HEALTHY`` again), and a controller killed
+  meanwhile re-attaches the replicas it had (the same ones, without killing
+  faults), none of them ``RUNNING`` by the controller yet dead by the GCS.
 """
 
 from __future__ import annotations
