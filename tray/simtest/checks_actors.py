@@ -22,7 +22,15 @@
   up) ends itself and its workers within a few heartbeat periods, as a
   raylet does: at its next heartbeat the GCS tells it it is dead.
 
-Each reads state and trace only (the digest is unchanged)."""
+* ``node-declared-dead-after-its-timeout`` (trace, ``check_node_deaths``):
+  the GCS declares a node dead for missed heartbeats only after hearing
+  nothing from it for ``node_death_timeout_s``.
+
+Each reads state and trace only (the digest is unchanged). The workload
+patterns that reach these paths (``pieces_actors``) raise their own:
+``detached-actor-outlives-its-creator``, ``owned-actor-dies-with-its-owner``,
+``removed-group-ends-its-actors``, ``silent-node-declared-dead`` and
+``dead-node-work-recovered``."""
 
 from __future__ import annotations
 

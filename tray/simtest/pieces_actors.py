@@ -1,8 +1,16 @@
 """Workload pieces over actors: a ledger actor with several callers
-(``actors``), actors restarted without limit (``restarts``), one whose
-process the workload crashes between calls that are never retried
-(``restarts_unretried``, not a piece of ``mixed``) and a named actor looked
-up after the faults (``named``).
+(``actors``), actors restarted without limit (``restarts``; in some seeds
+with faults, one's node is then cut off past its death timeout: it must be
+declared dead, its calls come back from the next incarnations while it is
+cut off, and once healed it must fence itself), one whose process the
+workload crashes between calls that are never retried
+(``restarts_unretried``, not a piece of ``mixed``), a named actor looked up
+after the faults (``named``; in most seeds an actor also creates a detached
+and an owned actor and ends: the detached one outlives it, the owned one
+dies with it and frees its name) and actors in a placement group that is
+removed (``removed_group``, also run by the ``groups`` workload: they end at
+once with the group-removed cause, their bundle node cut off or not).
+The invariants these raise are named in ``checks_actors``' docstring.
 
 Each piece is a function ``(program) -> None`` that submits work through the
 public API and records what the reference model expects of each ref
