@@ -275,6 +275,21 @@ def test_a_runner_reusing_a_class_trainable_without_reset_config_is_caught_withi
     first_failure([0, 9], "tune", "none", "tune-scores-match-model")
 
 
+def test_results_sent_ahead_past_a_stopping_criterion_are_caught_within_1_seed(monkeypatch):
+    # Seed 23: ASHA (results pass between rungs unasked) and a score stopper.
+    from tray.tune._controller import REPORTS_AHEAD_MAX, TuneController
+
+    def ahead(self, trial, result):  # forgets that a stopper may stop any result
+        if self.spec.time_budget_s is not None or self._stopping_since is not None or \
+                trial.stop_requested:
+            return 0
+        return max(0, min(self.state.scheduler.results_ahead(trial, result),
+                          REPORTS_AHEAD_MAX))
+
+    monkeypatch.setattr(TuneController, "_results_ahead", ahead)
+    first_failure([23], "tune", "none", "tune-result-history")
+
+
 # ------------------------------------------------------------------------ data
 # The data workload's seeds 6 and 11 end a pipeline with a user function
 # that raises (tray/simtest/workloads_data.py, _limits).

@@ -248,13 +248,16 @@ def replay(model, log: list) -> str | None:
 
 
 def check_histories(log: list, trials: dict, max_t: int, max_concurrent: int | None,
-                    quality, saves_on_request: bool = False) -> tuple | None:
+                    quality, saves_on_request: bool = False,
+                    stop_at: float | None = None) -> tuple | None:
     """(invariant, message) for the first thing the log and the trials'
     final states disagree on, or None. ``trials``: trial id -> (status,
     last iteration in result.json). A run resumes from the latest checkpoint
     registered as of the trial's last result; with ``saves_on_request`` (a
     class trainable, saving when a pause or a PBT donor asks, after the
-    answer) or from that last result itself."""
+    answer) or from that last result itself. ``stop_at``: the stopping
+    criterion's score: a result the scheduler lets go on (CONTINUE, NOOP)
+    that scores that much ends the trial there."""
     last: dict = {}  # trial id -> (iteration, score) of its last result taken
     saved: dict = {}  # trial id -> (iteration, score) of its latest checkpoint then
     attempt: dict = {}  # trial id -> (restored_t, restored_total) of its current run
@@ -331,7 +334,9 @@ def check_histories(log: list, trials: dict, max_t: int, max_concurrent: int | N
         if checkpoint is not None and checkpoint[1] is not None:
             saved[trial_id] = checkpoint
         reported.add((t, score))
-        if action == TrialScheduler.STOP:
+        if action == TrialScheduler.STOP or (
+                stop_at is not None and score >= stop_at and
+                action in (TrialScheduler.CONTINUE, TrialScheduler.NOOP)):
             stopped[trial_id] = t
         if config_changed or action == TrialScheduler.NOOP:  # (PBT: an exploit)
             exploited.add(trial_id)

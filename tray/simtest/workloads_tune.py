@@ -180,6 +180,21 @@ class SimtestSearcher(Searcher):
         self.completed[trial_id] = self.completed.get(trial_id, 0) + 1
 
 
+class ScoreStopper(tune.Stopper):
+    """A stopping rule of the user's: a trial stops at its first result
+    scoring ``threshold`` or more (or at ``max_iter``)."""
+
+    def __init__(self, threshold: float, max_iter: int | None = None) -> None:
+        self.threshold, self.max_iter = threshold, max_iter
+
+    def __repr__(self) -> str:
+        return f"ScoreStopper({self.threshold}, max_iter={self.max_iter})"
+
+    def __call__(self, trial_id: str, result: dict) -> bool:
+        return result.get("score", 0.0) >= self.threshold or (
+            self.max_iter is not None and result.get("training_iteration", 0) >= self.max_iter)
+
+
 def _scheduler(kind: str, max_t: int, extra):
     from . import model_tune
 
@@ -255,6 +270,16 @@ def tune_experiment(program) -> None:
             search.fixed.update(fixed)
         elif isinstance(search, ConcurrencyLimiter):
             search.searcher.fixed.update(fixed)
+    # A stopping criterion on the score (an RNG of its own again).
+    stopping = random.Random(f"{tray.simtest.cluster().seed}:tune-stopper")
+    stop = {"training_iteration": max_t} if kind == "fifo" else None
+    threshold = None
+    if stopping.random() < 0.3:
+        threshold = round(stopping.uniform(1.0, 4.0), 3)
+        if stopping.random() < 0.5:
+            stop = {"score": threshold, **(stop or {})}
+        else:
+            stop = ScoreStopper(threshold, max_t if kind == "fifo" else None)
     storage = tempfile.mkdtemp(prefix="tray-simtest-tune-")
     try:
         tuner = tune.Tuner(
@@ -265,7 +290,7 @@ def tune_experiment(program) -> None:
                 search_alg=search, scheduler=scheduler),
             run_config=tune.RunConfig(
                 name="exp", storage_path=storage, verbose=0,
-                stop={"training_iteration": max_t} if kind == "fifo" else None,
+                stop=stop,
                 failure_config=tune.FailureConfig(max_failures=max_failures),
                 checkpoint_config=tune.CheckpointConfig(
                     num_to_keep=2, checkpoint_score_attribute=score_attribute,
@@ -277,16 +302,18 @@ def tune_experiment(program) -> None:
                    f"{type(search).__name__}{f'({searcher_limit})' if searcher_limit else ''}"
                    + (f", class trainable (checkpoint_frequency {frequency}, checkpoint_at_end "
                       f"{at_end}, reuse_actors {reuse}, state as {param_space['state_as']})"
-                      if trainable is TuneClassObjective else ""))
+                      if trainable is TuneClassObjective else "")
+                   + (f", stop {stop}" if threshold is not None else ""))
         try:
             _check(results, num_samples * (len(widths) if grid else 1), max_t, max_failures,
-                   kind)
+                   kind, threshold)
             added = _check_decisions(results, os.path.join(storage, "exp"), model, max_t,
                                      max_concurrent, searcher_limit, max_failures,
-                                     trainable is TuneClassObjective)
+                                     trainable is TuneClassObjective, threshold)
             _check_search_space(results, added, num_samples, widths if grid else None)
             if kind != "pbt":
                 _check_checkpoints(results, 2, score_attribute)
+            _check_failures(results, added)
         except Exception as error:
             from .invariants import InvariantViolation
 
@@ -297,7 +324,8 @@ def tune_experiment(program) -> None:
         shutil.rmtree(storage, ignore_errors=True)
 
 
-def _check(grid, expected_trials: int, max_t: int, max_failures: int, kind: str) -> None:
+def _check(grid, expected_trials: int, max_t: int, max_failures: int, kind: str,
+           threshold: float | None = None) -> None:
     from tray.tune.result_grid import read_results
 
     if len(grid) != expected_trials:
@@ -331,10 +359,11 @@ def _check(grid, expected_trials: int, max_t: int, max_failures: int, kind: str)
         if iteration is None or not 1 <= iteration <= max_t:
             raise _violation("tune-trial-iterations",
                              f"{where} ended at iteration {iteration}; max_t is {max_t}")
-        if kind == "asha" and iteration < max_t and iteration not in rungs:
+        met = threshold is not None and result.metrics.get("score", 0.0) >= threshold
+        if kind == "asha" and iteration < max_t and iteration not in rungs and not met:
             raise _violation("tune-asha-stops-at-rungs",
                              f"{where} stopped at iteration {iteration}, not at a rung")
-        if kind == "fifo" and iteration != max_t:
+        if kind == "fifo" and iteration != max_t and not met:
             raise _violation("tune-trials-end-when-told",
                              f"{where} ended at iteration {iteration}; FIFO runs every trial "
                              f"to max_t {max_t}")
@@ -364,7 +393,7 @@ def _check(grid, expected_trials: int, max_t: int, max_failures: int, kind: str)
                              f"get_best_result() is trial {best.trial_id} (score "
                              f"{best.metrics.get('score')}); the best last result on storage "
                              f"is trial {top_id}'s, {top_score}")
-    if errored or kind not in ("asha", "fifo"):
+    if errored or kind not in ("asha", "fifo") or threshold is not None:
         return
     qualities = sorted(((_quality(r.config), r.trial_id) for r in grid), reverse=True)
     best_quality, best_id = qualities[0]
@@ -424,6 +453,27 @@ def _check_checkpoints(grid, keep: int, attribute: str | None) -> None:
                                  f"(deleted (score, index) {sorted(gone)}; kept {sorted(others)})")
 
 
+def _check_failures(grid, added: dict) -> None:
+    """``tune-failures-explained``: every failure a trial records (its
+    ``error.txt``) is its trainable's own error, in a trial configured to
+    fail, or the loss of its runner (a fault): nothing else raises in a
+    trial (a checkpoint that vanished, an error of Tune's own)."""
+    for result in grid:
+        try:
+            with open(os.path.join(result.path, "error.txt"), encoding="utf-8") as file:
+                text = file.read()
+        except FileNotFoundError:
+            continue
+        fail = added.get(result.trial_id, {}).get("fail", "never")
+        for chunk in text.split("Failure # ")[1:]:
+            if "runner actor" in chunk.splitlines()[1 if "\n" in chunk else 0] or (
+                    fail != "never" and f"the trainable fails ({fail})" in chunk):
+                continue
+            raise _violation("tune-failures-explained",
+                             f"trial {result.trial_id} (fails {fail}) failed with:\n"
+                             f"{chunk[-1500:]}")
+
+
 def _check_search_space(grid, added: dict, num_samples: int, widths: list | None) -> None:
     """``added``: trial id -> its config when created (PBT changes it later)."""
     configs = sorted((r._trial.index, r.trial_id, added[r.trial_id]) for r in grid)
@@ -450,7 +500,8 @@ def _check_search_space(grid, added: dict, num_samples: int, widths: list | None
 
 def _check_decisions(grid, experiment_path: str, model, max_t: int,
                      max_concurrent: int | None, searcher_limit: int | None,
-                     max_failures: int, class_mode: bool = False) -> dict:
+                     max_failures: int, class_mode: bool = False,
+                     threshold: float | None = None) -> dict:
     import pickle
 
     import cloudpickle  # noqa: F401 - the snapshot may hold cloudpickled code
@@ -482,7 +533,7 @@ def _check_decisions(grid, experiment_path: str, model, max_t: int,
         trials[result.trial_id] = (result.status, history[-1]["training_iteration"]
                                    if history else None)
     found = model_tune.check_histories(log, trials, max_t, max_concurrent, _quality,
-                                       saves_on_request=class_mode)
+                                       saves_on_request=class_mode, stop_at=threshold)
     if found is not None:
         raise _violation(*found)
     for result in grid:
