@@ -68,8 +68,9 @@ def objects(program) -> None:
 def strategies(program) -> None:
     """Once the faults stopped: SPREAD tasks one after the other (no
     resources, so every node always has room for them) go round the nodes,
-    and a task pinned to a node (NodeAffinitySchedulingStrategy, hard or
-    soft: it always has room) runs there (``check_placements``)."""
+    a task pinned to each node (NodeAffinitySchedulingStrategy, hard and
+    soft: it always has room) runs there, and DEFAULT tasks submitted while
+    the driver's node is idle run there (``check_placements``)."""
     from tray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     rng = program.rng
@@ -104,8 +105,8 @@ def strategies(program) -> None:
                            max_retries=-1).remote(key, i)
         program.expect(ref, i * i, label=f"DEFAULT task {i}", unlimited=True)
         tray.wait([ref], timeout=program.wait_timeout_s, fetch_local=False)
-    target, soft = rng.choice(alive), rng.random() < 0.5
-    for i in range(rng.randint(1, 3)):
+    for i, (target, soft) in enumerate((node, soft) for node in alive
+                                       for soft in (False, True)):
         key = program.key(f"pinned{i}", retries=-1)
         program.placed(key, "node", target, soft)
         ref = leaf.options(num_cpus=0, max_retries=-1, scheduling_strategy=(
