@@ -194,6 +194,34 @@ def test_unpacking_refuses_entries_outside_the_directory(tmp_path):
     assert not (tmp_path / "escaped.txt").exists()
 
 
+def test_unpacking_refuses_a_package_that_unpacks_past_the_limit(tmp_path):
+    from tray.runtime_env.packaging import unpack
+
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr("zeros.bin", b"\0" * (8 * 2**20))  # 8 MiB in a few KB
+    assert len(buffer.getvalue()) < 64 * 1024
+    with pytest.raises(ValueError, match="unpacks to 8388608 bytes, over the limit of 1048576"):
+        unpack(buffer.getvalue(), str(tmp_path / "bomb"), max_bytes=2**20)
+    assert not (tmp_path / "bomb" / "zeros.bin").exists()
+    unpack(buffer.getvalue(), str(tmp_path / "fits"), max_bytes=16 * 2**20)
+    assert (tmp_path / "fits" / "zeros.bin").stat().st_size == 8 * 2**20
+
+
+@pytest.mark.parametrize("uri", [
+    "gcs://_tray_pkg_../../../tmp/x.zip", "gcs://_tray_pkg_" + "0" * 63 + ".zip",
+    "gcs://_tray_pkg_" + "A" * 64 + ".zip", "gcs://_tray_pkg_" + "0" * 64 + ".zip/../x.zip",
+])
+def test_a_package_uri_is_exactly_a_content_hash(uri):
+    # The hash names a cache directory on every node: no path may stand there.
+    from tray.runtime_env.packaging import is_package_uri, package_hash
+
+    assert not is_package_uri(uri)
+    with pytest.raises(ValueError, match="not a package URI"):
+        package_hash(uri)
+    assert is_package_uri("gcs://_tray_pkg_" + "0" * 64 + ".zip")
+
+
 # ====================================================== envs on both backends
 
 

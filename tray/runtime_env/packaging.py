@@ -29,6 +29,7 @@ import fnmatch
 import hashlib
 import io
 import os
+import re
 import zipfile
 from dataclasses import dataclass
 
@@ -49,12 +50,19 @@ class Package:
         return len(self.data)
 
 
+_PACKAGE_URI = re.compile(re.escape(URI_PREFIX) + r"[0-9a-f]{64}\.zip")
+
+
 def is_package_uri(value: str) -> bool:
-    return isinstance(value, str) and value.startswith(URI_PREFIX) and value.endswith(".zip")
+    """``gcs://_tray_pkg_<sha256 hex>.zip`` exactly: the hash names a cache
+    directory on every node, so nothing else (a ``../``) may stand there."""
+    return isinstance(value, str) and _PACKAGE_URI.fullmatch(value) is not None
 
 
 def package_hash(uri: str) -> str:
     """The content hash in a package URI (the name of its cache directory)."""
+    if not is_package_uri(uri):
+        raise ValueError(f"not a package URI: {uri!r} (gcs://_tray_pkg_<sha256>.zip)")
     return uri[len(URI_PREFIX):-len(".zip")]
 
 
@@ -154,12 +162,20 @@ def pack_directory(path: str, excludes: list[str] | tuple = (), *,
     return Package(f"{URI_PREFIX}{hashlib.sha256(data).hexdigest()}.zip", data)
 
 
-def unpack(data: bytes, target: str) -> None:
+def unpack(data: bytes, target: str, max_bytes: int | None = None) -> None:
     """Unpack a package into ``target`` (a fresh directory), refusing
-    entries that would land outside it."""
+    entries that would land outside it, and a package that would unpack to
+    more than ``max_bytes`` (default: the packing limit, ``max_package_bytes``:
+    a small zip may claim gigabytes)."""
     root = os.path.realpath(target)
+    limit = max_package_bytes() if max_bytes is None else max_bytes
     with zipfile.ZipFile(io.BytesIO(data)) as archive:
-        for info in archive.infolist():
+        infos = archive.infolist()
+        claimed = sum(info.file_size for info in infos)
+        if claimed > limit:
+            raise ValueError(f"the package unpacks to {claimed} bytes, over the limit of "
+                             f"{limit} (TRAY_RUNTIME_ENV_MAX_PACKAGE_BYTES)")
+        for info in infos:
             destination = os.path.realpath(os.path.join(root, info.filename))
             if destination != root and not destination.startswith(root + os.sep):
                 raise ValueError(f"package entry {info.filename!r} points outside its "
