@@ -17,6 +17,14 @@ def test_train_workload_is_green_and_deterministic():
     assert summary["nondeterministic_seeds"] == []
 
 
+def test_ranks_follow_where_the_workers_started():
+    # Chaos seed 214: a bundle's node died between the group's placement
+    # and its workers' start; ranks computed from the group's table named
+    # the dead node, while the worker started where the bundle went next.
+    result = runner.run_seed(214, "train", "chaos")
+    assert result.ok, (result.invariant, result.message)
+
+
 def test_a_restart_from_a_stale_checkpoint_is_caught(monkeypatch):
     add = _storage.RunStorage.add
 
