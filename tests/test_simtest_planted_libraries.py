@@ -290,6 +290,15 @@ def test_results_sent_ahead_past_a_stopping_criterion_are_caught_within_1_seed(m
     first_failure([23], "tune", "none", "tune-result-history")
 
 
+def test_a_runner_that_forgets_with_parameters_is_caught_within_1_seed(monkeypatch):
+    # Seed 0 passes a table through tune.with_parameters: every trial fails
+    # on a missing parameter, an error no fault and no config explains.
+    from tray.tune._runner import TrialRunner
+
+    monkeypatch.setattr(TrialRunner, "_params", lambda self: {})
+    first_failure([0], "tune", "none", "tune-failures-explained")
+
+
 # ------------------------------------------------------------------------ data
 # The data workload's seeds 6 and 11 end a pipeline with a user function
 # that raises (tray/simtest/workloads_data.py, _limits).

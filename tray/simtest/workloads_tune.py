@@ -64,10 +64,19 @@ def _quality(config: dict) -> float:
     return round(config["x"] * (1 + config["width"] / 10), 9)
 
 
-def tune_objective(config: dict) -> None:
+TABLE = list(range(50))  # what ``with_parameters`` hands the trainable, in some seeds
+
+
+def _check_table(config: dict, table) -> None:
+    if (table is not None or config.get("table_given")) and table != TABLE:
+        raise ValueError(f"with_parameters delivered {str(table)[:80]}, not the table put")
+
+
+def tune_objective(config: dict, table=None) -> None:
     """One virtual sleep and one report per iteration up to ``max_t``,
     checkpointing its running total every iteration; each result says
     where the run resumed from and the quality it runs with."""
+    _check_table(config, table)
     quality = _quality(config)
     t, total = 0, 0.0
     checkpoint = tune.get_checkpoint()
@@ -100,7 +109,8 @@ class TuneClassObjective(tune.Trainable):
     iteration ``fail_at`` of a run from scratch (the first checkpoint is
     taken before it)."""
 
-    def setup(self, config: dict) -> None:
+    def setup(self, config: dict, table=None) -> None:
+        _check_table(config, table)
         self._begin(config)
 
     def _begin(self, config: dict) -> None:
@@ -280,6 +290,23 @@ def tune_experiment(program) -> None:
             stop = {"score": threshold, **(stop or {})}
         else:
             stop = ScoreStopper(threshold, max_t if kind == "fifo" else None)
+    # Parameters through the object store, resources per trial (its own RNG).
+    shaping = random.Random(f"{tray.simtest.cluster().seed}:tune-resources")
+    shape = ""
+    if shaping.random() < 0.3:
+        trainable = tune.with_parameters(trainable, table=list(TABLE))
+        shape += ", with_parameters"
+        param_space["table_given"] = True
+        if isinstance(search, ConcurrencyLimiter):
+            search.searcher.fixed["table_given"] = True
+        elif isinstance(search, SimtestSearcher):
+            search.fixed["table_given"] = True
+    if shaping.random() < 0.3:
+        node_cpus = tray.simtest.cluster().node_resources.get("CPU", 1)
+        cpus = shaping.choice([0.5, 1, node_cpus])
+        trainable = tune.with_resources(trainable, {"cpu": cpus})
+        shape += f", {cpus} CPU(s) per trial"
+    class_mode = getattr(trainable, "trainable", trainable) is TuneClassObjective
     storage = tempfile.mkdtemp(prefix="tray-simtest-tune-")
     try:
         tuner = tune.Tuner(
@@ -302,18 +329,18 @@ def tune_experiment(program) -> None:
                    f"{type(search).__name__}{f'({searcher_limit})' if searcher_limit else ''}"
                    + (f", class trainable (checkpoint_frequency {frequency}, checkpoint_at_end "
                       f"{at_end}, reuse_actors {reuse}, state as {param_space['state_as']})"
-                      if trainable is TuneClassObjective else "")
+                      if class_mode else "") + shape
                    + (f", stop {stop}" if threshold is not None else ""))
         try:
+            _check_failures(results, kind == "pbt")
             _check(results, num_samples * (len(widths) if grid else 1), max_t, max_failures,
                    kind, threshold)
             added = _check_decisions(results, os.path.join(storage, "exp"), model, max_t,
                                      max_concurrent, searcher_limit, max_failures,
-                                     trainable is TuneClassObjective, threshold)
+                                     class_mode, threshold)
             _check_search_space(results, added, num_samples, widths if grid else None)
             if kind != "pbt":
                 _check_checkpoints(results, 2, score_attribute)
-            _check_failures(results, added)
         except Exception as error:
             from .invariants import InvariantViolation
 
@@ -453,21 +480,23 @@ def _check_checkpoints(grid, keep: int, attribute: str | None) -> None:
                                  f"(deleted (score, index) {sorted(gone)}; kept {sorted(others)})")
 
 
-def _check_failures(grid, added: dict) -> None:
+def _check_failures(grid, exploits: bool) -> None:
     """``tune-failures-explained``: every failure a trial records (its
     ``error.txt``) is its trainable's own error, in a trial configured to
     fail, or the loss of its runner (a fault): nothing else raises in a
-    trial (a checkpoint that vanished, an error of Tune's own)."""
+    trial (a checkpoint that vanished, an error of Tune's own). Under PBT a
+    trial takes its donor's config, ``fail`` included: any configured error."""
     for result in grid:
         try:
             with open(os.path.join(result.path, "error.txt"), encoding="utf-8") as file:
                 text = file.read()
         except FileNotFoundError:
             continue
-        fail = added.get(result.trial_id, {}).get("fail", "never")
+        fail = result.config.get("fail", "never")
         for chunk in text.split("Failure # ")[1:]:
             if "runner actor" in chunk.splitlines()[1 if "\n" in chunk else 0] or (
-                    fail != "never" and f"the trainable fails ({fail})" in chunk):
+                    fail != "never" and f"the trainable fails ({fail})" in chunk) or (
+                    exploits and "the trainable fails (" in chunk):
                 continue
             raise _violation("tune-failures-explained",
                              f"trial {result.trial_id} (fails {fail}) failed with:\n"
