@@ -302,8 +302,9 @@ def _proxies_converge(location: str, what: str, joined: str = "") -> dict:
             problem = f"the proxy actors (node: (id, state, node)) are {actors}"
         else:
             for node in wanted:
-                proxy = tray.get_actor(PROXY_NAME_PREFIX + node, namespace="serve")
                 try:
+                    # (By name: it may have died since the listing, chaos seed 16.)
+                    proxy = tray.get_actor(PROXY_NAME_PREFIX + node, namespace="serve")
                     tray.get(proxy.check_health.remote(), timeout=5.0)
                 except Exception as error:  # noqa: BLE001 - judged below
                     problem = f"the proxy on {node[:8]} failed its check: {error!r}"
@@ -328,8 +329,11 @@ def proxy_phase(program, location: str) -> None:
     sim = tray.simtest.cluster()
     before = _proxies_converge(location, "the proxies after the applications ran")
     victim = rng.choice(sorted(before))
-    actor = tray.get_actor(PROXY_NAME_PREFIX + victim, namespace="serve")
-    if sim.kill_actor_worker(actor):
+    try:
+        actor = tray.get_actor(PROXY_NAME_PREFIX + victim, namespace="serve")
+    except ValueError:  # died since
+        actor = None
+    if actor is not None and sim.kill_actor_worker(actor):
         after = _proxies_converge(location, f"the proxy on {victim[:8]} was killed")
         if after.get(victim) == before[victim]:
             raise _violation(f"the proxy on {victim[:8]} was killed, and its actor "
