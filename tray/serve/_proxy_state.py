@@ -41,6 +41,7 @@ class ProxyState:
     task: asyncio.Task | None = None
     next_check_s: float = 0.0
     retry_at_s: float = 0.0
+    stopping: bool = False  # its task is the stop
 
 
 class ProxyStateManager:
@@ -99,7 +100,7 @@ class ProxyStateManager:
                 self._checkpointer.dirty = True
         for node_id, proxy in list(self.proxies.items()):
             if proxy.task is not None and not proxy.task.done():
-                if node_id in wanted or proxy.status == ProxyStatus.DRAINING:
+                if node_id in wanted or proxy.stopping:
                     continue
                 # Its node went (or Serve shuts down) while it started or was
                 # checked: a start on a dead node never ends (its actor waits
@@ -107,6 +108,7 @@ class ProxyStateManager:
                 proxy.task.cancel()
             if node_id not in wanted:
                 proxy.status = ProxyStatus.DRAINING
+                proxy.stopping = True
                 proxy.task = spawn(self._stop(proxy))
             elif proxy.handle is None:
                 if now >= proxy.retry_at_s:
