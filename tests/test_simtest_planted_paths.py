@@ -168,3 +168,12 @@ def test_a_concurrency_group_admitting_one_call_too_many_is_caught_within_12_see
     monkeypatch.setattr(ActorHost, "_run_concurrent", run)
     result = first_failure(range(12), "paths", "none", "api-outcome-as-ray")
     assert "concurrency groups" in result.message
+
+
+def test_a_duplicate_striking_after_its_node_restarted_names_the_new_node():
+    # mixed chaos seed 272: a duplicate fault fired while machine n1 ran one
+    # node and struck (its lag, then the reset) after that machine's node had
+    # restarted; its record named the dead node, so the task re-run it caused
+    # was not attributed to it (every-re-execution-has-a-fault-behind-it).
+    result = runner.run_seed(272, "mixed", "chaos")
+    assert result.ok, (result.invariant, result.message)

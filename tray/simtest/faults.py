@@ -349,8 +349,12 @@ class Injector:
         """The process that a reliable message reaches next (after ``after``
         others) lags, then its connections break (recorded as it starts)."""
         def started(address: str) -> None:
+            # The node on that machine now: it may have restarted (a new
+            # node id) since the fault fired (mixed chaos seed 272 named the
+            # dead one, so the re-run it caused was not attributed to it).
             machine = int(address.split("/", 1)[0][1:])
-            node = nodes[machine] if machine < len(nodes) else ""
+            now = self._node_ids() or nodes
+            node = now[machine] if machine < len(now) else ""
             self._record(f"{fault.describe()} node={node[:8]} process={address}")
 
         self.cluster.replay_after_reset(None, seconds, on_start=started, skip=after)
