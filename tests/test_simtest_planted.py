@@ -105,7 +105,23 @@ def test_gpu_ids_handed_out_twice_are_caught_within_15_seeds(monkeypatch):
         return await original(self, key, queue, lease, task)
 
     monkeypatch.setattr(NormalTaskSubmitter, "_push", all_on_zero)
-    first_failure(range(15), "gpus", "none", "gpu-held-by-one-task-at-a-time")
+    first_failure(range(15), "gpus", "none", "gpu-never-held-past-its-capacity")
+
+
+def test_gpu_fractions_stacked_past_a_device_are_caught_within_20_seeds(monkeypatch):
+    # A fraction goes to the first device it would fit in empty, whatever
+    # that device already lends: two 0.6-GPU tasks share one device.
+    from tray.core import scheduling
+
+    def choose(self, amount):
+        if 0 < amount < 1 - scheduling.EPSILON:
+            return [(min(self.capacity), amount)]
+        return original(self, amount)
+
+    original = scheduling.GpuAllocator._choose
+    monkeypatch.setattr(scheduling.GpuAllocator, "_choose", choose)
+    result = first_failure(range(20), "gpus", "none", "gpu-never-held-past-its-capacity")
+    assert "past its capacity" in result.message
 
 
 def test_actor_names_lost_in_a_gcs_restart_are_caught_within_10_seeds(monkeypatch):

@@ -38,3 +38,20 @@ def test_owned_actor_outliving_its_owner_is_caught_within_20_seeds(monkeypatch):
     monkeypatch.setattr(ActorManager, "handle_owner_died", lambda self, conn, owner: None)
     result = first_failure(range(20), "edges", "none", "get-returns-model-value")
     assert "owner died" in result.message
+
+
+def test_a_pending_calls_limit_that_forgets_finished_calls_is_caught_within_20_seeds(
+        monkeypatch):
+    # The limit counts every call ever made, not the pending ones: once the
+    # first calls are done, the actor refuses the next call all the same.
+    from tray import exceptions
+    from tray.core.worker.actor_task_submitter import ActorTaskSubmitter
+
+    def check_pending_calls(state, max_pending_calls):
+        if 0 <= max_pending_calls <= state.next_seq:
+            raise exceptions.PendingCallsLimitExceeded("over the limit")
+
+    monkeypatch.setattr(ActorTaskSubmitter, "check_pending_calls",
+                        staticmethod(check_pending_calls))
+    result = first_failure(range(20), "edges", "none", "api-outcome-as-ray")
+    assert "pending ones are done: refused" in result.message

@@ -11,7 +11,8 @@ the reference model (``model``), the ledger the user code kept
   restarts within ``max_restarts``;
 * ``check_attributed``: every re-execution has a fault behind it;
 * ``check_cancels``: what ``tray.cancel`` promised;
-* ``check_gpu_exclusive``: no GPU held by two task bodies at once."""
+* ``check_gpu_exclusive``: no GPU held past its capacity (two whole-GPU
+  task bodies at once, or fractions summing past one)."""
 
 from __future__ import annotations
 
@@ -339,13 +340,24 @@ def _check_object_lost(program: Program, error: BaseException, where: str) -> bo
 
 
 def check_gpu_exclusive(ledger: Ledger) -> str | None:
-    """Why the ledger shows a GPU held twice at once, or None."""
+    """Why the ledger shows a GPU held past its capacity at some moment —
+    two whole-GPU tasks at once, or fractions summing past one — or None."""
     for (node_id, gpu), spans in sorted(ledger.gpu_spans.items()):
-        spans = sorted(spans)
-        for (start_a, end_a), (start_b, _end_b) in zip(spans, spans[1:], strict=False):
-            if start_b < end_a:
-                return (f"GPU {gpu} of node {node_id[:8]} was held by two tasks at once: "
-                        f"[{start_a:.6f}, {end_a:.6f}) and from {start_b:.6f}")
+        # Ends before starts at the same instant: a device handed on.
+        events = sorted([(start, 1, amount, start, end) for start, end, amount in spans] +
+                        [(end, 0, -amount, start, end) for start, end, amount in spans])
+        held, holding = 0.0, []
+        for _at, _kind, change, start, end in events:
+            held += change
+            if change > 0:
+                holding.append((start, end, change))
+            else:
+                holding.remove((start, end, -change))
+            if held > 1.0 + 1e-9:
+                spans_text = ", ".join(f"{a:g} of it [{s0:.6f}, {s1:.6f})"
+                                       for s0, s1, a in holding)
+                return (f"GPU {gpu} of node {node_id[:8]} was held past its capacity "
+                        f"({held:g} at once): {spans_text}")
     return None
 
 

@@ -22,6 +22,9 @@ of its own). Per seed, ``program.rng`` draws which of these run:
   ``force=True`` on an actor call (``ValueError``);
 * ``env``: ``runtime_env={"env_vars": ...}`` on tasks and actors (the value
   seen inside is the one given; a task without it never sees it);
+* ``limits``: an actor's ``max_pending_calls``: the call past the limit
+  raises ``PendingCallsLimitExceeded`` at ``.remote()``, the ones within it
+  run, and a call is accepted again once they are done;
 * ``owners``: an actor creates a child actor, a detached named actor, a put
   object, a task's result and two named placement groups (one detached);
   the piece kills the actor's worker (the fault API): the child dies
@@ -291,15 +294,40 @@ def owners(program) -> None:
     program.later(groups)
 
 
+def limits(program) -> None:
+    rng = program.rng
+    limit = rng.randint(1, 3)
+    actor = program.actor(EnvActor.options(num_cpus=0, max_pending_calls=limit,
+                                           max_restarts=-1, max_task_retries=-1),
+                          program.key("pending-limited", retries=-1))
+    sleep_s = rng.choice([0.05, 0.3])
+    within = [actor.sleep.remote(sleep_s) for _ in range(limit)]
+    _refused(f"call {limit + 1} to an actor with max_pending_calls={limit} while {limit} "
+             f"are pending", exceptions.PendingCallsLimitExceeded,
+             lambda: actor.sleep.remote(sleep_s))
+    for index, ref in enumerate(within):
+        program.expect(ref, sleep_s, unlimited=True,
+                       label=f"call {index + 1} of {limit} within max_pending_calls")
+    # Once they are done, there is room again.
+    tray.wait(within, num_returns=len(within), timeout=program.wait_timeout_s,
+              fetch_local=False)
+    try:
+        again = actor.sleep.remote(0.0)
+    except exceptions.PendingCallsLimitExceeded as error:
+        raise InvariantViolation(API, f"a call once the {limit} pending ones are done: "
+                                      f"refused ({error})") from None
+    program.expect(again, 0.0, unlimited=True, label="a call once the pending ones are done")
+
+
 SUBPIECES = {"user_errors": user_errors, "api": api, "cancels": cancels, "env": env,
-             "owners": owners}
+             "limits": limits, "owners": owners}
 
 
 # Under a schedule that kills, only these run: the others' exact outcomes
 # have no model of faults yet (a killed owner's detached actor, created
 # again elsewhere, outlives a piece that expected to end it: edges default
 # seed 34 with every sub-piece).
-UNDER_KILLS = ("env", "user_errors")
+UNDER_KILLS = ("env", "limits", "user_errors")
 
 
 def edges(program) -> None:

@@ -140,16 +140,21 @@ def placement_groups(program) -> None:
 
 
 def gpus(program) -> None:
-    """GPU tasks on nodes with GPUs: at the end, no GPU id of a node was held
-    by two task bodies at once (``check_gpu_exclusive``)."""
+    """GPU tasks on nodes with GPUs, whole or fractional (Ray's num_gpus=0.5:
+    tasks share a device while their fractions fit in it): at the end, no
+    GPU id of a node was held past its capacity (``check_gpu_exclusive``),
+    and each task saw exactly one device."""
     if not tray.cluster_resources().get("GPU"):
         return
     rng = program.rng
     retries = program.task_retries()
+    fractional = rng.random() < 0.5
     for i in range(rng.randint(2, 8)):
-        ref = on_gpu.options(max_retries=retries).remote(program.key(f"gpu{i}"),
-                                                         rng.random() * 0.2)
-        program.expect(ref, 1, label=f"GPU task {i}", retries=retries)
+        sleep_s = rng.random() * 0.2
+        amount = rng.choice([1.0, 0.5, 0.6, 0.3, 0.25]) if fractional else 1.0
+        ref = on_gpu.options(max_retries=retries, num_gpus=amount).remote(
+            program.key(f"gpu{i}"), sleep_s, amount)
+        program.expect(ref, 1, label=f"GPU task {i} ({amount:g} GPU)", retries=retries)
 
 
 def _until_started(program, key: str, ref, at_least: int = 1, polls: int = 60) -> int:

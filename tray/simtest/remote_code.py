@@ -89,9 +89,10 @@ def _log_run(key: str, function: str) -> None:
                         getattr(worker, "address", ""), cluster().clock.current_time()))
 
 
-def _gpu_span(node_id: str, gpu_ids: list, start_s: float, end_s: float) -> None:
+def _gpu_span(node_id: str, gpu_ids: list, start_s: float, end_s: float,
+              amount: float = 1.0) -> None:
     for gpu in gpu_ids:
-        LEDGER.gpu_spans.setdefault((node_id, gpu), []).append((start_s, end_s))
+        LEDGER.gpu_spans.setdefault((node_id, gpu), []).append((start_s, end_s, amount))
 
 
 class FlakyError(Exception):
@@ -231,14 +232,15 @@ def sum_boxed(key: str, boxed: list) -> int:
 
 
 @tray.remote(num_gpus=1)
-def on_gpu(key: str, sleep_s: float) -> int:
-    """Holds its GPU for a while, logging which one and when (virtual time)."""
+def on_gpu(key: str, sleep_s: float, amount: float = 1.0) -> int:
+    """Holds its GPU (``amount`` of it: its ``num_gpus``) for a while,
+    logging which one, how much and when (virtual time)."""
     _ran(key)
     gpu_ids = list(tray.get_gpu_ids())
     node_id = tray.get_runtime_context().get_node_id()
     start_s = time.time()
     time.sleep(sleep_s)
-    _gpu_span(node_id, gpu_ids, start_s, time.time())
+    _gpu_span(node_id, gpu_ids, start_s, time.time(), amount)
     return len(gpu_ids)
 
 

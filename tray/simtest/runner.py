@@ -316,7 +316,7 @@ def _run_seed(seed, workload, faults, trace_path, config, started,
             check_promises(cluster, program, ledger)  # placement, wait's timing
             held_twice = check_gpu_exclusive(ledger)
             if held_twice is not None:
-                raise InvariantViolation("gpu-held-by-one-task-at-a-time", held_twice)
+                raise InvariantViolation("gpu-never-held-past-its-capacity", held_twice)
             _quiesce(cluster, program)
             monitor.finish()
             # After quiescence: a cancelled body that was not interrupted
