@@ -93,6 +93,17 @@ def _g_column(batch):
     return batch["x"] % 5
 
 
+def _with_g(ds):
+    return ds.add_column("g", _g_column)
+
+
+def _then(make, step):
+    """The pipeline ``make`` builds, followed by ``step`` (dataset -> dataset)."""
+    def made():
+        return step(make())
+    return made
+
+
 class _Offset:
     """A callable class for the actor pool; its state is its offset."""
 
@@ -251,14 +262,14 @@ class _Pipeline:
             else:
                 if "g" in columns:
                     continue
-                step, build = ("add_column",), (lambda ds: ds.add_column("g", _g_column))
+                step, build = ("add_column",), _with_g
                 columns = [*columns, "g"]
             # Only right after the source may a pool hold the whole cluster
             # (a map with a batch size of its own runs as tasks before it).
             allow_full_pool = False
             rows = _model_step(rows, step)
             self.steps.append(step[0] + ("(whole cluster)" if full else ""))
-            make = (lambda make=make, build=build: build(make()))
+            make = _then(make, build)
         return make, rows, columns
 
     def _pool(self, offset: int, full: bool):
@@ -290,8 +301,8 @@ class _Pipeline:
             if combine == "zip":
                 n = min(len(rows), len(other_rows))  # zip needs equal counts
                 rows, other_rows = rows[:n], other_rows[:n]
-                make = (lambda make=make, n=n: make().limit(n))
-                other = (lambda other=other, n=n: other().limit(n))
+                make = _then(make, lambda ds, n=n: ds.limit(n))
+                other = _then(other, lambda ds, n=n: ds.limit(n))
                 self.steps.append(f"limit({n}) of both")
             other, other_rows, other_columns = self.chain(
                 other, other_rows, ["id", "x"], keep_count=combine == "zip",
@@ -301,25 +312,25 @@ class _Pipeline:
                     for column in columns:
                         if column not in other_columns:
                             other_rows = _model_step(other_rows, ("add_column",))
-                            other = (lambda other=other: other().add_column("g", _g_column))
+                            other = _then(other, _with_g)
                     if "g" not in columns:
                         rows = _model_step(rows, ("add_column",))
-                        make = (lambda make=make: make().add_column("g", _g_column))
+                        make = _then(make, _with_g)
                         columns = [*columns, "g"]
                 self.steps.append("union")
                 rows = rows + other_rows
-                make = (lambda make=make, other=other: make().union(other()))
+                make = _then(make, lambda ds, other=other: ds.union(other()))
             else:
                 self.steps.append("zip")
                 rows = _zip_rows(rows, other_rows)
                 columns = list(_zip_rows([dict.fromkeys(columns, 0)],
                                          [dict.fromkeys(other_columns, 0)])[0])
-                make = (lambda make=make, other=other: make().zip(other()))
+                make = _then(make, lambda ds, other=other: ds.zip(other()))
         order, checks = "all", []
         last = rng.choice(["none", "none", "sort", "sort", "groupby", "repartition", "shuffle"])
         if last in ("sort", "groupby") and "g" not in columns:
             rows = _model_step(rows, ("add_column",))
-            make = (lambda make=make: make().add_column("g", _g_column))
+            make = _then(make, _with_g)
             self.steps.append("add_column")
         if last == "sort":
             keys = rng.sample(["g", "x", "id"], rng.randint(1, 3))
@@ -330,24 +341,24 @@ class _Pipeline:
             else:
                 arg = descending
             rows = _sorted_rows(rows, keys, descending)
-            make = (lambda make=make, keys=keys, arg=arg:
-                    make().sort(keys if len(keys) > 1 else keys[0], descending=arg))
+            make = _then(make, lambda ds, keys=keys, arg=arg:
+                         ds.sort(keys if len(keys) > 1 else keys[0], descending=arg))
             self.steps.append(f"sort({keys}, descending={arg})")
             order = "keys"
             checks.append(("keys", keys))
         elif last == "groupby":
             how = rng.choice(["count", "sum", "min", "max", "map_groups"])
             rows = _groups(rows, how)
-            make = (lambda make=make, how=how: _grouped(make(), how))
+            make = _then(make, lambda ds, how=how: _grouped(ds, how))
             self.steps.append(f"groupby(g).{how}")
         elif last == "repartition":
             k = rng.randint(1, 6)
-            make = (lambda make=make, k=k: make().repartition(k))
+            make = _then(make, lambda ds, k=k: ds.repartition(k))
             self.steps.append(f"repartition({k})")
             checks.append(("blocks", k))
         elif last == "shuffle":
             seed = rng.randint(0, 2**31)
-            make = (lambda make=make, seed=seed: make().random_shuffle(seed=seed))
+            make = _then(make, lambda ds, seed=seed: ds.random_shuffle(seed=seed))
             self.steps.append("random_shuffle(seed)")
             order = "none"
         return make, rows, order, checks
