@@ -127,6 +127,25 @@ def test_a_monitor_that_sleeps_two_periods_is_caught_within_2_seeds(monkeypatch)
     first_failure(range(2), "autoscaler", "none", "autoscaler-runs-every-period")
 
 
+def test_a_policy_packing_strict_spread_groups_is_caught_within_40_seeds(monkeypatch):
+    # The policy plans a STRICT_SPREAD group as if PACK would do: all its
+    # bundles may go to one new node, where the group can never be placed.
+    import dataclasses
+
+    update = policy.Autoscaler.update
+
+    def packs(self, load, provider_nodes, now, objects_held=None):
+        groups = tuple((group, "PACK" if strategy == "STRICT_SPREAD" else strategy, bundles)
+                       for group, strategy, bundles in load.placement_groups)
+        return update(self, dataclasses.replace(load, placement_groups=groups),
+                      provider_nodes, now, objects_held)
+
+    monkeypatch.setattr(policy.Autoscaler, "update", packs)
+    result = first_failure(range(40), "autoscaler", "default",
+                           "autoscaler-launches-for-demand")
+    assert "STRICT_SPREAD group" in result.message
+
+
 def test_request_resources_survives_a_gcs_restart():
     # Found by autoscaler-reports-infeasible (default seed 14): the GCS kept
     # the standing request in memory only, and its restart withdrew it.

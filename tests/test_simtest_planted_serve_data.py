@@ -17,7 +17,7 @@ import tray
 SEEDS = {"union": 5, "zip": 3, "sort": 10, "retry": 10,
          "healthy": 4, "impatient": 3, "count": 3, "spread": 4, "ongoing": 3,
          "proxy-dead": 2, "proxy-nodes": 4, "proxy-restart": 2, "proxy-stop": 1,
-         "sick": 3, "reattach": 3}
+         "sick": 3, "reattach": 3, "flaky": 10}
 
 
 # ====================================================== issue 41 regressions
@@ -279,6 +279,16 @@ def test_a_replica_failing_its_health_checks_kept_is_caught(monkeypatch):
 
     monkeypatch.setattr(_deployment_state, "REPLICA_HEALTH_CHECK_UNHEALTHY_THRESHOLD", 10**9)
     first_failure(range(SEEDS["sick"]), "serve", "none", "serve-replicas-recover")
+
+
+def test_a_replica_stopped_on_one_failed_check_is_caught(monkeypatch):
+    # A single failed check stops the replica (no run of failures needed):
+    # a replica failing every other check is replaced.
+    from tray.serve import _deployment_state
+
+    monkeypatch.setattr(_deployment_state, "REPLICA_HEALTH_CHECK_UNHEALTHY_THRESHOLD", 1)
+    result = first_failure(range(SEEDS["flaky"]), "serve", "none", "serve-replicas-recover")
+    assert "never two in a row" in result.message
 
 
 def test_a_restarted_controller_replacing_its_replicas_is_caught(monkeypatch):

@@ -100,6 +100,7 @@ class Program:
     def __init__(self, seed: int, kills: bool) -> None:
         self.rng = random.Random(f"{seed}:workload")
         self.kills = kills
+        self.schedule: list = []  # the seed's faults (faults.Fault), set by the runner
         self.wait_timeout_s = WAIT_TIMEOUT_S
         self.expectations: list[Expectation] = []
         self.limits: dict[str, int] = {}  # execution key -> max executions (-1: any)

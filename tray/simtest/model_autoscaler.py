@@ -15,7 +15,8 @@ type, which bin) never reads as a bug:
   max, the pending limit, no boot back-off). Demand is never left waiting
   for a later round, nor launched for one node short. The same for
   ``request_resources`` bundles against the nodes' *totals*, and each
-  type's ``min_workers``.
+  type's ``min_workers``; and a STRICT_SPREAD group has as many distinct
+  nodes that could each hold one of its bundles as it has bundles.
 * ``autoscaler-launches-only-for-demand``: no round launches more nodes
   (beyond ``min_workers``) than there are units of feasible demand, nor a
   type that fits none of it, nor a GPU type for demand that needs no GPU
@@ -215,6 +216,28 @@ class PolicyModel:
                     f"{[(_shape(s), c) for s, c in units]}, requested "
                     f"{[_shape(s) for s, _ in requested]}")
                 break
+        # A STRICT_SPREAD group needs a node per bundle: as many distinct
+        # hosts, each holding one bundle, among the live nodes (by their
+        # free resources), the booting and the new ones (by their type).
+        for group, strategy, bundles in load.placement_groups:
+            if strategy != "STRICT_SPREAD" or not bundles:
+                continue
+            bundle = bundles[0]
+            if not any(_fits(b, t.resources) for t in helped for b in bundles):
+                continue
+            hosts = sum(1 for node in gcs.values() if _fits(bundle, node.available)) + \
+                sum(1 for node in booting + unregistered
+                    if _fits(bundle, config.node_types[node.node_type].resources)) + \
+                sum(count for name, count in launched.items()
+                    if name in config.node_types and
+                    _fits(bundle, config.node_types[name].resources))
+            if hosts < len(bundles):
+                self._violate(
+                    "autoscaler-launches-for-demand",
+                    f"STRICT_SPREAD group {str(group)[:8]} of {len(bundles)} bundle(s) "
+                    f"{_shape(bundle)} has {hosts} node(s) that could each hold one (live "
+                    f"with room, booting, or launched this round: {dict(launched)}), and "
+                    f"{[t.name for t in helped]} could still be launched (room {room})")
         for node_type in types:
             if counts[node_type.name] < node_type.min_workers and launchable(node_type):
                 self._violate("autoscaler-launches-for-demand",

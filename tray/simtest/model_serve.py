@@ -41,6 +41,10 @@ SCALING = ("UPSCALING", "DOWNSCALING")
 PROXIES = "serve-proxies-follow-the-nodes"
 RECOVERS = "serve-replicas-recover"
 RECOVER_S = 30.0  # virtual seconds to replace a sick replica, or to re-attach
+# How long a replica failing every other health check is watched (its
+# deployment checks every second: 4 failures, never 2 in a row).
+ALTERNATE_S = 8.0
+SLOWING_FAULTS = ("slow_node", "stall", "partition", "reset", "duplicate")
 HTTP_P = 0.35  # the seeds that start Serve with HTTP proxies (they cost 2-3x the CPU)
 PROXIES_CONVERGE_S = 60.0  # virtual seconds for the proxies to follow a change
 
@@ -403,6 +407,35 @@ def _replicas_settle(program, app: str, deployment: str, size: int, what: str,
         cluster.advance(0.5)
 
 
+def _never_failed_for_health(program, app: str, deployment: str, replica: str) -> None:
+    """For ``ALTERNATE_S`` of virtual time, the controller never says that
+    ``replica`` — failing every other check, never twice in a row — failed
+    its health checks. Judged where no fault can make a passing check time
+    out or break (a slow or stalled node, a cut or reset connection: these
+    last until the program ends)."""
+    import tray
+    import tray.simtest
+    from tray.serve import _context
+
+    if any(fault.kind in SLOWING_FAULTS for fault in program.schedule):
+        tray.simtest.cluster().advance(ALTERNATE_S)
+        return
+
+    cluster = tray.simtest.cluster()
+    controller = _context.controller_handle()
+    until = cluster.clock.current_time() + ALTERNATE_S
+    while cluster.clock.current_time() < until:
+        cluster.advance(0.5)
+        status = tray.get(controller.get_serve_status.remote()).applications[app]
+        message = status.deployments[deployment].message or ""
+        if f"replica {replica} failed its health checks" in message:
+            from .invariants import InvariantViolation
+
+            raise InvariantViolation(RECOVERS, f"replica {replica} fails every other health "
+                                     f"check, never two in a row, and the controller stopped "
+                                     f"it: {message!r}")
+
+
 def fixed_recovery(program, handle, app: str, deployment: str, size: int) -> None:
     """A replica made to fail its health checks is replaced (a new one, the
     same count, HEALTHY again); a restarted controller re-attaches the
@@ -413,8 +446,11 @@ def fixed_recovery(program, handle, app: str, deployment: str, size: int) -> Non
     rng = program.rng
     before = _replicas_settle(program, app, deployment, size, "before the checks")
     if rng.random() < 0.5:
+        # Failing every other check, a replica never fails the threshold's
+        # number in a row (Ray counts consecutive failures): it stays.
+        mode = rng.choice(["always", "alternate"])
         try:
-            sick = handle.sicken.remote().result(timeout_s=60.0)
+            sick = handle.sicken.remote(mode).result(timeout_s=60.0)
         except Exception as error:  # noqa: BLE001 - only a fault may fail it
             from .invariants import InvariantViolation, _is_fault_error
 
@@ -422,9 +458,14 @@ def fixed_recovery(program, handle, app: str, deployment: str, size: int) -> Non
                 raise InvariantViolation("serve-request-fails-only-by-fault",
                                          f"sicken failed: {error!r}") from None
             sick = ""
-        if sick:
+        if sick and mode == "always":
             before = _replicas_settle(program, app, deployment, size,
                                       f"replica {sick} failed its health checks", gone=sick)
+        elif sick:
+            _never_failed_for_health(program, app, deployment, sick)
+            before = _replicas_settle(program, app, deployment, size,
+                                      f"replica {sick} failed every other health check for "
+                                      f"{ALTERNATE_S:g} s", same=tuple(before))
     if rng.random() < 0.5:
         sim = tray.simtest.cluster()
         controller = tray.get_actor("SERVE_CONTROLLER_ACTOR", namespace="serve")

@@ -280,6 +280,7 @@ def _run_seed(seed, workload, faults, trace_path, config, started,
     schedule = faults_module.plan(seed, faults, faults_module.available_kinds(cluster),
                                   shape["num_nodes"])
     program = Program(seed, kills=faults_module.kills(schedule))
+    program.schedule = schedule
     injector = faults_module.Injector(cluster, seed, schedule)
     # Liveness and efficiency, in virtual time, all along (see liveness.py);
     # workloads reach it as program.liveness (expect_end).

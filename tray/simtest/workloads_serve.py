@@ -111,18 +111,21 @@ class _Fixed:
     def __init__(self, version: str) -> None:
         self.version = version
         self.tag = None
-        self.sick = False
+        self.sick = None  # "always", or "alternate": every other check
+        self.checks = 0
 
     def reconfigure(self, config: dict) -> None:
         self.tag = config["tag"]
 
     def check_health(self) -> None:
-        if self.sick:
-            raise RuntimeError("made sick by the workload (the model says so)")
+        self.checks += 1
+        if self.sick == "always" or (self.sick == "alternate" and self.checks % 2):
+            raise RuntimeError(f"made sick by the workload ({self.sick}; the model says so)")
 
-    def sicken(self) -> str:
-        """Fail every health check from now on; this replica's id."""
-        self.sick = True
+    def sicken(self, mode: str = "always") -> str:
+        """Fail every health check from now on (``always``), or every other
+        one (``alternate``); this replica's id."""
+        self.sick = mode
         return serve.get_replica_context().replica_id
 
     async def __call__(self, request_id: str, sleep_s: float):
