@@ -92,7 +92,7 @@ def train_data_parallel(program) -> None:
     max_failures = extra.choice([50, 50, 50, 0, 1])
     if extra.random() < 0.2 and _fits_on_one_node(num_workers):
         strategy = "STRICT_PACK"
-    if extra.random() < 0.15:
+    if extra.random() < 0.35:
         _check_never_placed(extra)
     storage = tempfile.mkdtemp(prefix="tray-simtest-train-")
     try:
@@ -139,7 +139,7 @@ def _check_never_placed(extra) -> None:
     STRICT_PACK, the group larger than every node) is refused before
     anything starts (``ValueError``); a group only larger than the cluster
     of the moment waits for nodes, within ``controller_failure_limit``
-    (here 0: one try, then ``TrainingFailedError`` saying so)."""
+    (here 1: two tries, then ``TrainingFailedError`` saying so)."""
     nodes = [n for n in tray.nodes() if n["Alive"]]
     strategy = extra.choice(["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"])
     largest = int(max(n["Resources"].get("CPU", 0) for n in nodes))
@@ -159,7 +159,7 @@ def _check_never_placed(extra) -> None:
                                            resources_per_worker={"CPU": per_worker}),
         run_config=train.RunConfig(name="never", storage_path=tempfile.gettempdir(), verbose=0,
                                    failure_config=train.FailureConfig(
-                                       controller_failure_limit=0)))
+                                       controller_failure_limit=1)))
     what = (f"{workers} workers x {per_worker} CPU ({strategy}) on nodes with "
             f"{[n['Resources'].get('CPU', 0) for n in nodes]} CPUs")
     try:
