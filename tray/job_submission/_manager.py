@@ -294,8 +294,9 @@ def _kill_orphaned_driver(info: JobInfo) -> None:
     try:
         driver = psutil.Process(pid)
         started_ms = driver.create_time() * 1000
-        if os.getpgid(pid) != pid or started_ms + 1000 * CREATE_TIME_TOLERANCE_S < \
-                (info.start_time or 0):
+        # (A process's start time, as the kernel gives it, is only good to
+        # about a second: the boot time it counts from is in whole seconds.)
+        if os.getpgid(pid) != pid or started_ms + 2000 < (info.start_time or 0):
             return
         os.killpg(pid, signal.SIGKILL)
     except (psutil.Error, ProcessLookupError, PermissionError):
