@@ -8,11 +8,20 @@ from __future__ import annotations
 import pytest
 from planting import first_failure  # (tests/ is on sys.path)
 
+import tray
 from tray.core.gcs.actor_manager import OUT_OF_SCOPE, ActorManager
 from tray.core.messages import ActorStatus
 from tray.core.node.node_manager import NodeManager
 from tray.core.node.worker_pool import WorkerPool, WorkerState
 from tray.core.scheduling import placement_group_id_of
+
+
+@tray.remote(max_restarts=-1, max_task_retries=-1, num_cpus=0)
+class Echo:
+    """Restarted and retried without limit: its calls must come back."""
+
+    def twice(self, x):
+        return 2 * x
 
 
 def test_a_detached_actor_ended_with_its_owner_is_caught_within_5_seeds(monkeypatch):
@@ -123,14 +132,8 @@ def test_a_call_to_an_actor_on_a_node_declared_dead_comes_back_while_the_node_is
     # listened (reachable), or was opening a connection to it (after a
     # reset), and either stayed held by the partition (restarts default
     # seeds 2, 25, 32 with the cut_off_past_death pattern).
-    import tray
     from tray.simtest.pytest_plugin import simtest_cluster
     from tray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-    @tray.remote(max_restarts=-1, max_task_retries=-1, num_cpus=0)
-    class Echo:
-        def twice(self, x):
-            return 2 * x
 
     with simtest_cluster(1, num_nodes=2, num_cpus=1) as sim:
         head, other = sim.node_ids()
@@ -165,7 +168,6 @@ def test_a_restarted_gcs_is_heard_telling_of_a_node_death():
     # again) were taken for copies of the old GCS's, already handled, and
     # dropped, a node_died notice among them (restarts chaos seed 8: a call
     # to an actor on a node declared dead waited for the node's return).
-    import tray
     from tray.simtest.pytest_plugin import simtest_cluster
 
     with simtest_cluster(1, num_nodes=3, num_cpus=1) as sim:
@@ -210,14 +212,8 @@ def test_an_actor_whose_lease_request_a_dead_node_holds_is_created_elsewhere():
     # (a partition) until the GCS declared it dead: the GCS kept waiting for
     # that node's answer, and created the actor only after the heal
     # (restarts default seed 71: a restarting actor stayed RESTARTING).
-    import tray
     from tray.simtest.pytest_plugin import simtest_cluster
     from tray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-    @tray.remote(max_restarts=-1, max_task_retries=-1, num_cpus=0)
-    class Echo:
-        def twice(self, x):
-            return 2 * x
 
     with simtest_cluster(1, num_nodes=2, num_cpus=1) as sim:
         head, other = sim.node_ids()

@@ -33,10 +33,7 @@ def slow_end(key: str, sleep_s: float, *args) -> str:
     return key
 
 
-@tray.remote
-class Tally:
-    """Adds what it is given; ``total`` says the sum so far."""
-
+class _Adder:
     def __init__(self, key: str) -> None:
         self.key = key
         self.sum = 0
@@ -44,6 +41,11 @@ class Tally:
     def add(self, x: int) -> int:
         self.sum += x
         return self.sum
+
+
+@tray.remote
+class Tally(_Adder):
+    """Adds what it is given; ``total`` says the sum so far."""
 
     def total(self) -> int:
         return self.sum
@@ -62,17 +64,9 @@ def open_box(key: str, box: dict) -> int:
 
 
 @tray.remote
-class Quitter:
+class Quitter(_Adder):
     """Adds what it is given; ``quit`` ends it from inside (``exit_actor()``
     or ``sys.exit()``); ``poll`` runs until a cancel reaches it."""
-
-    def __init__(self, key: str) -> None:
-        self.key = key
-        self.sum = 0
-
-    def add(self, x: int) -> int:
-        self.sum += x
-        return self.sum
 
     def quit(self, how: str) -> None:
         if how == "exit_actor":
