@@ -207,6 +207,31 @@ def test_a_node_that_never_registered_and_crashed_is_not_alive(sim):
     assert all(sim.is_alive(node_id) for node_id in sim.node_ids())
 
 
+@tray.remote
+class Pinned:
+    def square(self, x):
+        return x * x
+
+
+def test_actor_pinned_to_a_dead_node_is_unschedulable(sim):
+    # Serve chaos seed 469: an actor pinned (soft=False) to a node that had
+    # died waited in PENDING_CREATION for good. Ray fails it: an actor that
+    # was alive there cannot restart, and a new one cannot be made.
+    victim = sim.node_ids()[1]
+    alive = Pinned.options(max_restarts=2, scheduling_strategy=on(victim, soft=False)).remote()
+    assert tray.get(alive.square.remote(3)) == 9
+    sim.kill_node(victim)
+    sim.advance(DEATH_S)
+    late = Pinned.options(scheduling_strategy=on(victim, soft=False)).remote()
+    for handle in (alive, late):
+        with pytest.raises(tex.ActorUnschedulableError, match=f"node {victim} .hard node "
+                                                                "affinity. is not alive"):
+            tray.get(handle.square.remote(4))
+    # A soft pin falls back to another node.
+    soft = Pinned.options(scheduling_strategy=on(victim)).remote()
+    assert tray.get(soft.square.remote(5)) == 25
+
+
 def test_kill_worker_without_a_worker_id_is_a_clear_error(sim):
     # worker_of() gives None for an actor that is not alive; passing that on
     # raised TypeError deep inside (serve chaos seed 269).

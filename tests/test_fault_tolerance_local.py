@@ -21,6 +21,7 @@ from test_cluster_cli import _tray
 from test_local_backend import _wait_until
 
 import tray
+import tray.exceptions as tex
 from tray.backends.local.session import free_port
 from tray.backends.local.zygote import WORKER_PROCESS_NAME
 from tray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -103,6 +104,9 @@ def test_killed_node_work_is_retried_re_created_and_restarted_elsewhere():
                                 scheduling_strategy=there).remote()
         assert tray.get(actor.node.remote()) == other
         assert tray.get(actor.add.remote(5)) == 5
+        pinned = Counter.options(max_restarts=1, scheduling_strategy=NodeAffinitySchedulingStrategy(
+            other, soft=False)).remote()
+        assert tray.get(pinned.add.remote(2)) == 2
         running = slow_square.options(scheduling_strategy=there).remote(tally, 6, 60.0)
         assert _wait_until(lambda: tray.get(tally.count.remote("slow")) == 1, timeout_s=30)
 
@@ -119,6 +123,14 @@ def test_killed_node_work_is_retried_re_created_and_restarted_elsewhere():
         assert tray.get(actor.add.remote(1), timeout=60) == 1
         assert tray.get(actor.node.remote()) == head
         assert {n["NodeID"]: n["Alive"] for n in tray.nodes()} == {head: True, other: False}
+        # One pinned to the dead node (soft=False) cannot restart, nor can a
+        # new one be made there: Ray's ActorUnschedulableError.
+        with pytest.raises(tex.ActorUnschedulableError, match="hard node affinity"):
+            tray.get(pinned.add.remote(1), timeout=60)
+        late = Counter.options(scheduling_strategy=NodeAffinitySchedulingStrategy(
+            other, soft=False)).remote()
+        with pytest.raises(tex.ActorUnschedulableError, match="hard node affinity"):
+            tray.get(late.add.remote(1), timeout=60)
     finally:
         tray.shutdown()
 

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import re
 
-from ..core.gcs.actor_manager import OUT_OF_SCOPE
+from ..core.gcs.actor_manager import OUT_OF_SCOPE, PIN_NODE_DEAD
 from ..core.messages import ActorStatus, PlacementGroupStatus
 from ..core.scheduling import placement_group_id_of
 from .invariants import InvariantViolation
@@ -49,6 +49,7 @@ KILLED = "the actor was killed by tray.kill()"
 OWNER_EXITED = "its owner exited"
 EXITED = "the actor exited by itself: "
 CONSTRUCTOR = "its constructor raised an exception"
+_PIN_NODE_DEAD = re.compile(re.escape(PIN_NODE_DEAD).replace(re.escape("{}"), "([0-9a-f]+)") + "$")
 
 
 def _gcs(cluster):
@@ -119,6 +120,11 @@ def check_actor_deaths(cluster, program=None) -> None:
                                      f"{what} is DEAD by the GCS ({reason!r}): {why}")
 
 
+def _gcs_node(cluster, node_id: str):
+    gcs = _gcs(cluster)
+    return None if gcs is None else gcs.node_table.nodes.get(node_id)
+
+
 def _unexplained(cluster, record, reason: str, cause, groups: dict, killed) -> str | None:
     spec = record.spec
     group_removed = bool(cause is not None and cause.placement_group_removed)
@@ -156,6 +162,16 @@ def _unexplained(cluster, record, reason: str, cause, groups: dict, killed) -> s
                     f"{spec.max_restarts} its budget allows")
         return None
     if reason.startswith(EXITED) or reason == CONSTRUCTOR:
+        return None
+    pinned = _PIN_NODE_DEAD.match(reason)
+    if pinned is not None:
+        strategy = spec.strategy
+        if getattr(strategy, "node_id", None) != pinned.group(1) or \
+                getattr(strategy, "soft", True):
+            return f"it was not pinned (soft=False) to node {pinned.group(1)}"
+        node = _gcs_node(cluster, pinned.group(1))
+        if node is None or node.alive:
+            return f"node {pinned.group(1)} is not dead in the GCS's node table"
         return None
     return "no cause a program, its owner, its group or the faults may give"
 

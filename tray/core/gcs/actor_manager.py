@@ -78,6 +78,8 @@ GRACEFUL_EXIT_TIMEOUT_S = 30.0
 
 OUT_OF_SCOPE = ("all references to the actor were removed: every handle to it went out of "
                 "scope and no call to it was pending")
+# Ray's ActorUnschedulableError: pinned (soft=False) to a node that died.
+PIN_NODE_DEAD = "the actor cannot be scheduled: node {} (hard node affinity) is not alive"
 
 
 @dataclass(frozen=True)
@@ -598,6 +600,14 @@ class ActorManager:
                     return  # dead: its group is gone
                 strategy = spec.strategy
             else:
+                pinned = spec.strategy
+                if isinstance(pinned, NodeAffinityStrategy) and not pinned.soft and \
+                        pinned.node_id in self._nodes.nodes and \
+                        not self._nodes.nodes[pinned.node_id].alive:
+                    # Ray's ActorUnschedulableError: its node is gone for
+                    # good (serve chaos seed 469: a proxy waited for good).
+                    self._set_dead(actor, PIN_NODE_DEAD.format(pinned.node_id))
+                    return
                 target = scheduling.pick_node(spec.resources, spec.strategy, None,
                                               self.policy_view(), self.policy_state,
                                               self._config.local_utilization_threshold)
