@@ -82,6 +82,11 @@ from tray.simtest.cli import sweep
     # re-attaching controller that it drains, and is stopped again
     # (test_a_restarted_controller_stops_a_replica_that_drains below).
     (98, "chaos"),
+    # A node died while the controller started its HTTP proxy (pinned there,
+    # soft=False); the actor waited in PENDING_CREATION for good. Now an
+    # actor pinned to a dead node dies with ActorUnschedulableError, as in
+    # Ray (test_actor_pinned_to_a_dead_node_is_unschedulable).
+    (469, "chaos"),
 ])
 def test_serve_seed(seed, faults):
     result = runner.run_seed(seed, "serve", faults)
