@@ -207,6 +207,33 @@ def test_a_node_that_never_registered_and_crashed_is_not_alive(sim):
     assert all(sim.is_alive(node_id) for node_id in sim.node_ids())
 
 
+@tray.remote(max_retries=-1)
+def total(key: str, array):
+    sim_counters.RUNS[key] += 1
+    return float(array.sum())
+
+
+def test_argument_fetch_cut_short_by_its_node_managers_death_retries_the_task(sim):
+    # Issue 43, item 2 (a real chaos run, 2 of 3 runs): a max_retries=-1 task
+    # whose node manager died while it pulled its argument failed with
+    # NodeDiedError, as if its own error. Its worker now ends, as a raylet's
+    # workers do, and the owner runs the task again elsewhere.
+    _, victim, far = sim.node_ids()
+    arg = produce.options(scheduling_strategy=on(far, soft=False)).remote("arg", 2.0)
+    tray.wait([arg], fetch_local=False)
+    ref = total.options(scheduling_strategy=on(victim)).remote("total", arg)
+    for _ in range(2000):  # until the worker asks its node manager for the argument
+        sim.advance(0.0002)
+        if any(event.get("msg") == "pull_object" and event["component"] == "n1/raylet"
+               for event in sim.trace.events):
+            break
+    else:
+        raise AssertionError("the argument was never pulled")
+    sim.kill_process("n1/raylet")  # (the node's manager alone: its worker lives on)
+    assert tray.get(ref) == 2.0 * BIG
+    assert RUNS["total"] == 1  # the first attempt never ran its body
+
+
 @tray.remote
 class Pinned:
     def square(self, x):

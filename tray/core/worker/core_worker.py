@@ -145,7 +145,8 @@ class CoreWorker:
             address=address, endpoint=endpoint, references=references, outbox=outbox,
             store=env.object_store, node_manager_address=env.node_manager_address,
             worker_id=worker_id,
-            lends_cpu=lambda: self.mode == WORKER and self.actor_host.actor_id is None)
+            lends_cpu=lambda: self.mode == WORKER and self.actor_host.actor_id is None,
+            exit_process=env.exit_process if self.mode == WORKER else None)
         resolver = DependencyResolver(getter.object_status, config)
         self.normal_submitter = submitter = NormalTaskSubmitter(
             address=address, name=name, endpoint=endpoint, nursery=nursery, outbox=outbox,

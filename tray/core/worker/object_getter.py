@@ -35,7 +35,7 @@ class ObjectGetter:
 
     def __init__(self, *, address: str, endpoint: Endpoint, references: ReferenceCounter,
                  outbox: Outbox, store, node_manager_address: str, worker_id: str,
-                 lends_cpu) -> None:
+                 lends_cpu, exit_process=None) -> None:
         self._address = address
         self._endpoint = endpoint
         self._references = references
@@ -45,6 +45,8 @@ class ObjectGetter:
         self._worker_id = worker_id
         # lends_cpu() -> bool: does a task blocking here give its CPU back?
         self._lends_cpu = lends_cpu
+        # A worker (not a driver) ends when its node manager is gone.
+        self._exit_process = exit_process
         self._recover = None  # set by the core worker: ObjectRecoveryManager.recover
 
     def bind_recovery(self, recover) -> None:
@@ -96,9 +98,15 @@ class ObjectGetter:
                 except PeerDisconnected:
                     # A reset connection (found by the simtest chaos profile):
                     # ask again. A node manager that is gone takes this
-                    # process's node with it.
+                    # process's node with it: a worker ends, as a raylet's
+                    # workers do, so its task's owner retries the task (an
+                    # error here was the task's own: a max_retries=-1 task
+                    # failed with NodeDiedError in a real chaos run).
                     if await self._endpoint.reachable(self._node_manager_address):
                         continue
+                    if self._exit_process is not None:
+                        self._exit_process()
+                        await trio.sleep_forever()  # the process is ending under us
                     raise exceptions.NodeDiedError(
                         f"the node manager of this process ({self._node_manager_address}) is "
                         f"gone: object {object_id.hex()} cannot be fetched") from None
