@@ -379,6 +379,20 @@ def test_unpicklable_argument(cluster, make, type_word):
     _expect_serialization_error(info, type_word)
 
 
+def test_too_deeply_nested_argument_is_a_clear_error(cluster):
+    # Issue 43: a deeply nested argument raised a raw RecursionError (from
+    # the repr() that was to name it in the error).
+    nested: list = []
+    for _ in range(100_000):
+        nested = [nested]
+    with pytest.raises(TypeError, match=r"Could not serialize the argument #0 \(<list "
+                                        r"object>\).*recursion"):
+        add.remote(nested, 1)
+    with pytest.raises(TypeError, match="Could not serialize <list object>.*recursion"):
+        tray.put(nested)
+    assert tray.get(add.remote(1, 1)) == 2  # nothing else is hurt
+
+
 @pytest.mark.parametrize("make,type_word", UNPICKLABLE, ids=[w for _, w in UNPICKLABLE])
 def test_unpicklable_argument_nested_in_container(one_node, make, type_word):
     with pytest.raises(TypeError) as info:

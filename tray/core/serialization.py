@@ -146,10 +146,18 @@ def serialize(value) -> SerializedObject:
 
 
 def _describe(value) -> str:
-    text = repr(value)
-    if len(text) > 200:
-        text = text[:200] + "..."
-    return f"{text} (of type {type(value).__qualname__})"
+    return f"{short_repr(value, 200)} (of type {type(value).__qualname__})"
+
+
+def short_repr(value, limit: int) -> str:
+    """``repr(value)``, cut to about ``limit`` characters, for an error
+    message; never raises (a value too deeply nested to show is named by
+    its type: its repr raised RecursionError, not the clear error)."""
+    try:
+        text = repr(value)
+    except Exception:  # noqa: BLE001 - whatever repr raises
+        return f"<{type(value).__qualname__} object>"
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def report_contained_ref(object_id: bytes, owner_address: str) -> None:

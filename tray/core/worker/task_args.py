@@ -16,14 +16,9 @@ from __future__ import annotations
 from ..context import TaskContext
 from ..ids import ObjectID
 from ..object_ref import ObjectRef
-from ..serialization import serialize
+from ..serialization import serialize, short_repr
 from ..task_spec import ArgByRef, ArgByValue
 from .reference_counter import ReferenceCounter
-
-
-def _short(value) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
 
 
 class TaskArgs:
@@ -53,7 +48,7 @@ class TaskArgs:
             except TypeError as error:
                 # The label only now: repr() of every argument cost ~5% of a submission.
                 label = f"#{key}" if isinstance(key, int) else repr(key)
-                raise TypeError(f"Could not serialize the argument {label} ({_short(value)}) "
+                raise TypeError(f"Could not serialize the argument {label} ({short_repr(value, 60)}) "
                                 f"of {name}: {error}") from error.__cause__
             if serialized.size_bytes() > self._config.inline_object_max_bytes:
                 object_id = self._next_put_id(context)
