@@ -278,9 +278,8 @@ class LivenessMonitor:
                     continue
                 since = self._workerless.get((node_id, lease_id), now)
                 workerless[(node_id, lease_id)] = since
-                started = max(since, quiet_from)
-                self._note("worker", now - started, self.worker_bound_s)
-                if now - started > self.worker_bound_s:
+                waited = self._overdue("worker", now, since, quiet_from, self.worker_bound_s)
+                if waited is not None:
                     pool = getattr(manager, "_pool", None)
                     idle = len(pool.idle) if pool is not None else "?"
                     raise InvariantViolation(
@@ -288,7 +287,7 @@ class LivenessMonitor:
                         f"lease {lease_id} at node {node_id[:8]} ({lease.owner}, "
                         f"{dict(sorted(lease.resources.items()))}"
                         + (f", for actor {lease.for_actor[:8]}" if lease.for_actor else "")
-                        + f") has held its resources without a worker for {now - started:.3f} "
+                        + f") has held its resources without a worker for {waited:.3f} "
                         f"s of virtual time with no fault ({idle} idle worker(s) on the node; "
                         f"the bound, a worker's start, is {self.worker_bound_s} s)")
             for waiter in manager.waiting:
@@ -319,14 +318,13 @@ class LivenessMonitor:
                     since = previous[1] if previous is not None and previous[0] is waiter and \
                         other_id not in self._churned else now
                     spill[key] = (waiter, since)
-                    started = max(since, quiet_from)
-                    self._note("spill", now - started, self.spill_bound_s)
-                    if now - started > self.spill_bound_s:
+                    waited = self._overdue("spill", now, since, quiet_from, self.spill_bound_s)
+                    if waited is not None:
                         raise InvariantViolation("work-conserving-leases", self._waiter_story(
                             node_id, manager, waiter,
                             f"does not fit here, and live node {other_id[:8]} has had the "
                             f"free resources it needs ({dict(sorted(other.available.items()))}) "
-                            f"for {now - started:.3f} s of virtual time with no allocation "
+                            f"for {waited:.3f} s of virtual time with no allocation "
                             f"there and no fault (the bound, a few resource reports and "
                             f"a re-spill, is {self.spill_bound_s} s)"))
         self._local, self._spill, self._workerless = local, spill, workerless
@@ -359,9 +357,8 @@ class LivenessMonitor:
             if used & self._churned:
                 since = now
             tracked[pg_id] = since
-            started = max(since, quiet_from)
-            self._note("group", now - started, self.group_bound_s)
-            if now - started > self.group_bound_s:
+            waited = self._overdue("group", now, since, quiet_from, self.group_bound_s)
+            if waited is not None:
                 spec = group.spec
                 free = {node_id[:8]: dict(sorted(manager.available.items()))
                         for node_id, manager in nodes if not manager.draining}
@@ -370,7 +367,7 @@ class LivenessMonitor:
                     f"placement group {pg_id} ({spec.strategy}, bundles {spec.bundles}, "
                     f"{group.state.value}, placed {group.bundle_nodes}) fits the free "
                     f"resources of the live nodes and has not been placed for "
-                    f"{now - started:.3f} s of virtual time with no allocation on those "
+                    f"{waited:.3f} s of virtual time with no allocation on those "
                     f"nodes and no fault (the bound, its retry period and a resource "
                     f"report, is {self.group_bound_s} s); free: {free}")
         self._groups = tracked
@@ -386,16 +383,15 @@ class LivenessMonitor:
                 if group is not None and group.state != PlacementGroupStatus.REMOVED:
                     continue
                 since = stray[(node_id, pg_id)] = self._stray_bundles.get((node_id, pg_id), now)
-                started = max(since, quiet_from)
-                self._note("bundles released", now - started, self.bundles_bound_s)
-                if now - started > self.bundles_bound_s:
+                waited = self._overdue("bundles released", now, since, quiet_from, self.bundles_bound_s)
+                if waited is not None:
                     raise InvariantViolation(
                         "placement-group-bundles-held-where-placed",
                         f"node {node_id[:8]} has held bundles "
                         f"{sorted(index for key, index in manager.bundles if key == pg_id)} of "
                         f"placement group {pg_id}, which the GCS "
                         f"{'does not know' if group is None else 'removed'}, for "
-                        f"{now - started:.3f} s of virtual time with no fault (the bound is "
+                        f"{waited:.3f} s of virtual time with no fault (the bound is "
                         f"{self.bundles_bound_s} s)")
         for pg_id, group in groups.items():
             if group.state != PlacementGroupStatus.CREATED:
@@ -408,15 +404,14 @@ class LivenessMonitor:
                 if bundle is not None and bundle.committed:
                     continue
                 since = missing[(pg_id, index)] = self._missing_bundles.get((pg_id, index), now)
-                started = max(since, quiet_from)
-                self._note("bundles held", now - started, self.bundles_bound_s)
-                if now - started > self.bundles_bound_s:
+                waited = self._overdue("bundles held", now, since, quiet_from, self.bundles_bound_s)
+                if waited is not None:
                     raise InvariantViolation(
                         "placement-group-bundles-held-where-placed",
                         f"placement group {pg_id} is CREATED with bundle {index} on node "
                         f"{node_id[:8]}, which has "
                         f"{'not committed it' if bundle is not None else 'no such bundle'} "
-                        f"for {now - started:.3f} s of virtual time with no fault (the bound "
+                        f"for {waited:.3f} s of virtual time with no fault (the bound "
                         f"is {self.bundles_bound_s} s)")
         self._stray_bundles, self._missing_bundles = stray, missing
 
@@ -513,9 +508,8 @@ class LivenessMonitor:
                     if fitting <= self._churned:
                         since = now
                     creatable[actor_id] = since
-                    started = max(since, quiet_from)
-                    self._note("actor create", now - started, self.actor_create_bound_s)
-                    if now - started > self.actor_create_bound_s:
+                    waited = self._overdue("actor create", now, since, quiet_from, self.actor_create_bound_s)
+                    if waited is not None:
                         free = {node_id[:8]: dict(sorted(nodes_by_id[node_id].available.items()))
                                 for node_id in sorted(fitting)}
                         raise InvariantViolation(
@@ -523,7 +517,7 @@ class LivenessMonitor:
                             f"actor {actor_id} ({record.spec.class_name}, "
                             f"{dict(sorted(record.spec.resources.items()))}, "
                             f"{type(record.spec.strategy).__name__}) has been "
-                            f"{record.state.value} for {now - started:.3f} s of virtual time "
+                            f"{record.state.value} for {waited:.3f} s of virtual time "
                             f"with no lease or creation under way, while node(s) {free} had "
                             f"the free resources it needs with no allocation and no fault "
                             f"(the bound is {self.actor_create_bound_s} s)")
@@ -532,15 +526,14 @@ class LivenessMonitor:
             if expected is not None:
                 since = min(since, expected[0])
             unreferenced[actor_id] = (since, why)
-            started = max(since, quiet_from)
-            self._note("actor end", now - started, self.actor_end_bound_s)
-            if now - started > self.actor_end_bound_s:
+            waited = self._overdue("actor end", now, since, quiet_from, self.actor_end_bound_s)
+            if waited is not None:
                 raise InvariantViolation(
                     "unreferenced-actor-ends",
                     f"actor {actor_id} ({record.spec.class_name}, "
                     f"{'detached, ' if record.spec.detached else ''}owner "
                     f"{record.spec.owner_address}) is {record.state.value} by the GCS "
-                    f"{now - started:.3f} s of virtual time after {why}, with no fault "
+                    f"{waited:.3f} s of virtual time after {why}, with no fault "
                     f"meanwhile (the bound is {self.actor_end_bound_s} s)")
         self._unreferenced = unreferenced
         self._creatable = creatable
@@ -597,18 +590,26 @@ class LivenessMonitor:
             self._settled.add(actor_id)
             self._dead.pop(actor_id, None)
             return
-        started = max(self._dead[actor_id], quiet_from)
         bound_s = self.scoped_release_bound_s if cause == OUT_OF_SCOPE else \
             self.release_bound_s
-        self._note("actor release", now - started, bound_s)
-        if now - started > bound_s:
+        waited = self._overdue("actor release", now, self._dead[actor_id], quiet_from, bound_s)
+        if waited is not None:
             raise InvariantViolation(
                 "unreferenced-actor-ends",
                 f"actor {actor_id} ({record.spec.class_name}) has been DEAD by the GCS for "
-                f"{now - started:.3f} s of virtual time with no fault meanwhile, and "
+                f"{waited:.3f} s of virtual time with no fault meanwhile, and "
                 + (f"its lease(s) {leases} are still held" if leases else
                    f"its worker {record.address} still lives")
                 + f" (the bound is {bound_s} s)")
+
+    def _overdue(self, check: str, now: float, since: float, quiet_from: float,
+                 bound_s: float) -> float | None:
+        """How long a wait that began at ``since`` has lasted (counted from
+        ``quiet_from`` at the earliest), noted for the check's margin; None
+        while within ``bound_s``."""
+        waited = now - max(since, quiet_from)
+        self._note(check, waited, bound_s)
+        return waited if waited > bound_s else None
 
     def _note(self, check: str, waited_s: float, bound_s: float) -> None:
         if waited_s > 0:
