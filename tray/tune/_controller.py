@@ -31,13 +31,12 @@ the controller owns all decisions.
 
 Durability: the state (trials, searcher, scheduler, counters) is written to
 ``experiment_state.pkl`` at most once per ``SNAPSHOT_PERIOD_S`` while it
-changes, and at the end. ``Tuner.restore`` — and the driver, when the
-controller actor itself dies — builds a new controller from it: finished
-trials stay finished; trials that were running resume from their latest
-checkpoint. Work since the snapshot is redone, never lost or doubled in
-the results (a retried trial drops the result lines past its checkpoint),
-and a checkpoint that retention drops is deleted once no snapshot lists it.
-"""
+changes, whenever a trial ends, and at the end. ``Tuner.restore`` — and the
+driver, when the controller actor itself dies — builds a new controller from
+it: finished trials stay finished; trials that were running resume from their
+latest checkpoint. Work since the snapshot is redone, never lost or doubled in
+the results (a retried trial drops the result lines past its checkpoint), and
+a checkpoint that retention drops is deleted once no snapshot lists it."""
 
 from __future__ import annotations
 
@@ -347,6 +346,7 @@ class TuneController:
         if isinstance(self.state.search, Searcher):
             self.state.search.on_trial_complete(trial.trial_id, trial.last_result)
         self._dirty = True
+        self.snapshot(force=True)  # (a restore must not run a finished trial again)
 
     def _fail(self, trial: Trial, text: str, error_object: Any) -> None:
         """An attempt failed: retry from the latest checkpoint within
