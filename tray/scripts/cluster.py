@@ -54,6 +54,7 @@ from ..backends.local.session import (
     read_private_file,
     write_current_cluster,
 )
+from ..core.gcs.demand import worker_limit_reason
 from ..exceptions import TrayError
 from ..transports.tls import TLS_TOKEN_PREFIX, TlsUnavailableError, tls_contexts
 
@@ -446,11 +447,21 @@ def _terminate_node(node: psutil.Process) -> None:
             pass
 
 
+def worker_limit_lines(waits) -> list[str]:
+    """``tray status``'s line for each node at its worker cap with leases
+    waiting (the GCS's ``worker_limits``: ``WorkerLimitWait`` records)."""
+    return [f"node {wait.node_id}: worker limit {wait.limit} reached, "
+            f"{wait.leases} {'lease waits' if wait.leases == 1 else 'leases wait'} for a "
+            f"worker ({len(wait.actors)} of them actor creations; workers_per_node_max)"
+            for wait in waits]
+
+
 def _status(args) -> int:
     try:
         gcs, token = resolve_cluster(args.address)
         nodes = trio.run(query_gcs, gcs, token, "get_all_nodes")
         actors = trio.run(query_gcs, gcs, token, "list_actors")
+        at_cap = trio.run(query_gcs, gcs, token, "worker_limits")
     except (TrayError, ValueError) as error:
         print(f"tray status: {error}", file=sys.stderr)
         return 1
@@ -469,10 +480,17 @@ def _status(args) -> int:
         usage = ", ".join(f"{name} {total[name] - available.get(name, 0):g}/{total[name]:g}"
                           for name in sorted(total) if name != "memory")
         print(f"  {state} {node.node_id}  {node.hostname or '?'}  {usage}")
+    for line in worker_limit_lines(at_cap):
+        print(f"  {line}")
+    reasons = {actor_id: worker_limit_reason(wait.limit, wait.node_id)
+               for wait in at_cap for actor_id in wait.actors}
     print(f"Actors: {len(actors)}")
     for actor in actors:
         name = f" name={actor.name!r}" if actor.name else ""
-        print(f"  {actor.state:<16} {actor.class_name} {actor.actor_id}{name}")
+        why = reasons.get(actor.actor_id) if actor.state in ("PENDING_CREATION",
+                                                             "RESTARTING") else None
+        why = f" ({why})" if why else ""
+        print(f"  {actor.state:<16} {actor.class_name} {actor.actor_id}{name}{why}")
     from ..autoscaler import STATUS_KEY, format_status
 
     try:

@@ -162,6 +162,9 @@ class ActorManager:
         self._by_worker: dict[str, dict[str, None]] = {}
         self._by_node: dict[str, dict[str, None]] = {}
         self._placed: dict[str, tuple] = {}
+        # Set by the GCS: () -> {actor id: why its creation waits} (the
+        # nodes' demand reports: a node at its worker cap, demand.py).
+        self.pending_reasons = dict
         for key, value in storage.scan(T_ACTORS):
             self.actors[key] = actor = pickle.loads(value)
             self._index(actor)
@@ -353,11 +356,13 @@ class ActorManager:
         """Every actor (or one) as the state API shows it (Ray's ActorState
         fields, times on this GCS's clock), with the clock's ``now``."""
         rows = []
+        reasons = self.pending_reasons()
         for key, actor in sorted(self.actors.items()):
             if actor_id is not None and key != actor_id:
                 continue
             spec = actor.spec
             cause = actor.death_cause
+            pending = actor.state in (ActorStatus.PENDING_CREATION, ActorStatus.RESTARTING)
             rows.append({
                 "actor_id": key, "class_name": spec.class_name, "state": actor.state.value,
                 "job_id": spec.creation.job_id, "name": spec.name or "",
@@ -365,6 +370,7 @@ class ActorManager:
                 "address": actor.address, "ray_namespace": spec.namespace,
                 "required_resources": dict(spec.resources),
                 "death_cause": None if cause is None else cause.reason,
+                "pending_reason": reasons.get(key) if pending else None,
                 "is_detached": spec.detached,
                 "placement_group_id": placement_group_id_of(spec.strategy),
                 "num_restarts": actor.restarts, "max_restarts": spec.max_restarts,

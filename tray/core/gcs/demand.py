@@ -16,6 +16,12 @@ picture from four sources, none of them polled per query:
     Ray; an empty call withdraws it), kept in the GCS's storage so that a
     GCS restart does not withdraw it.
 
+The same reports say which nodes are at their worker cap
+(``workers_per_node_max``) with leases waiting for a worker to be free, and
+which actors' creations wait there: ``worker_limits`` (for ``tray status``)
+and ``pending_reasons`` (the state API's per-actor reason) read them, so a
+caller learns why its actor does not start without reading a node's log.
+
 ``get_cluster_load`` hands the autoscaler all of it with the nodes' totals,
 free resources and whether each runs anything (``ClusterLoad``). The
 shapes of a node whose heartbeats are late are left out: it has likely
@@ -67,6 +73,20 @@ class ClusterLoad:
     placement_groups: tuple  # (pg id, strategy, bundles list) still to be placed
     requested: tuple  # bundles of request_resources (each a dict)
     shapes_dropped: int = 0
+
+
+@dataclass(frozen=True)
+class WorkerLimitWait:
+    """A node at its worker cap with leases waiting for a worker."""
+    node_id: str
+    limit: int  # its workers_per_node_max
+    leases: int  # leases waiting for one of its workers to be free
+    actors: tuple  # ids of the actors among them (the node lists a bounded number)
+
+
+def worker_limit_reason(limit: int, node_id: str) -> str:
+    """Why an actor's creation waits at a node at its worker cap."""
+    return f"waiting: worker limit {limit} reached on node {node_id}"
 
 
 @dataclass(frozen=True)
@@ -122,6 +142,29 @@ class DemandTable:
                                          sort_keys=True).encode())
         if self._tracer is not None:
             self._tracer.record("gcs", "resources_requested", bundles=len(self.requested))
+
+    def handle_worker_limits(self, conn) -> tuple:
+        return self.worker_limits()
+
+    def worker_limits(self) -> tuple:
+        """``WorkerLimitWait`` of each live node whose last report says it
+        is at its worker cap with leases waiting, by node id (as of its last
+        heartbeat: a report follows a change within one)."""
+        waits = []
+        for node_id, report in sorted(self.reports.items()):
+            node = self._nodes.nodes.get(node_id)
+            at_cap = report.worker_limit
+            if at_cap is None or node is None or not node.alive or \
+                    self._nodes.heartbeat_late(node_id):
+                continue
+            waits.append(WorkerLimitWait(node_id, at_cap.limit, at_cap.leases, at_cap.actors))
+        return tuple(waits)
+
+    def pending_reasons(self) -> dict:
+        """Actor id -> why its creation waits, for the actors the nodes
+        report waiting at their worker cap."""
+        return {actor_id: worker_limit_reason(wait.limit, wait.node_id)
+                for wait in self.worker_limits() for actor_id in wait.actors}
 
     def handle_get_cluster_load(self, conn) -> ClusterLoad:
         return self.cluster_load()

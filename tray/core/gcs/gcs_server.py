@@ -70,6 +70,7 @@ class GcsServer:
         self.demand = DemandTable(nodes=self.node_table, actors=self.actor_manager,
                                   placement_groups=self.placement_groups, tracer=env.tracer,
                                   storage=env.storage)
+        self.actor_manager.pending_reasons = self.demand.pending_reasons
         self.task_events = TaskEventTable(config=env.config, tracer=env.tracer,
                                           storage=env.storage)
         # The messages the GCS answers, by table (every handle_* method must
@@ -121,6 +122,7 @@ class GcsServer:
             "report_demand": self.demand.handle_report_demand,
             "request_resources": self.demand.handle_request_resources,
             "get_cluster_load": self.demand.handle_get_cluster_load,
+            "worker_limits": self.demand.handle_worker_limits,
         }, {
             "add_task_events": self.task_events.handle_add_task_events,
             "get_task_events": self.task_events.handle_get_task_events,

@@ -9,7 +9,10 @@ every ``infeasible_retry_period_s``, so an infeasible task is demand that
 never reaches a queue). The queue and the leases are the lease manager's;
 this component reads them, and keeps the infeasible requests it heard of
 (``note_infeasible``, which the lease manager calls) and what it sent last.
-The GCS's side is ``gcs/demand.py``."""
+At ``workers_per_node_max`` the report also says how many leases wait for a
+worker to be free and which actors' creations are among them (the worker
+pool's ``worker_limit_waits``): the GCS tells callers why those actors
+pend. The GCS's side is ``gcs/demand.py``."""
 
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ from ..messages import LeaseRequest
 from ..rpc import Endpoint
 from ..scheduling import NodeAffinityStrategy, PlacementGroupStrategy
 from .lease_manager import LeaseManager, shape_key
+from .worker_pool import WorkerLimitWaits, WorkerPool
 
 # The demand report holds at most this many distinct shapes (the most
 # requested first); further shapes are counted in ``shapes_dropped``.
@@ -40,6 +44,9 @@ class NodeDemand:
     leases: int  # leases held (running work)
     bundles: int  # placement-group bundles reserved
     shapes_dropped: int = 0  # requests left out past DEMAND_SHAPES_MAX shapes
+    # At the worker cap (worker_pool.WorkerLimitWaits), else None: leases
+    # granted resources that wait for a worker to be free.
+    worker_limit: WorkerLimitWaits | None = None
 
 
 @dataclass(frozen=True)
@@ -51,13 +58,14 @@ class DemandReporterStatistics:
 
 class DemandReporter:
     def __init__(self, *, node_id: str, endpoint: Endpoint, nursery: trio.Nursery, config,
-                 gcs_address: str, leases: LeaseManager) -> None:
+                 gcs_address: str, leases: LeaseManager, pool: WorkerPool) -> None:
         self._node_id = node_id
         self._endpoint = endpoint
         self._nursery = nursery
         self._config = config
         self._gcs_address = gcs_address
         self._leases = leases
+        self._pool = pool
         # (owner, shape_key) -> [retry window index, requests in it, in the one
         # before]: an owner asks again once per window for each pending task.
         self._infeasible: dict[tuple, list] = {}
@@ -118,7 +126,7 @@ class DemandReporter:
         dropped = sum(count for _, count in ranked[DEMAND_SHAPES_MAX:])
         return NodeDemand(self._node_id, tuple(kept), tuple(sorted(actors)),
                           leases=len(self._leases.leases), bundles=len(self._leases.bundles),
-                          shapes_dropped=dropped)
+                          shapes_dropped=dropped, worker_limit=self._pool.worker_limit_waits())
 
     def report(self) -> None:
         """Send the demand to the GCS if it changed, or every

@@ -370,7 +370,8 @@ class LeaseManager:
             return waiter.spillback
         try:
             worker = await self._pool.take_worker(gpu=resources.get("GPU", 0.0) > 0,
-                                                  runtime_env_hash=request.runtime_env_hash)
+                                                  runtime_env_hash=request.runtime_env_hash,
+                                                  actor_id=request.for_actor)
         except BaseException:
             self.release_lease(waiter.lease_id, worker_ok=True)
             raise

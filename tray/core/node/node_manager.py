@@ -71,7 +71,7 @@ class NodeManager:
             note_infeasible=lambda request: self.demand.note_infeasible(request))
         self.demand = DemandReporter(node_id=env.node_id, endpoint=endpoint, nursery=nursery,
                                      config=env.config, gcs_address=env.gcs_address,
-                                     leases=self.leases)
+                                     leases=self.leases, pool=self.pool)
         self.pool.release_leases_of = self.leases.release_leases_of
         self.objects = ObjectManager(node_id=env.node_id, address=env.address,
                                      endpoint=endpoint, tracer=env.tracer, config=env.config,

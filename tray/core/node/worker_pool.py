@@ -22,8 +22,14 @@ prestarted worker takes an env only if it sets no variables.
 
 Idle workers beyond one per CPU (or the prestart count) are stopped after
 ``idle_worker_timeout_s``. At most ``workers_per_node_max`` live at once: a
-lease that needs a worker beyond that waits (with a warning) until one is
-free, as an actor stays pending in Ray when a node cannot start more. A worker that exits before registering (by
+lease that needs a worker beyond that waits until one is free, as an actor
+stays pending in Ray when a node cannot start more. The node says so where
+the caller looks (``worker_limit_waits``, in its demand report: the state
+API gives a waiting actor's reason, ``tray status`` the node at its cap).
+At the cap a freed worker goes to a waiting task before a waiting actor
+creation (FIFO within each): an actor keeps its worker for good, a task
+gives it back, so actors that cannot all start never shut tasks out (2,000
+actors on one node made a plain task wait over a minute). A worker that exits before registering (by
 itself: not killed by a signal) counts as a failed start; after
 ``worker_start_failures_max`` in a row, lease requests fail with the reason
 instead of waiting for workers that never come.
@@ -56,6 +62,10 @@ logger = logging.getLogger("tray.node")
 # come and go does not grow its table without end (5,000 actors killed on
 # one node left 5,000 rows that every statistics() call scanned).
 DEAD_WORKERS_KEPT = 1024
+
+# Actors waiting at the worker cap a node names in its demand report (the
+# state API gives each its reason); the leases are all counted.
+WAITING_ACTORS_LISTED = 1024
 
 # Runtime envs whose env_vars a node remembers (read once from the GCS);
 # the oldest is forgotten beyond this (it is read again when needed).
@@ -95,6 +105,15 @@ class WorkerPoolStatistics:
     dead: int
     busy_workers: tuple  # ids of workers leased or hosting an actor
     started: int = 0  # worker processes this node started, ever
+    waiting: int = 0  # leases waiting for a worker (to start, or to be free at the cap)
+
+
+@dataclass(frozen=True)
+class WorkerLimitWaits:
+    """Leases waiting for a worker at the cap (``worker_limit_waits``)."""
+    limit: int  # workers_per_node_max
+    leases: int  # leases waiting for a worker to be free
+    actors: tuple  # ids of the actors among them, oldest first (at most WAITING_ACTORS_LISTED)
 
 
 class WorkerPool:
@@ -127,11 +146,12 @@ class WorkerPool:
         self._starting: dict[str, None] = {}
         # Worker address -> id, for a closed connection.
         self._by_address: dict[str, str] = {}
-        # Leases waiting for a worker, oldest first: (fits(worker), event).
-        # A worker that becomes idle wakes the first waiter it fits, and a
-        # death the first waiter, not every waiter (each woken waiter
-        # rescanned the idle list: O(waiters) wake-ups per registration,
-        # O(n²) for n actors created at once). See ``_wake_waiters``.
+        # Leases waiting for a worker, oldest first: (fits(worker), event,
+        # the actor id of an actor creation's lease or None). A worker that
+        # becomes idle wakes the first waiter it fits, and a death the first
+        # waiter, not every waiter (each woken waiter rescanned the idle
+        # list: O(waiters) wake-ups per registration, O(n²) for n actors
+        # created at once); at the cap tasks first. See ``_wake_waiters``.
         self._waiters: deque = deque()
         self.failed_worker_starts = 0
         self.last_start_failure = ""
@@ -150,7 +170,23 @@ class WorkerPool:
         return WorkerPoolStatistics(
             starting=counts[WorkerState.STARTING], idle=counts[WorkerState.IDLE],
             leased=counts[WorkerState.LEASED], actor=counts[WorkerState.ACTOR],
-            dead=counts[WorkerState.DEAD], busy_workers=busy, started=self.started)
+            dead=counts[WorkerState.DEAD], busy_workers=busy, started=self.started,
+            waiting=len(self._waiters))
+
+    def at_cap(self) -> bool:
+        return self._live >= self._config.workers_per_node_max
+
+    def worker_limit_waits(self) -> WorkerLimitWaits | None:
+        """The leases waiting for a worker to be free at the cap, or None
+        (below it, a waiting lease waits only for a worker to start)."""
+        if not self._waiters or not self.at_cap():
+            return None
+        actors = []
+        for waiter in self._waiters:
+            if waiter[2] is not None and len(actors) < WAITING_ACTORS_LISTED:
+                actors.append(waiter[2])
+        return WorkerLimitWaits(self._config.workers_per_node_max, len(self._waiters),
+                                tuple(actors))
 
     def validate_state(self) -> None:
         assert len(self.idle) == len(set(self.idle)), "a worker is idle twice"
@@ -243,12 +279,14 @@ class WorkerPool:
         self._env_vars[runtime_env_hash] = env_vars
         return env_vars
 
-    async def take_worker(self, gpu: bool = False, runtime_env_hash: str = "") -> WorkerInfo:
+    async def take_worker(self, gpu: bool = False, runtime_env_hash: str = "",
+                          actor_id: str | None = None) -> WorkerInfo:
         """An idle worker fit for work with (``gpu``) or without GPUs, in the
         runtime_env named by ``runtime_env_hash``, starting one if none is;
         waits for it, and, at ``workers_per_node_max`` live workers, for one
         to be free (an idle worker of another kind or env is stopped to make
-        room). Workers are pooled per runtime_env as in Ray: one set up for
+        room; a task's lease is served before an actor creation's,
+        ``actor_id``). Workers are pooled per runtime_env as in Ray: one set up for
         an env (its code on ``sys.path``, its packages imported) never runs
         a task of another.
 
@@ -293,12 +331,13 @@ class WorkerPool:
                         warned = True
                         logger.warning(
                             "node %s has %d workers, its maximum (workers_per_node_max): a "
-                            "task or actor waits for one of them to be free (idle workers of "
-                            "another kind are stopped only if they own no objects or actors)",
-                            self._node_id, self.live_count())
+                            "%s waits for one of them to be free (idle workers of another "
+                            "kind are stopped only if they own no objects or actors)",
+                            self._node_id, self.live_count(),
+                            "task" if actor_id is None else f"creation of actor {actor_id}")
                         self._tracer.record(self._trace_name, "worker_cap_reached",
                                             workers=self.live_count())
-                waiter = (fits, trio.Event())
+                waiter = (fits, trio.Event(), actor_id)
                 self._waiters.append(waiter)
                 await waiter[1].wait()  # the waker took it off the queue
                 waiter = None
@@ -308,7 +347,7 @@ class WorkerPool:
             # The next waiter may have to start a worker (one starts at a
             # time, and the one that started last was this caller's).
             if self._waiters and not self._starting:
-                self._wake(self._waiters[0])
+                self._wake(self._first_waiter())
 
     async def _make_room(self) -> bool:
         """At the cap, with only idle workers of another kind (GPU or not,
@@ -377,15 +416,33 @@ class WorkerPool:
     def _wake_waiters(self, idle: WorkerInfo | None = None) -> None:
         """Wake one waiting lease: the first that ``idle`` (a worker just
         made idle) fits, else the first (it may start a worker, or make
-        room at the cap). A woken waiter that finds nothing waits again."""
+        room at the cap). A woken waiter that finds nothing waits again.
+        At the cap, tasks' leases come first: a worker given to a task comes
+        back, one given to an actor never does (an actor that cannot start
+        must not hold up every task behind it). O(waiters), as ``_wake``'s
+        removal is."""
         if not self._waiters:
             return
         if idle is not None:
+            if self.at_cap():
+                for waiter in self._waiters:
+                    if waiter[2] is None and waiter[0](idle):
+                        self._wake(waiter)
+                        return
             for waiter in self._waiters:
                 if waiter[0](idle):
                     self._wake(waiter)
                     return
-        self._wake(self._waiters[0])
+        self._wake(self._first_waiter())
+
+    def _first_waiter(self) -> tuple:
+        """The waiter to wake when no particular worker is free: the oldest,
+        at the cap the oldest task's lease if any waits."""
+        if self.at_cap():
+            for waiter in self._waiters:
+                if waiter[2] is None:
+                    return waiter
+        return self._waiters[0]
 
     def _wake(self, waiter: tuple) -> None:
         self._waiters.remove(waiter)

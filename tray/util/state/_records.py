@@ -60,6 +60,9 @@ class ActorState(_Record):
     worker_id: str | None = field(default=None, metadata=_detail())
     required_resources: dict | None = field(default=None, metadata=_detail())
     death_cause: str | None = field(default=None, metadata=_detail())
+    # Why a PENDING_CREATION or RESTARTING actor has not started, when a node
+    # says ("waiting: worker limit 256 reached on node <id>"), else None.
+    pending_reason: str | None = field(default=None, metadata=_detail())
     is_detached: bool | None = field(default=None, metadata=_detail())
     placement_group_id: str | None = field(default=None, metadata=_detail())
     repr_name: str | None = field(default=None, metadata=_detail())
