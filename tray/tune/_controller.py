@@ -31,7 +31,7 @@ the controller owns all decisions.
 
 Durability: the state (trials, searcher, scheduler, counters) is written to
 ``experiment_state.pkl`` at most once per ``SNAPSHOT_PERIOD_S`` while it
-changes, whenever a trial ends, and at the end. ``Tuner.restore`` — and the
+changes, whenever a trial ends or fails, and at the end. ``Tuner.restore`` — and the
 driver, when the controller actor itself dies — builds a new controller from
 it: finished trials stay finished; trials that were running resume from their
 latest checkpoint. Work since the snapshot is redone, never lost or doubled in
@@ -362,26 +362,25 @@ class TuneController:
             # Its scheduler had stopped it (stop_trial: applied at the next
             # report, which never came): the failure does not revive it.
             self._finish(trial, early=True)
-            return
-        if self._stopping_since is not None and self.fatal is None:
+        elif self._stopping_since is not None and self.fatal is None:
             trial.status = Trial.TERMINATED  # the experiment is ending anyway
-            return
-        if max_failures < 0 or trial.num_failures <= max_failures:
+        elif max_failures < 0 or trial.num_failures <= max_failures:
             trial.status = Trial.PENDING
             trial.truncate_history = True
-            return
-        trial.status = Trial.ERROR
-        self.state.scheduler.on_trial_error(self, trial)
-        if isinstance(self.state.search, Searcher):
-            self.state.search.on_trial_complete(trial.trial_id, trial.last_result or None,
-                                                error=True)
-        fail_fast = self.spec.failure_config.fail_fast
-        if fail_fast == "raise":
-            self._stop_all(error_object if isinstance(error_object, BaseException) else
-                           TuneError(f"trial {trial} failed (FailureConfig(fail_fast='raise')):"
-                                     f"\n{text}"))
-        elif fail_fast:
-            self._stop_all()
+        else:
+            trial.status = Trial.ERROR
+            self.state.scheduler.on_trial_error(self, trial)
+            if isinstance(self.state.search, Searcher):
+                self.state.search.on_trial_complete(trial.trial_id, trial.last_result or None,
+                                                    error=True)
+            fail_fast = self.spec.failure_config.fail_fast
+            if fail_fast == "raise":
+                self._stop_all(error_object if isinstance(error_object, BaseException) else
+                               TuneError(f"trial {trial} failed (FailureConfig(fail_fast="
+                                         f"'raise')):\n{text}"))
+            elif fail_fast:
+                self._stop_all()
+        self.snapshot(force=True)  # (its failures count across a restore: max_failures)
 
     def _stop_all(self, fatal: BaseException | None = None) -> None:
         if fatal is not None and self.fatal is None:
