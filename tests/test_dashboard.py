@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import urllib.error
 import urllib.request
 
 import pytest
@@ -26,9 +27,18 @@ CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu",
 SCREENSHOT_DIR = os.environ.get("TRAY_DASHBOARD_SCREENSHOTS")
 
 
-def _get(url: str, timeout_s: float = 10.0) -> str:
-    with urllib.request.urlopen(url, timeout=timeout_s) as response:
+def _get(url: str, token: str | None = None, timeout_s: float = 10.0) -> str:
+    """The page at ``url``, asked with the cluster's token (every route but
+    the health check needs it)."""
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    request = urllib.request.Request(url, headers=headers)
+    with urllib.request.urlopen(request, timeout=timeout_s) as response:
         return response.read().decode()
+
+
+def _token(session_dir: str) -> str:
+    with open(os.path.join(session_dir, "token")) as file:
+        return file.read().strip()
 
 
 @pytest.fixture
@@ -40,6 +50,7 @@ def live_cluster():
     try:
         assert context.dashboard_url == context["webui_url"]
         url = "http://" + context["webui_url"]
+        token = _token(context["session_dir"])
 
         @tray.remote
         def square(x):
@@ -70,7 +81,7 @@ def live_cluster():
         assert tray.get(greeter.greet.remote("ada")) == "hello ada"
 
         def tasks_reported():
-            tasks = json.loads(_get(url + "/api/tasks"))["tasks"]
+            tasks = json.loads(_get(url + "/api/tasks", token))["tasks"]
             # (worker_pid: the executor's own events arrived too, which the
             # timeline's bars are made of; the owner's FINISHED or FAILED may
             # come first.)
@@ -87,7 +98,7 @@ def live_cluster():
         tray.kill(doomed)
 
         def killed():
-            actors = json.loads(_get(url + "/api/actors"))
+            actors = json.loads(_get(url + "/api/actors", token))
             return [a for a in actors if a["class_name"] == "Doomed" and a["state"] == "DEAD"]
         wait_for(killed, "the killed actor to show DEAD", retry_on=(OSError,))
         held = tray.put(b"x" * 300_000)  # the objects page lists the driver's reference
@@ -107,8 +118,10 @@ out = []
 with sync_playwright() as playwright:
     browser = playwright.chromium.launch(executable_path=spec["chromium"], args=spec["flags"],
                                          headless=True)
+    # One browser context: the login's cookie serves every visit after it.
+    context = browser.new_context(viewport={"width": 1400, "height": 900})
     for visit in spec["visits"]:
-        page = browser.new_page(viewport={"width": 1400, "height": 900})
+        page = context.new_page()
         response = page.goto(spec["url"] + visit["path"], wait_until="load", timeout=30000)
         if spec["screenshots"]:
             page.screenshot(path=os.path.join(spec["screenshots"], visit["name"] + ".png"),
@@ -152,7 +165,11 @@ def test_the_dashboard_shows_the_live_cluster(live_cluster):
 
 def _every_page_shows_the_live_cluster_in_chromium(live_cluster):
     url, context, held = live_cluster
+    from tray.dashboard import dashboard_key
+
+    key = dashboard_key(_token(context["session_dir"]).encode())
     pages = _in_chromium(url, [
+        {"name": "login", "path": f"/?token={key}"},  # as tray.init() printed it
         {"name": "overview", "path": "/"},
         {"name": "actors", "path": "/actors",
          "click": "tr:has-text('front-desk') >> a:has-text('out')"},
@@ -194,8 +211,8 @@ def _every_page_shows_the_live_cluster_in_chromium(live_cluster):
 
 
 def _timeline_json_is_a_chrome_trace_with_a_track_per_worker(live_cluster):
-    url, _, _ = live_cluster
-    events = json.loads(_get(url + "/api/timeline"))
+    url, context, _ = live_cluster
+    events = json.loads(_get(url + "/api/timeline", _token(context["session_dir"])))
     squares = [e for e in events if "square" in e["name"] and e["cat"] == "task"]
     assert len(squares) == 6
     for event in squares:
@@ -207,7 +224,9 @@ def _timeline_json_is_a_chrome_trace_with_a_track_per_worker(live_cluster):
 
 def _metrics_endpoint_has_ray_names_and_live_values(live_cluster):
     url, context, _ = live_cluster
-    families = {f.name: f for f in text_string_to_metric_families(_get(url + "/metrics"))}
+    token = _token(context["session_dir"])
+    families = {f.name: f for f in text_string_to_metric_families(_get(url + "/metrics",
+                                                                         token))}
     tasks = {(s.labels["State"], s.labels["Name"]): s.value
              for s in families["ray_tasks"].samples}
     assert tasks[("FAILED", next(n for (_, n) in tasks if "explode" in n))] == 1
@@ -231,7 +250,7 @@ def _metrics_endpoint_has_ray_names_and_live_values(live_cluster):
     # within a second).
 
     def user_metric():
-        text = _get(url + "/metrics")
+        text = _get(url + "/metrics", token)
         found = {f.name: f for f in text_string_to_metric_families(text)}.get("app_squares")
         return found and [s.value for s in found.samples if s.name == "app_squares_total"]
     assert wait_for(user_metric, "the user metric in /metrics", timeout_s=15) == [6.0]
@@ -239,7 +258,7 @@ def _metrics_endpoint_has_ray_names_and_live_values(live_cluster):
 
 def _a_log_name_outside_the_session_is_refused(live_cluster):
     url, context, _ = live_cluster
-    page = _get(url + "/logs/view?name=../token")
+    page = _get(url + "/logs/view?name=../token", _token(context["session_dir"]))
     assert "No log file" in page
     reader = ClusterReader(context["gcs_address"], b"unused", context["session_dir"])
     assert os.path.exists(os.path.join(context["session_dir"], "token"))
@@ -285,10 +304,21 @@ def test_tray_start_head_serves_the_dashboard_until_stop(tmp_path):
     try:
         assert started.returncode == 0, started.stderr
         url = f"http://127.0.0.1:{dashboard_port}"
-        assert f"Dashboard:                 {url}" in started.stdout
-        assert f"Dashboard: {url}" in cli("status").stdout
-        page = wait_for(lambda: _get(url + "/"), "the dashboard to serve", retry_on=(OSError,))
+        # Printed with the key that logs a browser in, by start, status and dashboard.
+        assert f"Dashboard:                 {url} (log in: {url}/?token=" in started.stdout
+        login = started.stdout.split("(log in: ", 1)[1].split(")")[0]
+        assert f"Dashboard: {url} (log in: {login})" in cli("status").stdout
+        assert cli("dashboard").stdout.strip() == login
+        browser = urllib.request.build_opener(urllib.request.HTTPCookieProcessor())
+
+        def logged_in():
+            with browser.open(login, timeout=10) as response:  # a cookie, then the page
+                return response.read().decode()
+        page = wait_for(logged_in, "the dashboard to serve", retry_on=(OSError,))
         assert "1 live node(s)" in page
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            _get(url + "/")
+        assert refused.value.code == 401
         # The job API is mounted and wants the token.
         with pytest.raises(urllib.error.HTTPError) as refused:
             _get(url + "/api/jobs/")
@@ -299,7 +329,7 @@ def test_tray_start_head_serves_the_dashboard_until_stop(tmp_path):
 
     def gone():
         try:
-            _get(url + "/api/healthz", timeout_s=1)
+            _get(url + "/api/healthz", timeout_s=1)  # (needs no token)
         except OSError:
             return True
         return False

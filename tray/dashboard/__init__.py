@@ -9,10 +9,17 @@ first client connects (``_lazy.py``), so a cluster nobody looks at pays a
 bare Python start-up for it.
 It binds 127.0.0.1 unless told otherwise and Ray's port 8265 when that
 port is free (the next free one otherwise: two clusters on one machine
-each get a dashboard)."""
+each get a dashboard).
+
+Every page but ``/api/healthz`` needs the cluster token (``_auth.py``): a
+browser logs in once through ``login_url(url, token)``, the URL printed at
+start, which carries the *dashboard key* (``dashboard_key``, derived from
+the token: it opens the pages and nothing else)."""
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import os
 import socket
@@ -22,11 +29,27 @@ import sys
 DEFAULT_PORT = 8265  # Ray's
 INFO_FILE = "dashboard.json"
 SESSION_ENV = "TRAY_DASHBOARD_SESSION"  # in the session directory: the URL and pid, once serving
+COOKIE_PREFIX = "tray_dashboard_"  # + the port: a logged-in browser's cookie
 
 # The first stage (see _lazy.py): holds the port; the server starts on first use.
 _LAZY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_lazy.py")
 
-__all__ = ["DEFAULT_PORT", "INFO_FILE", "bind_port", "read_url", "start_dashboard"]
+__all__ = ["DEFAULT_PORT", "INFO_FILE", "bind_port", "dashboard_key", "login_url", "read_url",
+           "start_dashboard"]
+
+
+def dashboard_key(token: bytes) -> str:
+    """The key that opens the dashboard of the cluster whose token is
+    ``token`` (and nothing else: it is not the token, which the job API and
+    the cluster's RPC want)."""
+    return hmac.new(token, b"tray dashboard key", hashlib.sha256).hexdigest()[:40]
+
+
+def login_url(url: str, token: bytes) -> str:
+    """The dashboard at ``url``, with what logs a browser in (as Jupyter's
+    ``?token=``): the first visit sets a cookie and drops the key from the
+    address bar."""
+    return f"{url.rstrip('/')}/?token={dashboard_key(token)}"
 
 
 def bind_port(host: str, port: int | None) -> socket.socket:

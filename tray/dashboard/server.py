@@ -5,14 +5,22 @@ Pages are rendered on the server (plain HTML, a little CSS, no JavaScript
 build): the cluster overview, jobs, actors, tasks, objects/memory, logs and
 the timeline; each has a JSON twin under ``/api/`` and ``/metrics`` serves
 Prometheus's text format. Every page is a read: nothing here changes the
-cluster, so the pages need no token (they bind 127.0.0.1 unless told
-otherwise). The job API (``job_api.routes(gcs_address=, token=,
-session_dir=)``, when that module exists) is mounted under ``/api/jobs/`` and checks the cluster token itself.
+cluster; but the pages show what the job API guards (logs, entrypoints,
+failures), so every route but ``/api/healthz`` needs the cluster token or
+the cookie of one login, and a ``Host`` that names this machine
+(``_auth.py``). The job API (``job_api.routes(gcs_address=, token=,
+session_dir=)``, when that module exists) is mounted under ``/api/jobs/``
+and checks the cluster token itself. A client has ``HEADER_TIMEOUT_S`` to
+send a request's headers, and a body must keep coming
+(``tray/util/http_server.py``): a half-sent request holds no connection
+for long.
 
 The process lives as long as its cluster: it exits when the process it was
 told to follow (the head node for ``tray start``, the driver for
 ``tray.init()``) is gone, or when the GCS has not answered for
-``GCS_LOST_S``."""
+``GCS_LOST_S``; whatever else fails in its watcher (out of file
+descriptors, say), and however the server is held up, it ends its own
+process ``EXIT_GRACE_S`` later."""
 
 from __future__ import annotations
 
@@ -35,11 +43,18 @@ from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, R
 from starlette.routing import Route
 
 from ..backends.local.session import human_bytes
+from ..util import http_server
+from ..util.http_server import refuse_ambiguous_framing
 from . import DEFAULT_PORT, INFO_FILE, SESSION_ENV
+from ._auth import DashboardGuard
 from .data import ClusterReader
 
 GCS_LOST_S = 10.0
 WATCH_INTERVAL_S = 0.5
+EXIT_GRACE_S = 5.0  # from the cluster's end to the process's, however busy the server is
+HEADER_TIMEOUT_S = 10.0
+BODY_IDLE_TIMEOUT_S = 30.0
+WAITING_FOR_HEADERS_MAX = 128  # connections; one more sheds the oldest
 
 
 @dataclasses.dataclass
@@ -377,21 +392,34 @@ def _job_routes(ctx: DashboardContext) -> list:
 
 
 def _watch(ctx: DashboardContext, follow_pid: int | None, server) -> None:
-    """Ends the server once the cluster is gone (see the module's docstring)."""
-    follow = None
+    """Ends the server once the cluster is gone (see the module's docstring),
+    and the process ``EXIT_GRACE_S`` later if the server has not ended it by
+    then. Nothing that fails here keeps the process alive: without a file
+    descriptor to spare, psutil and the GCS probe fail, but ``os.kill(pid,
+    0)`` still says whether the followed process lives."""
+    try:
+        _wait_for_the_clusters_end(ctx, follow_pid, server)
+    finally:
+        server.should_exit = True
+        time.sleep(EXIT_GRACE_S)
+        os._exit(0)
+
+
+def _wait_for_the_clusters_end(ctx: DashboardContext, follow_pid: int | None, server) -> None:
+    started = None
     if follow_pid:
-        try:
-            follow = psutil.Process(follow_pid)
-        except psutil.NoSuchProcess:
-            server.should_exit = True
+        if not _alive(follow_pid):
             return
+        try:
+            started = psutil.Process(follow_pid).create_time()
+        except (psutil.Error, OSError):
+            pass
     last_answer = time.monotonic()
     next_probe = 0.0
     while not server.should_exit:
         time.sleep(WATCH_INTERVAL_S)
-        if follow is not None and (not follow.is_running()
-                                   or follow.status() == psutil.STATUS_ZOMBIE):
-            break
+        if follow_pid and not _alive(follow_pid, started):
+            return
         now = time.monotonic()
         if now >= next_probe:
             next_probe = now + 2.0
@@ -400,8 +428,28 @@ def _watch(ctx: DashboardContext, follow_pid: int | None, server) -> None:
                 last_answer = now
             except Exception:
                 if now - last_answer > GCS_LOST_S:
-                    break
-    server.should_exit = True
+                    return
+
+
+def _alive(pid: int, started: float | None = None) -> bool:
+    """Whether ``pid`` runs (and is the process that started at ``started``,
+    when known: not a later one that took its pid). Unsure (psutil out of
+    file descriptors, say) counts as alive."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        pass
+    try:
+        process = psutil.Process(pid)
+        if started is not None and abs(process.create_time() - started) > 0.01:
+            return False
+        return process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+    except (psutil.Error, OSError):
+        return True
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -431,8 +479,14 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["TRAY_CLUSTER_TOKEN"] = token
     ctx = DashboardContext(args.gcs, token.encode(), args.session,
                            ClusterReader(args.gcs, token.encode(), args.session))
-    config = uvicorn.Config(create_app(ctx), host=args.host, port=args.port,
-                            log_level="warning", access_log=False, lifespan="off")
+    app = DashboardGuard(create_app(ctx), token=token.encode(), bound_host=args.host,
+                         port=args.port)
+    config = uvicorn.Config(refuse_ambiguous_framing(app), host=args.host, port=args.port,
+                            log_level="warning", access_log=False, lifespan="off",
+                            http=http_server.protocol(
+                                header_timeout_s=HEADER_TIMEOUT_S,
+                                body_idle_timeout_s=BODY_IDLE_TIMEOUT_S,
+                                waiting_max=WAITING_FOR_HEADERS_MAX))
     server = uvicorn.Server(config)
     threading.Thread(target=_watch, args=(ctx, args.follow_pid, server), daemon=True,
                      name="tray-dashboard-watch").start()

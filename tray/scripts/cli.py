@@ -3,7 +3,8 @@
 The top-level group gathers commands from their own modules: ``start``,
 ``stop`` and ``status`` (``cluster.py``), the state commands ``list``,
 ``summary``, ``get``, ``memory``, ``logs`` and ``timeline``
-(``state_cli.py``), ``job`` (``job_cli.py``, when it exists). ``simtest`` and
+(``state_cli.py``), ``job`` (``job_cli.py``, when it exists), ``dashboard``
+(``dashboard_cli.py``). ``simtest`` and
 ``serve`` keep their argparse trees (``tray/simtest/cli.py`` and
 ``tray/serve/_cli.py``, which ``python -m tray.simtest`` and the tests use
 directly): click hands them the rest of the command line untouched, so their
@@ -87,7 +88,7 @@ def _add_commands() -> None:
     # tuple; a module not (yet) in the tree adds nothing.
     for module_name, names in ((".state_cli", ("list_", "summary", "get", "memory", "logs",
                                                 "timeline")),
-                               (".job_cli", ("job",))):
+                               (".job_cli", ("job",)), (".dashboard_cli", ("dashboard",))):
         try:
             module = importlib.import_module(module_name, __package__)
         except ModuleNotFoundError as error:

@@ -317,7 +317,9 @@ def _start_dashboard(args, session: Session, gcs: str, head_pid: int) -> None:
     except (OSError, ValueError) as error:
         print(f"tray start: the dashboard did not start: {error}", file=sys.stderr)
         return
-    print(f"  Dashboard:                 {url}")
+    # Every page needs the token: the second URL logs a browser in.
+    print(f"  Dashboard:                 {url} (log in: "
+          f"{dashboard.login_url(url, session.token())})")
 
 
 def _join_target(args) -> tuple[str, bytes]:
@@ -468,11 +470,11 @@ def _status(args) -> int:
     alive = [node for node in nodes if node.alive]
     print(f"Cluster at {gcs.removeprefix('tcp:')}: {len(alive)} live node(s), "
           f"{len(nodes) - len(alive)} dead")
-    from ..dashboard import read_url
+    from ..dashboard import login_url, read_url
 
     url = next(filter(None, (read_url(node.session_dir) for node in alive)), None)
     if url:
-        print(f"Dashboard: {url}")
+        print(f"Dashboard: {url} (log in: {login_url(url, token)})")
     for node in nodes:
         state = "alive" if node.alive else "dead "
         total = node.resources

@@ -5,7 +5,8 @@ The proxy is an async tray actor; uvicorn runs on the actor's asyncio loop
 otherwise). For each request it finds the application whose route prefix is
 the longest that matches the path (the route table comes from the
 controller by long poll), reads the body (at most
-``max_request_body_bytes``: 413 beyond), and sends the ingress deployment's
+``max_request_body_bytes``: 413 beyond, at once when the request declares
+more, and the connection closed), and sends the ingress deployment's
 replica the scope and body (``handle_http``), choosing the replica with the
 same router as handles use. The replica runs the ASGI app and streams the
 ASGI messages back; the proxy forwards them as they come.
@@ -15,6 +16,10 @@ Status codes the proxy makes itself: 404 for a path no application routes,
 replica full and ``max_queued_requests`` reached; or no replica at all), 500
 when the replica died mid-request, 408 past ``request_timeout_s``.
 uvicorn answers 503 past ``max_concurrent_requests`` connections at once.
+A client has ``HEADER_TIMEOUT_S`` to send its headers and must keep a body
+coming (``tray.util.http_server``: a half-sent request is answered 408 and
+closed; the oldest of too many waiting for their headers is shed), and a
+request with both ``Content-Length`` and ``Transfer-Encoding`` is a 400.
 ``/-/routes`` lists the routes, ``/-/healthz`` answers ``success``.
 
 The proxy opens a real socket, so it only runs where processes are real:
@@ -28,6 +33,7 @@ import logging
 import socket
 
 import tray
+from tray.util import http_server
 
 from . import _context
 from ._common import RequestMetadata, RouteTable
@@ -36,6 +42,10 @@ from ._http import HTTPRequestData, portable_scope
 from .exceptions import BackPressureError, RayServeException
 
 logger = logging.getLogger("tray.serve")
+
+HEADER_TIMEOUT_S = 10.0
+BODY_IDLE_TIMEOUT_S = 30.0
+WAITING_FOR_HEADERS_MAX = 512  # connections; one more sheds the oldest
 
 
 def _text_messages(status: int, text: str) -> list:
@@ -94,7 +104,12 @@ class ServeProxy:
         self._routes_known = asyncio.Event()
         self._poll_task = asyncio.get_running_loop().create_task(self._poll_routes())
         options = self.options
-        config = uvicorn.Config(self._asgi, host=options.host, port=options.port,
+        config = uvicorn.Config(http_server.refuse_ambiguous_framing(self._asgi),
+                                host=options.host, port=options.port,
+                                http=http_server.protocol(
+                                    header_timeout_s=HEADER_TIMEOUT_S,
+                                    body_idle_timeout_s=BODY_IDLE_TIMEOUT_S,
+                                    waiting_max=WAITING_FOR_HEADERS_MAX),
                                 log_level="warning", access_log=False, lifespan="off",
                                 interface="asgi3",
                                 limit_concurrency=options.max_concurrent_requests,
@@ -217,11 +232,12 @@ class ServeProxy:
             return
         prefix, (app_name, ingress) = match
         try:
-            body = await self._read_body(receive)
+            body = await self._read_body(scope, receive)
         except _BodyTooLarge:
+            # Closed after: the rest of the body is not read, nor waited for.
             await PlainTextResponse(
                 f"Request body exceeds {self.options.max_request_body_bytes} bytes",
-                status_code=413)(scope, receive, send)
+                status_code=413, headers={"connection": "close"})(scope, receive, send)
             return
         request = HTTPRequestData(portable_scope(scope, prefix), body)
         router = router_for(app_name, ingress)
@@ -256,9 +272,14 @@ class ServeProxy:
             finally:
                 router.finished_async(replica.replica_id)
 
-    async def _read_body(self, receive) -> bytes:
+    async def _read_body(self, scope, receive) -> bytes:
         chunks, size = [], 0
         limit = self.options.max_request_body_bytes
+        for name, value in scope.get("headers", ()):
+            # A declared length over the limit is refused before any of it comes.
+            if name.lower() == b"content-length" and (not value.strip().isdigit()
+                                                      or int(value) > limit):
+                raise _BodyTooLarge
         while True:
             message = await receive()
             if message["type"] == "http.disconnect":

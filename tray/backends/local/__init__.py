@@ -301,7 +301,9 @@ def _start_dashboard(runtime, session, head_info, host, port, *, required: bool)
         return
     runtime.nodes.append(process)  # stopped with the nodes at shutdown
     runtime.info["webui_url"] = url.removeprefix("http://")  # as Ray's: host:port
-    print(f"tray: view the dashboard at {url}", file=sys.stderr)
+    # With the key that logs a browser in: every page needs the token.
+    print(f"tray: view the dashboard at {dashboard.login_url(url, session.token())}",
+          file=sys.stderr)
 
 
 # ======================================================= joining a cluster
