@@ -3,11 +3,14 @@ authentication, and a clean exit."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import struct
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import numpy as np
@@ -19,7 +22,9 @@ import tray
 import tray.exceptions as tex
 from tray.backends.local.session import ROOT as SESSION_ROOT
 from tray.core.interfaces import ConnectionClosed
+from tray.experimental.internal_kv import _internal_kv_get, _internal_kv_put
 from tray.transports.tcp import TcpTransport
+from tray.transports.tcp_framing import frame_bytes_max
 from tray.transports.tcp_handshake import AuthenticationError
 
 
@@ -169,6 +174,61 @@ def test_malformed_frame_closes_that_connection_only():
         trio.run(send_garbage)
         assert tray.get(tray.put("still fine")) == "still fine"
         assert len(tray.nodes()) == 1
+    finally:
+        tray.shutdown()
+
+
+def test_a_huge_announced_message_neither_takes_the_heads_memory_nor_stalls_it():
+    """Issue 43 item 6: a peer with the token announces a 4 GiB message to
+    the GCS and sends 100 bytes of it. The head neither grows (it zeroed
+    4 GiB before: 4 GB of RSS) nor stalls (that took seconds, during which
+    the GCS answered nobody); a legitimate 50 MB value still crosses whole
+    both ways; past ``frame_bytes_max`` only that connection is closed."""
+    info = tray.init(num_cpus=1)
+    try:
+        session_dir = info["session_dir"]
+        gcs = f"unix:{session_dir}/gcs.sock"
+        token = open(os.path.join(session_dir, "token")).read().strip().encode()
+        with open(os.path.join(session_dir, "node-0.json")) as file:
+            head = psutil.Process(json.load(file)["pid"])  # the GCS runs in it
+        assert len(tray.nodes()) == 1
+        before = head.memory_info().rss
+        announced, finished = threading.Event(), threading.Event()
+
+        def peer() -> None:
+            async def main() -> None:
+                stream = await TcpTransport(token).connect(gcs)
+                await stream._stream.send_all(struct.pack("<IQ", 1, 4 << 30) + b"x" * 100)
+                announced.set()
+                await trio.to_thread.run_sync(finished.wait)  # the rest never comes
+                await stream.aclose()
+            trio.run(main)
+
+        thread = threading.Thread(target=peer)
+        thread.start()
+        try:
+            assert announced.wait(30)
+            time.sleep(0.3)  # the head has read the header
+            start = time.monotonic()
+            assert len(tray.nodes()) == 1
+            assert time.monotonic() - start < 1.0
+            assert head.memory_info().rss - before < 32 << 20
+            value = os.urandom(50_000_000)
+            assert _internal_kv_put(b"big", value) is False  # (a new key)
+            assert _internal_kv_get(b"big") == value
+        finally:
+            finished.set()
+            thread.join(30)
+
+        async def past_the_bound() -> None:
+            stream = await TcpTransport(token).connect(gcs)
+            await stream._stream.send_all(struct.pack("<IQ", 1, frame_bytes_max + 1))
+            with pytest.raises(ConnectionClosed):
+                with trio.fail_after(10):
+                    await stream.receive()
+
+        trio.run(past_the_bound)
+        assert tray.get(tray.put("still fine")) == "still fine"
     finally:
         tray.shutdown()
 

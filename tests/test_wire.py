@@ -8,9 +8,12 @@ test_security_handshake.py's), and an RPC endpoint over a real listener."""
 from __future__ import annotations
 
 import random
+import struct
+import time
 import types
 
 import numpy as np
+import psutil
 import pytest
 import trio
 import trio.testing
@@ -279,6 +282,58 @@ async def test_a_large_message_is_read_straight_into_its_frames():
     # The big frames' bytes come through recv_into, not the stream's
     # receive_some (measured: 6 reads this way, 49 through the buffer).
     assert raw_right.reads <= 20, raw_right.reads
+    await left.aclose()
+    await right.aclose()
+
+
+async def test_a_frame_larger_than_a_chunk_grows_as_it_arrives_and_arrives_whole():
+    """Issue 43 item 6: a frame over 4 MiB is not allocated at its announced
+    size but grows with its bytes; whatever the sizes (around the growth's
+    doublings, with bytes of it already buffered, several such frames in
+    one message, a big pickle in band) every byte arrives in order."""
+    left, right, _, _ = _pair()
+    rng = np.random.default_rng(11)
+    sizes = [(4 << 20) + 1, 8 << 20, (8 << 20) + 7, 21_000_003]
+    arrays = [rng.integers(0, 255, size=n, dtype=np.uint8) for n in sizes]
+    in_band = rng.bytes(9_000_001)  # bytes pickle in band: frame 0 is this large
+    async with trio.open_nursery() as nursery:
+        async def send_all():
+            await left.send(("small", 0))
+            await left.send(("arrays", arrays, in_band))
+            await left.send(("small", 1))
+        nursery.start_soon(send_all)
+        got = [await right.receive() for _ in range(3)]
+    assert got[0] == ("small", 0) and got[2] == ("small", 1)
+    name, received, received_in_band = got[1]
+    assert name == "arrays" and received_in_band == in_band
+    assert all(np.array_equal(a, b) for a, b in zip(received, arrays, strict=True))
+    received[0][0] = 1  # writable, as before
+    await left.aclose()
+    await right.aclose()
+
+
+async def test_an_announced_huge_frame_takes_memory_only_as_its_bytes_arrive():
+    """Issue 43 item 6: a peer announces a 2 GiB frame and sends 1,000
+    bytes of it. The reader waits for the rest holding a few MiB (it zeroed
+    the announced size before: 2 GB more, and the event loop stalled for
+    the time that took)."""
+    left, right, raw_left, _ = _pair()
+    process = psutil.Process()
+    before = process.memory_info().rss
+    await raw_left.send_all(struct.pack("<IQ", 1, 2 << 30) + b"x" * 1000)
+    waiting = trio.CancelScope()
+
+    async def receive():
+        with waiting:
+            await right.receive()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(receive)
+        start = time.monotonic()
+        await trio.testing.wait_all_tasks_blocked()  # the reader waits for more bytes
+        assert process.memory_info().rss - before < 16 << 20
+        assert time.monotonic() - start < 1.0
+        waiting.cancel()
     await left.aclose()
     await right.aclose()
 

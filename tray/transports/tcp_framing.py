@@ -7,9 +7,15 @@ of their own. On the wire a message is
     header  = u32 frame count N, then N x u64 frame sizes
     frame 0 = the pickle stream, frames 1..N-1 = the buffers
 
-A message larger than ``frame_bytes_max`` or with more than
-``frames_per_message_max`` frames is malformed: that connection is closed
-with a log line, and the process goes on.
+A message larger than ``frame_bytes_max`` (16 GiB, all frames together: far
+above the largest legitimate message, an object chunk of a few MiB or a
+value passed in a call) or with more than ``frames_per_message_max`` frames
+is malformed: that connection is closed with a log line, and the process
+goes on. Below that bound, memory follows what arrives, never what the
+header announces: a frame larger than ``_Reader._EXACT_FRAME_BYTES`` grows
+as its bytes arrive (``_Reader._receive_growing``), so a peer that announces
+gigabytes and sends a few bytes costs a few MiB, and each read is one pass
+of the event loop, never a stall of the process.
 
 On the reading side one read takes whatever the kernel holds and every whole
 message in it is parsed without another read (``_Reader``); on the writing
@@ -17,6 +23,7 @@ side a small message is encoded as one chunk, header and all (``_encode``)."""
 
 from __future__ import annotations
 
+import mmap
 import pickle
 import struct
 
@@ -51,6 +58,12 @@ class _Reader:
     # buffer: measured, a big frame was copied three times on its way in
     # (the read's bytes, appended to the buffer, sliced out of it).
     _DIRECT_BYTES = 1 << 20
+
+    # A frame up to this size is allocated whole before its bytes arrive (an
+    # object chunk is 4 MiB: read straight into its memory); a larger one
+    # grows with what arrives (``_receive_growing``). So what a peer's
+    # announcement alone makes a connection allocate is this much at most.
+    _EXACT_FRAME_BYTES = 1 << 22
 
     def __init__(self, stream: trio.abc.Stream) -> None:
         self._stream = stream
@@ -120,10 +133,13 @@ class _Reader:
         self._consume(header_bytes)
         frames = []
         for size in sizes:
+            have = min(self.buffered_bytes, size)
+            if size > self._EXACT_FRAME_BYTES:
+                frames.append(await self._receive_growing(self._consume(have), size))
+                continue
             # (A bytearray, from the heap: measured, fresh anonymous pages per
             # frame cost more in page faults than zeroing reused memory.)
             frame = bytearray(size)
-            have = min(self.buffered_bytes, size)
             frame[:have] = self._consume(have)
             view = memoryview(frame)
             while have < size:
@@ -133,6 +149,30 @@ class _Reader:
                 have += received
             frames.append(frame)
         return frames
+
+    async def _receive_growing(self, first: bytearray, size: int) -> mmap.mmap:
+        """A frame of ``size`` bytes whose first bytes are ``first``, read
+        into anonymous memory that doubles as its bytes arrive (``mremap``:
+        nothing copied, nothing zeroed), never more than twice what arrived
+        (or ``_EXACT_FRAME_BYTES``): the size the peer announced is not
+        allocated before it is sent. Pages are taken as the bytes land in
+        them. Measured against zeroing the announced size and reading into
+        it (100 and 200 MB messages over TCP and a Unix socket, the sender
+        another process): a fifth less receiving CPU, the same wall time
+        (within the noise of a loaded machine)."""
+        have = len(first)
+        capacity = min(size, max(self._EXACT_FRAME_BYTES, 2 * have))
+        frame = mmap.mmap(-1, capacity, flags=mmap.MAP_PRIVATE)
+        frame[:have] = first
+        while have < size:
+            if have == capacity:
+                capacity = min(size, 2 * capacity)
+                frame.resize(capacity)
+            received = await self._socket.recv_into(memoryview(frame)[have:capacity])
+            if not received:
+                raise ConnectionClosed("the peer closed the connection")
+            have += received
+        return frame
 
     def next_message(self) -> tuple[list | None, int]:
         """(the frames of the next message, 0) if it is all buffered, else
