@@ -17,7 +17,7 @@ import tray
 SEEDS = {"union": 5, "zip": 3, "sort": 10, "retry": 10,
          "healthy": 4, "impatient": 3, "count": 3, "spread": 4, "ongoing": 3,
          "proxy-dead": 2, "proxy-nodes": 4, "proxy-restart": 2, "proxy-stop": 1,
-         "sick": 3, "reattach": 3, "flaky": 10}
+         "sick": 3, "reattach": 3, "flaky": 10, "max": 8}
 
 
 # ====================================================== issue 41 regressions
@@ -185,6 +185,23 @@ def test_a_replica_count_off_by_one_is_caught(monkeypatch):
     monkeypatch.setattr(DeploymentStateManager, "reconcile", one_more)
     first_failure(range(SEEDS["count"]), "serve", "none",
                    "serve-replica-count-follows-the-target")
+
+
+def test_an_autoscaler_past_max_replicas_is_caught(monkeypatch):
+    # A fresh red team's bug: the load's replica count, unbounded above.
+    import math
+
+    from tray.serve import _autoscaling
+
+    original = _autoscaling.desired_replicas
+
+    def unbounded(config, current, total_load):
+        if current == 0:
+            return original(config, current, total_load)
+        return max(config.min_replicas, math.ceil(total_load / config.target_ongoing_requests))
+
+    monkeypatch.setattr(_autoscaling, "desired_replicas", unbounded)
+    first_failure(range(SEEDS["max"]), "serve", "none", "serve-replicas-converge-to-the-target")
 
 
 def test_a_router_that_always_picks_the_first_replica_is_caught(monkeypatch):

@@ -185,3 +185,38 @@ def test_max_calls_one_short_is_caught_within_5_seeds(monkeypatch):
 
     monkeypatch.setattr(TaskReceiver, "_count_call", one_less)
     first_failure(range(5), "recycle", "none", "max-calls-worker-retires-after-exactly-n-calls")
+
+
+# ======================================================== the state API
+
+
+def _state_planted(monkeypatch, bend) -> None:
+    from tray.core.gcs.task_event_table import TaskEventTable
+
+    original = TaskEventTable.handle_get_task_events
+
+    def bent(self, conn, task_id=None, job_id=None, filters=None, limit=None):
+        return bend(original, self, conn, task_id, job_id, filters, limit)
+
+    monkeypatch.setattr(TaskEventTable, "handle_get_task_events", bent)
+    first_failure(range(3), "state", "default", "state-queries-agree")
+
+
+def test_a_limit_that_keeps_the_oldest_rows_is_caught_within_3_seeds(monkeypatch):
+    import dataclasses
+
+    def oldest(original, self, conn, task_id, job_id, filters, limit):
+        page = original(self, conn, task_id, job_id, filters, None)
+        rows = page.rows if limit is None else page.rows[:limit]
+        return dataclasses.replace(page, rows=rows, more=len(page.rows) > len(rows))
+
+    _state_planted(monkeypatch, oldest)
+
+
+def test_a_filter_that_ignores_its_predicate_is_caught_within_3_seeds(monkeypatch):
+    def equal_only(original, self, conn, task_id, job_id, filters, limit):
+        filters = [(key, "=", value) for key, _predicate, value in filters or ()]
+        return original(self, conn, task_id, job_id, filters, limit)
+
+    _state_planted(monkeypatch, equal_only)
+

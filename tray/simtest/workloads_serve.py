@@ -267,6 +267,10 @@ def _wait_for_replicas(expected: int, what: str, excused=None) -> None:
         states = sorted((state, version) for _id, _name, state, version in replicas)
         versions = {version for _state, version in states}
         seen = (deployment.target_num_replicas, states)
+        if not MIN_REPLICAS <= deployment.target_num_replicas <= MAX_REPLICAS:
+            raise _violation("serve-replicas-converge-to-the-target",
+                             f"{what}: the target is {deployment.target_num_replicas}, outside "
+                             f"min_replicas={MIN_REPLICAS}..max_replicas={MAX_REPLICAS}")
         if deployment.target_num_replicas == expected and len(states) == expected and \
                 all(state == "RUNNING" for state, _version in states) and len(versions) == 1:
             return
@@ -481,7 +485,7 @@ def _stream(program, recorder) -> None:
     # decided on the idle past lands on the held requests), hold long
     # requests, then let them end.
     _wait_for_replicas(MIN_REPLICAS, "idle after the stream")
-    held = rng.randint(3, 7)
+    held = rng.randint(3, 11)  # (over 8 the target would pass max_replicas)
     expected = max(MIN_REPLICAS, min(MAX_REPLICAS, math.ceil(held / TARGET_ONGOING)))
     long_requests = [(f"h-{i}", handle.remote(f"h-{i}", HOLD_S)) for i in range(held)]
     held_outcomes: list = []

@@ -14,7 +14,11 @@ task in an earlier state or missing, never in a wrong one):
 * the nodes the state API lists are the nodes ``tray.nodes()`` lists, alive
   as it says;
 * the actor's row names its class and is ``ALIVE``, ``RESTARTING`` or
-  ``DEAD`` (never unknown once created).
+  ``DEAD`` (never unknown once created);
+* the queries agree with the full listings (``state-queries-agree``): a
+  ``limit`` gives the newest rows, oldest first; a filter (``=``, ``!=``, by
+  the GCS or the client) exactly the matching rows; ``get_task`` the latest
+  attempt; ``summarize_tasks``/``summarize_actors`` the listings' counts.
 
 The values themselves are checked by the runner like any workload's, and the
 runner's determinism check replays the seed: the queries are part of the
@@ -116,6 +120,82 @@ def _check_state(failing_ids: set) -> None:
                 actor.state not in ("ALIVE", "RESTARTING", "DEAD", "PENDING_CREATION"):
             raise InvariantViolation("actor-rows-have-ray-states",
                                      f"actor {actor.actor_id} is {actor.state!r}")
+    _check_queries(tasks, actors)
+
+
+def _row(task) -> tuple:
+    return (task.task_id, task.attempt_number, task.state)
+
+
+def _check_queries(tasks: list, actors: list) -> None:
+    """``state-queries-agree``: what a query with a limit, a filter, by id or
+    summed up says is what the full listing says (Ray's promises: the newest
+    ``limit`` rows, oldest first; a filter keeps exactly the matching rows;
+    ``get_task`` is the latest attempt; the summaries count the rows). Judged
+    only while the listing holds still (nothing else runs by now)."""
+    import warnings
+
+    from tray.util import state
+
+    from .invariants import InvariantViolation
+
+    wrong = []
+
+    def differ(what: str, got, want) -> None:
+        if got != want:
+            wrong.append(f"{what}: got {got}, the full listing says {want}")
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # ("more rows match than the limit")
+        rows = [_row(task) for task in tasks]
+        for limit in sorted({1, len(rows) // 2, len(rows) - 1}):
+            if 0 < limit < len(rows):
+                differ(f"list_tasks(limit={limit})",
+                       [_row(t) for t in state.list_tasks(limit=limit)], rows[-limit:])
+        for key in ("state", "name", "type", "job_id"):
+            for value in sorted({getattr(task, key) for task in tasks})[:2]:
+                for predicate in ("=", "!="):
+                    got = [_row(t) for t in state.list_tasks(
+                        filters=[(key, predicate, value)], limit=10**6)]
+                    want = [_row(t) for t in tasks
+                            if (getattr(t, key) == value) == (predicate == "=")]
+                    differ(f"list_tasks(filters=[({key!r}, {predicate!r}, {value!r})])",
+                           got, want)
+        latest: dict = {}
+        for task in tasks:
+            if task.attempt_number >= latest.get(task.task_id, (-1,))[0]:
+                latest[task.task_id] = (task.attempt_number, task.state)
+        for task_id in sorted(latest)[:5]:
+            found = state.get_task(task_id)
+            differ(f"get_task({task_id})",
+                   None if found is None else (found.attempt_number, found.state),
+                   latest[task_id])
+        counts: dict = {}
+        for task in tasks:
+            entry = counts.setdefault(task.func_or_class_name, {})
+            entry[task.state] = entry.get(task.state, 0) + 1
+        summary = state.summarize_tasks()["cluster"]["summary"]
+        differ("summarize_tasks() state counts",
+               {name: dict(entry["state_counts"]) for name, entry in summary.items()}, counts)
+        by_class: dict = {}
+        for actor in actors:
+            entry = by_class.setdefault(actor.class_name, {})
+            entry[actor.state] = entry.get(actor.state, 0) + 1
+        summary = state.summarize_actors()["cluster"]["summary"]
+        differ("summarize_actors() state counts",
+               {name: dict(entry["state_counts"]) for name, entry in summary.items()},
+               by_class)
+        for actor in actors[:3]:
+            got = [(a.actor_id, a.state) for a in state.list_actors(
+                filters=[("class_name", "=", actor.class_name)], limit=10**6)]
+            differ(f"list_actors(filters=[('class_name', '=', {actor.class_name!r})])", got,
+                   [(a.actor_id, a.state) for a in actors if a.class_name == actor.class_name])
+        # Judged only if the listings held still meanwhile (a batch sent
+        # before a GCS restart may still arrive): else nothing to compare with.
+        if wrong and [_row(t) for t in state.list_tasks(limit=10**6)] == rows and \
+                [(a.actor_id, a.state) for a in state.list_actors(limit=10**6)] == \
+                [(a.actor_id, a.state) for a in actors]:
+            raise InvariantViolation("state-queries-agree", wrong[0])
 
 
 WORKLOADS = {"state": state_api}
