@@ -196,6 +196,22 @@ def test_asha_with_a_wrong_quantile_is_caught_within_3_seeds(monkeypatch):
     first_failure([2, 3, 20], "tune", "none", "tune-scheduler-decisions-match-model")
 
 
+def test_asha_cutting_at_the_1_over_rf_quantile_is_caught_within_2_seeds(monkeypatch):
+    # A fresh red team's bug, invisible with reduction_factor=2 (1/rf is
+    # 1 - 1/rf then): the workload now draws rf 2, 3 or 4 (seeds 17 and 26:
+    # ASHA with rf above 2).
+    import numpy as np
+
+    from tray.tune.schedulers import async_hyperband
+
+    def one_over_rf(self, recorded):
+        return float(np.nanpercentile(list(recorded.values()), 100 / self.reduction_factor)) \
+            if recorded else None
+
+    monkeypatch.setattr(async_hyperband._Bracket, "cutoff", one_over_rf)
+    first_failure([17, 26], "tune", "none", "tune-scheduler-decisions-match-model")
+
+
 def test_a_median_rule_that_stops_the_better_trials_is_caught_within_2_seeds(monkeypatch):
     from tray.tune.schedulers import median_stopping_rule
 

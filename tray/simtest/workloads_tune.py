@@ -205,12 +205,15 @@ class ScoreStopper(tune.Stopper):
             self.max_iter is not None and result.get("training_iteration", 0) >= self.max_iter)
 
 
-def _scheduler(kind: str, max_t: int, extra):
+def _scheduler(kind: str, max_t: int, extra, asha):
     from . import model_tune
 
     if kind == "asha":
-        return (model_tune.RecordingASHA(max_t=max_t, grace_period=1, reduction_factor=2),
-                model_tune.AshaModel(max_t, 1, 2))
+        # (With rf 2, the quantile 1 - 1/rf is 1/rf: rf 3 and 4 tell them
+        # apart. An RNG of their own: the other draws stay as they were.)
+        grace, rf = asha.choice([1, 1, 2]), asha.choice([2, 3, 4])
+        return (model_tune.RecordingASHA(max_t=max_t, grace_period=grace, reduction_factor=rf),
+                model_tune.AshaModel(max_t, grace, rf))
     if kind == "fifo":
         return model_tune.RecordingFIFO(), model_tune.FifoModel()
     if kind == "median":
@@ -240,13 +243,14 @@ def tune_experiment(program) -> None:
     # The draws added later come from an RNG of their own: the original
     # ones (and the seeds pinned by them) stay as they were.
     extra = random.Random(f"{tray.simtest.cluster().seed}:tune-variations")
+    asha = random.Random(f"{tray.simtest.cluster().seed}:tune-asha")
     kind = extra.choice(["asha", "asha", "asha", "fifo", "median", "pbt"])
     grid = extra.random() < 0.3
     if grid:
         num_samples = max(1, num_samples // 3)
     max_concurrent = extra.choice([None, None, 1, 2, 3])
     max_failures = extra.choice([3, 3, 3, 1])
-    scheduler, model = _scheduler(kind, max_t, extra)
+    scheduler, model = _scheduler(kind, max_t, extra, asha)
     widths = [1, 2, 4]
     # Some trials raise: once (at iteration 2 of a run from scratch) or
     # always (at iteration 1: ERROR after max_failures + 1 failures).
@@ -265,7 +269,7 @@ def tune_experiment(program) -> None:
     score_attribute = "score" if extra.random() < 0.3 else None
     if extra.random() < 0.15:  # (drawn last: the draws before stay as they were)
         kind = "hyperband"
-        scheduler, model = _scheduler(kind, max_t, extra)
+        scheduler, model = _scheduler(kind, max_t, extra, asha)
     # A class trainable (its own RNG: the draws above stay as they were).
     variant = random.Random(f"{tray.simtest.cluster().seed}:tune-class")
     trainable, frequency, at_end, reuse = tune_objective, 0, None, False
@@ -334,7 +338,7 @@ def tune_experiment(program) -> None:
         try:
             _check_failures(results, kind == "pbt")
             _check(results, num_samples * (len(widths) if grid else 1), max_t, max_failures,
-                   kind, threshold)
+                   kind, threshold, set(model.rungs) if kind == "asha" else ())
             added = _check_decisions(results, os.path.join(storage, "exp"), model, max_t,
                                      max_concurrent, searcher_limit, max_failures,
                                      class_mode, threshold)
@@ -352,14 +356,13 @@ def tune_experiment(program) -> None:
 
 
 def _check(grid, expected_trials: int, max_t: int, max_failures: int, kind: str,
-           threshold: float | None = None) -> None:
+           threshold: float | None, rungs) -> None:
     from tray.tune.result_grid import read_results
 
     if len(grid) != expected_trials:
         raise _violation("tune-trials-match-search-space",
                          f"{expected_trials} trials expected (num_samples x the grid), "
                          f"{len(grid)} in the result grid")
-    rungs = {1, 2, 4, 8}
     errored = []
     last_scores = []  # (last score in result.json, trial id)
     for result in grid:
