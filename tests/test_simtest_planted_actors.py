@@ -89,6 +89,32 @@ def test_a_removed_group_that_spares_live_actors_is_caught_within_10_seeds(monke
     first_failure(range(10), "groups", "none", "removed-group-ends-its-actors")
 
 
+def test_group_names_kept_after_removal_or_given_twice_are_caught_within_5_seeds(
+        monkeypatch):
+    # A fresh red team's bug: the name of a removed group stays taken. And
+    # its opposite: a name is given to a second group while the first lives.
+    from tray.core.gcs.placement_group_manager import PlacementGroupManager
+
+    original = PlacementGroupManager.handle_create_placement_group
+
+    def names_never_freed(self, conn, spec):
+        if spec.name and (spec.namespace, spec.name) in self.names:
+            raise ValueError(f"a placement group named {spec.name!r} already exists")
+        return original(self, conn, spec)
+
+    monkeypatch.setattr(PlacementGroupManager, "handle_create_placement_group",
+                        names_never_freed)
+    first_failure(range(5), "removed_group", "none", "placement-group-names-unique")
+    monkeypatch.undo()
+
+    def names_shared(self, conn, spec):
+        self.names.pop((spec.namespace, spec.name), None)
+        return original(self, conn, spec)
+
+    monkeypatch.setattr(PlacementGroupManager, "handle_create_placement_group", names_shared)
+    first_failure(range(5), "removed_group", "none", "placement-group-names-unique")
+
+
 def test_a_node_that_ignores_its_death_is_caught_within_10_seeds(monkeypatch):
     # Told by the GCS that it was declared dead, the node stops
     # heartbeating but does not end itself nor its workers.

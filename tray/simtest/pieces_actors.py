@@ -19,6 +19,7 @@ public API and records what the reference model expects of each ref
 from __future__ import annotations
 
 import itertools
+import random
 import time
 
 import tray
@@ -429,7 +430,14 @@ def removed_group(program) -> None:
     count = rng.randint(1, 3)
     strategy = rng.choice(["PACK", "SPREAD"] + (["STRICT_SPREAD"] if len(nodes) >= count
                                                  else []))
-    group = placement_group([{"CPU": 0.25} for _ in range(count)], strategy=strategy)
+    # Half the groups are named (a draw of their own: the program's draws
+    # stay as they were): a name is taken while the group lives, and free
+    # again once it is removed.
+    name = program.key("removed-group") \
+        if random.Random(f"{tray.simtest.cluster().seed}:{count}:{strategy}").random() < 0.5 \
+        else ""
+    group = placement_group([{"CPU": 0.25} for _ in range(count)], strategy=strategy,
+                            name=name)
     program.placement_groups.append(group)  # (removed below; at quiescence if not)
     actors, calls = [], []
     for index in range(count):
@@ -475,6 +483,8 @@ def removed_group(program) -> None:
                           sim.is_alive(node)]
                 _own_fault(program, f"partition isolated={victim[:8]}")
                 sim.partition([victim], others)
+        if name:
+            _check_group_name(name, group, taken=True)
         try:
             remove_placement_group(group)
             program.placement_groups.remove(group)
@@ -494,6 +504,8 @@ def removed_group(program) -> None:
             if victim is not None:
                 _own_fault(program, "heal")
                 sim.heal()
+        if name:
+            _check_group_name(name, group, taken=False)
         # A call sent while an actor's worker still runs may run there, as
         # in Ray (the GCS has the worker killed after it ends the actor): its
         # calls are judged once the workers are gone (unreferenced-actor-ends
@@ -525,6 +537,44 @@ def removed_group(program) -> None:
                 raise InvariantViolation(REMOVED, f"a call to actor {actor_id} after its "
                                          f"placement group was removed returned {value!r}")
     program.later(remove)
+
+
+def _check_group_name(name: str, group, taken: bool) -> None:
+    """``placement-group-names-unique``: while its group lives a name finds
+    it and cannot be given to another; once it is removed the name is free:
+    another group takes it, and is found by it (then removed)."""
+    from tray.util import get_placement_group, placement_group, remove_placement_group
+
+    violation = "placement-group-names-unique"
+    if taken:
+        if get_placement_group(name) != group:
+            raise InvariantViolation(violation, f"get_placement_group({name!r}) is not the "
+                                     "group of that name")
+        try:
+            other = placement_group([{"CPU": 0.25}], name=name)
+        except ValueError:
+            return
+        remove_placement_group(other)
+        raise InvariantViolation(violation, f"a second placement group took the name {name!r} "
+                                 "while the first lived")
+    try:
+        found = get_placement_group(name)
+    except ValueError:
+        found = None
+    if found is not None:
+        raise InvariantViolation(violation, f"get_placement_group({name!r}) found a group "
+                                 "after it was removed")
+    try:
+        again = placement_group([{"CPU": 0.25}], name=name)
+    except ValueError as error:
+        raise InvariantViolation(violation, f"the name {name!r} of a removed group was not "
+                                 f"free again: {error}") from None
+    try:
+        if get_placement_group(name) != again:
+            raise InvariantViolation(violation, f"get_placement_group({name!r}) is not the "
+                                     "new group of that name")
+    finally:
+        remove_placement_group(again)
 
 
 def groups_removed(program) -> None:
