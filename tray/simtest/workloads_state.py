@@ -123,6 +123,15 @@ def _check_state(failing_ids: set) -> None:
     _check_queries(tasks, actors)
 
 
+def _state_counts(records: list, key: str) -> dict:
+    """{the records' ``key``: {state: how many}}, as the summaries count."""
+    counts: dict = {}
+    for record in records:
+        entry = counts.setdefault(getattr(record, key), {})
+        entry[record.state] = entry.get(record.state, 0) + 1
+    return counts
+
+
 def _row(task) -> tuple:
     return (task.task_id, task.attempt_number, task.state)
 
@@ -170,21 +179,13 @@ def _check_queries(tasks: list, actors: list) -> None:
             differ(f"get_task({task_id})",
                    None if found is None else (found.attempt_number, found.state),
                    latest[task_id])
-        counts: dict = {}
-        for task in tasks:
-            entry = counts.setdefault(task.func_or_class_name, {})
-            entry[task.state] = entry.get(task.state, 0) + 1
-        summary = state.summarize_tasks()["cluster"]["summary"]
-        differ("summarize_tasks() state counts",
-               {name: dict(entry["state_counts"]) for name, entry in summary.items()}, counts)
-        by_class: dict = {}
-        for actor in actors:
-            entry = by_class.setdefault(actor.class_name, {})
-            entry[actor.state] = entry.get(actor.state, 0) + 1
-        summary = state.summarize_actors()["cluster"]["summary"]
-        differ("summarize_actors() state counts",
-               {name: dict(entry["state_counts"]) for name, entry in summary.items()},
-               by_class)
+        for what, summary, counts in (
+                ("summarize_tasks()", state.summarize_tasks(),
+                 _state_counts(tasks, "func_or_class_name")),
+                ("summarize_actors()", state.summarize_actors(),
+                 _state_counts(actors, "class_name"))):
+            differ(f"{what} state counts", {name: dict(entry["state_counts"]) for name, entry
+                                            in summary["cluster"]["summary"].items()}, counts)
         for actor in actors[:3]:
             got = [(a.actor_id, a.state) for a in state.list_actors(
                 filters=[("class_name", "=", actor.class_name)], limit=10**6)]
