@@ -426,6 +426,58 @@ def test_train_seed_stays_fixed(seed, faults, bug):
     assert result.ok, f"{bug}: {result.report()}"
 
 
+# train-checkpoints-kept: the train workload draws its CheckpointConfig
+# (num_to_keep None/1/2/3, a "score" attribute max or min, or none) and
+# reports a distinct score per step in mixed order; some runs fail on purpose
+# once and restore. Default faults.
+
+
+def test_a_prune_that_deletes_the_latest_checkpoint_is_caught_within_6_seeds(monkeypatch):
+    # Seed 5 (num_to_keep=1, max): the latest is not the best, so it goes,
+    # and Result.checkpoint (a restart's restore point) names a deleted directory.
+    import shutil
+
+    from tray.train import _storage
+
+    def prune(self):
+        keep = self.config.num_to_keep
+        if keep is None or len(self.kept) <= keep:
+            return
+        for record in sorted(self.kept, key=self._score)[:len(self.kept) - keep]:
+            self.kept.remove(record)
+            shutil.rmtree(record.path, ignore_errors=True)
+
+    monkeypatch.setattr(_storage.RunStorage, "_prune", prune)
+    first_failure(range(6), "train", "default", "train-checkpoints-kept")
+
+
+def test_a_score_order_taken_as_max_is_caught_within_3_seeds(monkeypatch):
+    # checkpoint_score_order="min" ranked as "max": seeds 1 and 2 rank (and
+    # seed 2 prunes) the wrong way round.
+    from tray.train import _storage
+
+    original = _storage.RunStorage._score
+
+    def as_max(self, record):
+        order, self.config.checkpoint_score_order = self.config.checkpoint_score_order, "max"
+        try:
+            return original(self, record)
+        finally:
+            self.config.checkpoint_score_order = order
+
+    monkeypatch.setattr(_storage.RunStorage, "_score", as_max)
+    first_failure(range(3), "train", "default", "train-checkpoints-kept")
+
+
+def test_best_checkpoints_in_report_order_are_caught_within_2_seeds(monkeypatch):
+    # Result.best_checkpoints is worst to best by score, not oldest to newest.
+    from tray.train import _storage
+
+    monkeypatch.setattr(_storage.RunStorage, "best_checkpoints",
+                        lambda self: [(r.checkpoint, dict(r.metrics)) for r in self.kept])
+    first_failure(range(2), "train", "default", "train-checkpoints-kept")
+
+
 def _unit_controller(tmp_path, scheduler):
     from tray import tune
     from tray.tune._controller import ExperimentSpec, TuneController
