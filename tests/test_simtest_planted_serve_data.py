@@ -323,3 +323,38 @@ def test_a_restarted_controller_replacing_its_replicas_is_caught(monkeypatch):
 
     monkeypatch.setattr(DeploymentStateManager, "reattach", replaces)
     first_failure(range(SEEDS["reattach"]), "serve", "none", "serve-replicas-recover")
+
+
+# ============================================ Serve's back-pressure, planted
+
+# Seeds 0-1 draw no back-pressure phase; seed 2 runs it (1 replica,
+# max_ongoing_requests=1, max_queued_requests=3, a burst of 5).
+BACKPRESSURE_SEEDS = range(0, 3)
+
+
+def test_a_queue_limit_one_request_late_is_caught(monkeypatch):
+    # A fresh red team's miss: the router counts one queued request too few,
+    # so one request past max_queued_requests waits instead of failing.
+    from tray.serve._handle import Router
+
+    original = Router._queued
+    monkeypatch.setattr(Router, "_queued", lambda self: max(0, original(self) - 1))
+    result = first_failure(BACKPRESSURE_SEEDS, "serve", "none", "serve-backpressure-as-limited")
+    assert "the model refuses it" in result.message
+
+
+def test_a_queue_limit_one_request_early_is_caught(monkeypatch):
+    # The other way: the router counts a request that is about to queue
+    # before it queues, and refuses one that max_queued_requests admits.
+    from tray.serve._handle import Router
+
+    original = Router._queued
+
+    def one_more(self):
+        queued = original(self)
+        full = all(self._load(r) >= r.max_ongoing_requests for r in self.replicas)
+        return queued + 1 if full else queued
+
+    monkeypatch.setattr(Router, "_queued", one_more)
+    result = first_failure(BACKPRESSURE_SEEDS, "serve", "none", "serve-backpressure-as-limited")
+    assert "the model serves it" in result.message

@@ -472,3 +472,140 @@ def fixed_recovery(program, handle, app: str, deployment: str, size: int) -> Non
         if sim.kill_actor_worker(controller):  # it restarts (max_restarts=-1)
             _replicas_settle(program, app, deployment, size, "the controller restarted",
                              same=tuple(before))
+
+
+# ====================================================== back-pressure
+
+QUEUED_APP = "serve-simtest-queued"
+BACKPRESSURE = "serve-backpressure-as-limited"
+QUEUED_P = 0.5  # the seeds that run the back-pressure phase (a draw of its own)
+QUEUED_SLEEP_S = 2.0  # each request of the burst runs this long: none ends during the burst
+
+
+def backpressure_model(replicas: int, max_ongoing: int, max_queued: int, burst: int) -> list:
+    """Which of a burst of long requests, sent from one handle in this order
+    while none of them ends, are refused with ``BackPressureError`` (True)
+    and which are served (False). Ray Serve: each replica runs at most
+    ``max_ongoing_requests`` at once, and a caller (a handle's router) keeps
+    at most ``max_queued_requests`` waiting for a slot (-1: no limit); a
+    request that would queue past it fails at once. So the first
+    ``replicas * max_ongoing + max_queued`` are served, the rest refused.
+    Exact in Ray too where the router knows the replicas' loads: here it
+    counts its own requests in flight (the only caller), and Ray's counts
+    come from the replicas themselves (a replica at capacity rejects), the
+    same numbers while nothing ends. Not exact in Ray, nor modelled: the
+    order in which the queued requests get a slot once one frees (Ray's
+    router queue is FIFO but for locality and multiplexing; tray's replica
+    queue), and when the refusal shows (tray raises it from ``.remote()``
+    in synchronous code, Ray from ``.result()``: either is taken)."""
+    accepted = burst if max_queued == -1 else min(burst, replicas * max_ongoing + max_queued)
+    return [i >= accepted for i in range(burst)]
+
+
+def backpressure_phase(program, recorder, deployment, rng) -> None:
+    """A deployment of a fixed size with small ``max_ongoing_requests`` and
+    ``max_queued_requests``; a burst of long requests from one handle past
+    both: exactly the model's are refused (the last ones, at once, never
+    run), every other one is served exactly once, no replica runs more than
+    its limit. Exact when the replicas stayed the same and nothing failed
+    (the seeds' faults come early; a replica lost or replaced changes the
+    capacity): otherwise only a limited deployment may refuse, and only a
+    fault may fail a request."""
+    import tray
+    import tray.simtest
+    from tray import serve
+    from tray.serve import _api
+    from tray.serve.exceptions import BackPressureError
+
+    from . import workloads_serve as ledgers
+    from .invariants import InvariantViolation, _is_fault_error
+
+    size, ongoing = rng.randint(1, 2), rng.randint(1, 2)
+    limit = -1 if rng.random() < 0.2 else rng.randint(1, 3)
+    burst = size * ongoing + max(0, limit) + rng.randint(1, 3)
+    handle = serve.run(deployment.options(
+        num_replicas=size, max_ongoing_requests=ongoing, max_queued_requests=limit,
+        user_config={"tag": "q"}).bind("q1"), name=QUEUED_APP, route_prefix=None)
+    recorder.raise_first()
+
+    def running() -> list:
+        return sorted(r[0] for r in _api._list_replicas(QUEUED_APP, "Fixed")
+                      if r[2] == "RUNNING")
+
+    clock = tray.simtest.cluster().clock
+    before = running()
+    start = clock.current_time()
+    sent = []  # (request id, response or None, its error at .remote(), when)
+    for i in range(burst):
+        try:
+            sent.append((f"q-{i}", handle.remote(f"q-{i}", QUEUED_SLEEP_S), None, 0.0))
+        except Exception as error:  # noqa: BLE001 - judged below
+            sent.append((f"q-{i}", None, error, clock.current_time() - start))
+    sending_s = clock.current_time() - start
+    refused = backpressure_model(size, ongoing, limit, burst)
+    outcomes = {}
+    # Those the model refuses first: a refusal comes before any slot frees.
+    for i in sorted(range(burst), key=lambda i: not refused[i]):
+        rid, response, error, at = sent[i]
+        if response is not None:
+            try:
+                outcomes[i] = ("ok", response.result(timeout_s=120.0), 0.0)
+            except Exception as failed:  # noqa: BLE001 - judged below
+                outcomes[i] = ("error", failed, clock.current_time() - start)
+        else:
+            outcomes[i] = ("error", error, at)
+    del sent
+    after = running()
+    served_on = {ledgers.RAN_ON.get(f"q-{i}") for i, (kind, _v, _at) in outcomes.items()
+                 if kind == "ok"}
+    faulted = any(kind == "error" and not isinstance(value, BackPressureError)
+                  for kind, value, _at in outcomes.values())
+    exact = before == after and len(before) == size and served_on <= set(before) and \
+        sending_s < QUEUED_SLEEP_S and not faulted
+    setup = (f"{size} replica(s), max_ongoing_requests={ongoing}, max_queued_requests={limit},"
+             f" a burst of {burst} requests of {QUEUED_SLEEP_S:g} s from one handle")
+    got = "".join("x" if k == "error" and isinstance(v, BackPressureError) else
+                  "!" if k == "error" else "." for _i, (k, v, _a) in sorted(outcomes.items()))
+    model = "".join("x" if r else "." for r in refused)
+    for i, (kind, value, at) in sorted(outcomes.items()):
+        rid = f"q-{i}"
+        runs = ledgers.EXECUTIONS.get(rid, 0)
+        if kind == "error" and isinstance(value, BackPressureError):
+            problem = None
+            if limit == -1:
+                problem = "refused with no max_queued_requests"
+            elif exact and not refused[i]:
+                problem = "refused, the model serves it"
+            elif exact and at >= QUEUED_SLEEP_S:
+                problem = f"refused only {at:g} s after the burst began, not at once"
+            elif runs:
+                problem = f"refused, yet it ran {runs} time(s)"
+            if problem:
+                raise InvariantViolation(BACKPRESSURE, f"{setup}: request {rid} {problem} "
+                                         f"(served . refused x failed !: got {got}, the "
+                                         f"model {model})")
+        elif kind == "error":
+            if not (program.kills and _is_fault_error(value)):
+                raise InvariantViolation("serve-request-fails-only-by-fault",
+                                         f"{setup}: request {rid} failed with "
+                                         f"{type(value).__name__}: {str(value)[:600]}")
+        else:
+            if value != (rid, "q1", "q"):
+                raise InvariantViolation("serve-response-is-the-model's",
+                                         f"{setup}: request {rid} got {value!r}")
+            if exact and refused[i]:
+                raise InvariantViolation(BACKPRESSURE, f"{setup}: request {rid} was served, "
+                                         f"the model refuses it (served . refused x failed "
+                                         f"!: got {got}, the model {model})")
+            if runs != 1:
+                raise InvariantViolation("serve-request-runs-at-most-once",
+                                         f"{setup}: request {rid} got a value and ran {runs} "
+                                         f"times")
+    for replica in sorted(served_on):
+        most = ledgers.MOST_ONGOING.get(replica, 0)
+        if most > ongoing:
+            raise InvariantViolation("serve-replica-runs-at-most-max_ongoing_requests",
+                                     f"{setup}: replica {replica} ran {most} requests at "
+                                     f"once")
+    del handle
+    serve.delete(QUEUED_APP)

@@ -36,7 +36,13 @@ Reference model and invariants:
   deployment, a replica made to fail its health checks is replaced (a new
   one, as many as the target, ``HEALTHY`` again), and a controller killed
   meanwhile re-attaches the replicas it had (the same ones, without killing
-  faults), none of them ``RUNNING`` by the controller yet dead by the GCS.
+  faults), none of them ``RUNNING`` by the controller yet dead by the GCS;
+* **back-pressure as limited** (``serve-backpressure-as-limited``): half
+  the seeds (a draw of their own) send a burst of long requests from one
+  handle to a fixed deployment with small ``max_ongoing_requests`` and
+  ``max_queued_requests``: the requests past replicas x ongoing + queued,
+  and only those, fail at once with ``BackPressureError`` and never run;
+  the others are served once (``model_serve.backpressure_model``).
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import math
+import random
 import time
 
 import tray
@@ -418,13 +425,17 @@ def serve_stream(program) -> None:
         ledger.clear()
     from tray.backends.sim.engine import SimulationTimeLimit
 
-    with model_serve.RolloutRecorder(apps=(APP, FIXED_APP, BROKEN_APP),
+    with model_serve.RolloutRecorder(apps=(APP, FIXED_APP, BROKEN_APP, model_serve.QUEUED_APP),
                          failing={(BROKEN_APP, "Broken")}) as recorder:
         try:
             location = model_serve.start_http(program)
             _stream(program, recorder)
             if program.rng.random() < 0.6:
                 _fixed_phase(program, recorder)
+            # (Its draws of their own: the others stay what they were.)
+            queued = random.Random(f"{tray.simtest.cluster().seed}:serve-backpressure")
+            if queued.random() < model_serve.QUEUED_P:
+                model_serve.backpressure_phase(program, recorder, Fixed, queued)
             if program.rng.random() < 0.25:
                 _broken_phase(recorder)
             if location is not None:
