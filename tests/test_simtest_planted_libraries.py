@@ -177,6 +177,37 @@ def test_autoscaler_seed_stays_fixed(seed, faults, bug):
     assert result.ok, f"{bug}: {result.report()}"
 
 
+def test_a_node_reporting_work_queued_in_a_group_as_demand_is_caught_within_4_seeds(
+        monkeypatch):
+    # A node's demand report counts the lease requests waiting for a placed
+    # group's busy bundles: the autoscaler launches nodes that can never run
+    # them (they must run in the group's bundles). The policy's own model
+    # sees nothing wrong (it trusts the load); the check against the
+    # cluster's ground truth does (autoscaler-launches-only-for-real-demand).
+    import dataclasses
+
+    from tray.core.node import demand_reporter
+    from tray.core.node.lease_manager import shape_key
+    from tray.core.scheduling import PlacementGroupStrategy
+
+    demand = demand_reporter.DemandReporter.demand
+
+    def counts_group_waiters(self):
+        found = demand(self)
+        counts = dict(found.shapes)
+        for waiter in self._leases.waiting:
+            if isinstance(waiter.request.strategy, PlacementGroupStrategy):
+                key = shape_key(waiter.request.resources)
+                counts[key] = counts.get(key, 0) + 1
+        return dataclasses.replace(found, shapes=tuple(
+            sorted(counts.items(), key=lambda item: (-item[1], item[0]))))
+
+    monkeypatch.setattr(demand_reporter.DemandReporter, "demand", counts_group_waiters)
+    result = first_failure(range(4), "autoscaler", "none",
+                           "autoscaler-launches-only-for-real-demand")
+    assert "really waited" in result.message
+
+
 # ------------------------------------------------------------------------ tune
 # The tune workload's seeds 0..39 draw (scheduler, grid, max_concurrent_trials):
 # median 0, 16 (hard stop), 1, 7 (pausing); ASHA 2, 3 (grid), 20, 23 and 31 (one trial at

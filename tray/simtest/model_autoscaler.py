@@ -22,6 +22,17 @@ type, which bin) never reads as a bug:
   type that fits none of it, nor a GPU type for demand that needs no GPU
   while a GPU-free type that fits it could be launched (Ray's GPU
   avoidance), nor anything at all when every unit is infeasible.
+* ``autoscaler-launches-only-for-real-demand``: the same bound held
+  against the cluster's ground truth rather than what tray reported
+  (``DemandTruth``): no round launches more nodes (beyond
+  ``min_workers``) than the distinct units of feasible demand that really
+  waited in the window the round's load may reflect, nor a type that fits
+  none of them. A unit is a lease request queued at a live node (not one
+  for a placement group's bundle: the group already holds its resources),
+  an owner's task waiting for a lease with no request queued for it (an
+  infeasible one retrying), a pending actor (not in a group), a bundle of
+  a pending group, or a ``request_resources`` bundle. Work queued inside a
+  placed group's bundles is never demand for a new node (Ray).
 * ``autoscaler-reports-infeasible``: a shape no node type can hold is in
   the round's status as infeasible.
 * ``autoscaler-terminates-idle-nodes``: a node idle (no lease, no bundle,
@@ -75,6 +86,11 @@ class PolicyModel:
         self.infeasible_reported: set = set()  # shapes a round's status named infeasible
         self.infeasible_seen: set = set()  # infeasible shapes some round's load held
         self._now = 0.0
+        # The ground truth (a DemandTruth), and when the round being checked
+        # read its load (the workload sets both; without them the check
+        # against the truth is skipped).
+        self.truth = None
+        self.load_read_at: float | None = None
 
     def _violate(self, invariant: str, message: str) -> None:
         if len(self.violations) < 20:
@@ -178,6 +194,8 @@ class PolicyModel:
                           f"launched {dict(launched)} ({sum(for_demand.values())} beyond "
                           f"min_workers) for {unit_count} unit(s) of feasible demand "
                           f"{[(_shape(s), c) for s, c in wanted]}")
+        if for_demand and self.truth is not None:
+            self._check_real_demand(for_demand, types, launched, units)
         needs_gpu = any(shape.get("GPU", 0.0) > EPS for shape, _ in wanted)
         for name in sorted(for_demand):
             node_type = config.node_types.get(name)
@@ -257,6 +275,31 @@ class PolicyModel:
         self._check_scale_down(load, gcs, live, booting, unregistered, objects_held, now,
                                decisions)
 
+    def _check_real_demand(self, for_demand: dict, types: list, launched,
+                           load_units: list) -> None:
+        """Launches beyond ``min_workers`` against the demand that really
+        waited since the oldest moment the round's load may reflect."""
+        read_at = self._now if self.load_read_at is None else self.load_read_at
+        since = read_at - self.truth.window_s
+        units = [shape for shape in self.truth.units_since(since)
+                 if any(_fits(shape, t.resources) for t in types)]
+        count = sum(for_demand.values())
+        window = f"since t={since:.3f} (the load was read at t={read_at:.3f})"
+        if count > len(units):
+            self._violate("autoscaler-launches-only-for-real-demand",
+                          f"launched {dict(launched)} ({count} beyond min_workers) while "
+                          f"{len(units)} unit(s) of feasible demand really waited {window}: "
+                          f"{_shapes_counted(units)}; the round's load held "
+                          f"{[(_shape(shape), c) for shape, c in load_units]}")
+            return
+        for name in sorted(for_demand):
+            node_type = self.config.node_types.get(name)
+            if node_type is not None and not any(_fits(s, node_type.resources) for s in units):
+                self._violate("autoscaler-launches-only-for-real-demand",
+                              f"launched {for_demand[name]} {name} node(s), a type that fits "
+                              f"none of the demand that really waited {window}: "
+                              f"{_shapes_counted(units)}")
+
     def _check_scale_down(self, load, gcs, live, booting, unregistered, objects_held,
                           now, decisions) -> None:
         config = self.config
@@ -306,6 +349,119 @@ class PolicyModel:
 
     def first_violation(self):
         return self.violations[0] if self.violations else None
+
+
+def _shapes_counted(shapes: list) -> list:
+    return sorted(collections.Counter(_shape(shape) for shape in shapes).items())
+
+
+class DemandTruth:
+    """The demand that really waits in the cluster, read from the
+    components' state, never from what they report: each unit with the
+    last virtual time it was seen waiting.
+
+    Units (by identity, so that a unit seen twice counts once): a lease
+    request queued at a live node's lease manager, unless it is for a
+    placement group's bundle (the group holds its resources already) — an
+    actor's creation by the actor's id; an owner's task of a class outside
+    any group that waits for a lease with no request of its class waiting at
+    a node for it (its requests were answered infeasible and it retries, or
+    a request is on its way); an actor the GCS has pending or restarting
+    (not in a group); each bundle of a pending or rescheduling group not
+    placed yet; each ``request_resources`` bundle.
+
+    A round's load may be older than its reading: a node re-sends an
+    unchanged report only every ``DEMAND_REFRESH_PERIODS`` heartbeats (a
+    lost update stands until then), an infeasible request counts for two
+    retry periods after it was made, and a report goes at a heartbeat:
+    ``window_s`` covers all of it. Sampled after every step the simulator
+    validates (and at each round), reading only."""
+
+    def __init__(self, cluster) -> None:
+        from tray.core.node.demand_reporter import DEMAND_REFRESH_PERIODS
+
+        config = cluster.config
+        self.cluster = cluster
+        self.window_s = 2 * config.infeasible_retry_period_s + \
+            (DEMAND_REFRESH_PERIODS + 2) * config.heartbeat_period_s + 1.0
+        self.seen: dict = {}  # unit key -> (shape, last seen waiting, the waiter or None)
+        self.samples = 0
+        self._previous = None
+        self._pruned_at = 0.0
+
+    def install(self) -> None:
+        cluster = self.cluster
+        previous = cluster.validate_components
+        self._previous = previous
+
+        def validate_components(changed_only: bool = False) -> None:
+            previous(changed_only)
+            self.sample(cluster.clock._now_s)
+
+        self._installed = validate_components
+        cluster.validate_components = validate_components
+
+    def uninstall(self) -> None:
+        if self._previous is not None and \
+                self.cluster.__dict__.get("validate_components") is self._installed:
+            self.cluster.validate_components = self._previous
+        self._previous = None
+
+    def units_since(self, since: float) -> list:
+        return [shape for shape, last, _ in self.seen.values() if last >= since - EPS]
+
+    def sample(self, now: float) -> None:
+        from tray.core.messages import ActorStatus, PlacementGroupStatus
+        from tray.core.scheduling import PlacementGroupStrategy
+
+        self.samples += 1
+        seen = self.seen
+        gcs = None
+        for address, process in self.cluster.processes.items():
+            if not process.alive or process.component is None:
+                continue
+            component = process.component
+            if address == self.cluster.gcs_address:
+                gcs = component
+            waiting = getattr(getattr(component, "leases", None), "waiting", None)
+            if waiting is not None and address.endswith("/raylet"):
+                for waiter in waiting:
+                    request = waiter.request
+                    if isinstance(request.strategy, PlacementGroupStrategy):
+                        continue
+                    key = ("lease", id(waiter)) if request.for_actor is None else \
+                        ("actor", request.for_actor)
+                    seen[key] = (request.resources, now, waiter)  # (kept: its id stays its)
+            submitter = getattr(component, "normal_submitter", None)
+            if submitter is None:
+                continue
+            for class_key, queue in submitter.queues.items():
+                if not queue.tasks or isinstance(class_key[1], PlacementGroupStrategy):
+                    continue
+                uncovered = len(queue.tasks) - sum(queue.asking.values())
+                for task in list(queue.tasks)[len(queue.tasks) - max(uncovered, 0):]:
+                    seen[("task", address, task.spec.task_id)] = (task.spec.resources, now,
+                                                                   None)
+        if gcs is not None:
+            pending = (ActorStatus.PENDING_CREATION, ActorStatus.RESTARTING)
+            for actor_id, actor in gcs.actor_manager.actors.items():
+                if actor.state in pending and \
+                        not isinstance(actor.spec.strategy, PlacementGroupStrategy):
+                    seen[("actor", actor_id)] = (actor.spec.resources, now, None)
+            for pg_id, group in gcs.placement_groups.groups.items():
+                if group.state in (PlacementGroupStatus.PENDING,
+                                   PlacementGroupStatus.RESCHEDULING):
+                    for index, bundle in enumerate(group.spec.bundles):
+                        if index not in group.bundle_nodes:
+                            seen[("bundle", pg_id, index)] = (dict(bundle), now, None)
+            for index, bundle in enumerate(gcs.demand.requested):
+                seen[("requested", index, tuple(sorted(bundle.items())))] = (
+                    dict(bundle), now, None)
+        if now - self._pruned_at >= self.window_s:
+            self._pruned_at = now
+            for key in [key for key, (_, last, _) in seen.items()
+                        if last < now - 3 * self.window_s]:
+                del seen[key]
 
 
 def period_gaps(rounds: list, period_s: float) -> str | None:

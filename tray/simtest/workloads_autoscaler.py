@@ -116,7 +116,7 @@ def autoscaler_bursts(program) -> None:
     from tray.util.placement_group import placement_group, remove_placement_group
     from tray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-    from .model_autoscaler import PolicyModel
+    from .model_autoscaler import DemandTruth, PolicyModel
 
     rng = program.rng
     # What this workload added later draws from an RNG of its own, so that
@@ -126,6 +126,11 @@ def autoscaler_bursts(program) -> None:
     config = make_config(extra)
     monitor = autoscaler.start(config)
     model = PolicyModel(monitor.config)
+    # The demand that really waits, read from the components (never from
+    # what they report), for autoscaler-launches-only-for-real-demand.
+    truth = DemandTruth(cluster)
+    truth.install()
+    model.truth = truth
     counts_seen: list = []
     rounds: list = []  # (start, end) of each round, virtual time
     original_round = monitor.run_once
@@ -140,6 +145,7 @@ def autoscaler_bursts(program) -> None:
     def checked_update(load, nodes, now, objects_held=None):
         decisions = original_update(load, nodes, now, objects_held)
         try:
+            truth.sample(cluster.clock.current_time())
             model.check_round(load, nodes, now, objects_held, decisions, policy.status)
         except Exception as error:  # noqa: BLE001 - the model's own bug: never the round's
             model.violations.append(("simtest-model-runs", f"the policy's model raised "
@@ -151,6 +157,7 @@ def autoscaler_bursts(program) -> None:
 
     async def checked_round():
         started = cluster.clock.current_time()
+        model.load_read_at = started  # (the round reads the load first)
         try:
             decisions = await original_round()
         finally:
@@ -278,6 +285,9 @@ def autoscaler_bursts(program) -> None:
         remove_placement_group(group)
         if requested:
             request_resources(bundles=[])
+        queue_draw = random.Random(f"{cluster.seed}:autoscaler-group-queue")
+        if queue_draw.random() < 0.5:
+            _queue_in_placed_group(program, cluster, monitor, truth, queue_draw)
         done_at = cluster.clock.current_time()
         # Idle timeout + one period, + a heartbeat and a period for the last
         # lease's return to be reported and read.
@@ -285,9 +295,53 @@ def autoscaler_bursts(program) -> None:
         cluster.advance(monitor.config.idle_timeout_s + 2 * period_s
                         + 2 * cluster.config.heartbeat_period_s + 1.0)
         monitor.stop()
+        truth.uninstall()
         _check(monitor, cluster, counts_seen, done_at, idle_since)
         _check_model(model, rounds, period_s, requested)
     program.later(scale_down)
+
+
+def _queue_in_placed_group(program, cluster, monitor, truth, draw) -> None:
+    """A placed group whose two bundles are busy, with more of its tasks
+    queued for them, while nothing else waits: the queue is no demand for a
+    new node (the group holds its resources; Ray), so no round may launch
+    for it (autoscaler-launches-only-for-real-demand). The idle nodes go
+    first, leaving the queue little free room to be packed into. The
+    group's bundles stop counting as demand a window after it is placed;
+    only then do its tasks come."""
+    from tray.util.placement_group import placement_group, remove_placement_group
+    from tray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    config = monitor.config
+    cluster.advance(config.idle_timeout_s + 2 * config.autoscaler_period_s +
+                    2 * cluster.config.heartbeat_period_s + 1.0)
+    strategy = draw.choice(["PACK", "SPREAD", "STRICT_PACK"])
+    group = placement_group([{"CPU": 1, "scaled": 1}] * 2, strategy=strategy)
+    if not group.wait(timeout_seconds=WORK_TIMEOUT_S):
+        raise _violation("no-hang", f"a {strategy} group of two bundles was not placed "
+                         f"within {WORK_TIMEOUT_S} s; autoscaler status: {monitor.status}")
+    cluster.advance(truth.window_s + config.autoscaler_period_s)
+    scheduling = PlacementGroupSchedulingStrategy(group)
+    refs = []
+    for i in range(2 + draw.randint(3, 8)):
+        value = draw.randint(0, 1000)
+        ref = _scaled_double.options(max_retries=-1, scheduling_strategy=scheduling).remote(
+            value, 2.0)
+        program.expect(ref, 2 * value, label=f"queued {strategy} group task {i}",
+                       unlimited=True)
+        refs.append(ref)
+    ready, _ = tray.wait(refs, num_returns=len(refs), timeout=WORK_TIMEOUT_S,
+                         fetch_local=False)
+    if len(ready) < len(refs):
+        raise _violation("no-hang", f"{len(refs) - len(ready)} of {len(refs)} tasks queued "
+                         f"in a placed {strategy} group did not finish within "
+                         f"{WORK_TIMEOUT_S} s; autoscaler status: {monitor.status}")
+    for ref in refs:  # a copy at the driver before the group goes (see scale_down)
+        try:
+            tray.get(ref, timeout=WORK_TIMEOUT_S)
+        except Exception:  # noqa: BLE001 - judged by the runner's read
+            pass
+    remove_placement_group(group)
 
 
 def _check(monitor, cluster, counts_seen: list, done_at: float, idle_since: dict) -> None:
