@@ -502,7 +502,7 @@ def backpressure_model(replicas: int, max_ongoing: int, max_queued: int, burst: 
     return [i >= accepted for i in range(burst)]
 
 
-def backpressure_phase(program, recorder, deployment, rng) -> None:
+def backpressure_phase(program, recorder, deployment, rng, ledgers) -> None:
     """A deployment of a fixed size with small ``max_ongoing_requests`` and
     ``max_queued_requests``; a burst of long requests from one handle past
     both: exactly the model's are refused (the last ones, at once, never
@@ -510,14 +510,14 @@ def backpressure_phase(program, recorder, deployment, rng) -> None:
     its limit. Exact when the replicas stayed the same and nothing failed
     (the seeds' faults come early; a replica lost or replaced changes the
     capacity): otherwise only a limited deployment may refuse, and only a
-    fault may fail a request."""
+    fault may fail a request. ``ledgers``: the workload's records of the
+    replicas' runs (``RAN_ON``, ``EXECUTIONS``, ``MOST_ONGOING``)."""
     import tray
     import tray.simtest
     from tray import serve
     from tray.serve import _api
     from tray.serve.exceptions import BackPressureError
 
-    from . import workloads_serve as ledgers
     from .invariants import InvariantViolation, _is_fault_error
 
     size, ongoing = rng.randint(1, 2), rng.randint(1, 2)

@@ -51,6 +51,7 @@ import asyncio
 import collections
 import math
 import random
+import sys
 import time
 
 import tray
@@ -435,7 +436,8 @@ def serve_stream(program) -> None:
             # (Its draws of their own: the others stay what they were.)
             queued = random.Random(f"{tray.simtest.cluster().seed}:serve-backpressure")
             if queued.random() < model_serve.QUEUED_P:
-                model_serve.backpressure_phase(program, recorder, Fixed, queued)
+                model_serve.backpressure_phase(program, recorder, Fixed, queued,
+                                               sys.modules[__name__])
             if program.rng.random() < 0.25:
                 _broken_phase(recorder)
             if location is not None:
