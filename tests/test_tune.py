@@ -621,6 +621,29 @@ def test_checkpoint_directories(tmp_path):
         tune.Checkpoint.from_directory(tmp_path / "missing")
 
 
+def reports_then_fails(config):
+    """Reports its score once, then raises; a retry raises at once."""
+    marker = os.path.join(config["marker_dir"], tune.get_context().get_trial_id())
+    if not os.path.exists(marker):
+        open(marker, "w").close()
+        tune.report({"score": config["score"]})
+    raise RuntimeError("planned failure")
+
+
+def test_a_retried_trial_drops_its_lost_attempts_metrics_with_its_results(sim, tmp_path):
+    # Tune default seed 291: a trial's attempt reported a score and died; the
+    # retry, from scratch, dropped that line from result.json but the trial
+    # kept the score as its metrics, so get_best_result() chose a trial whose
+    # stored history held no such result.
+    grid = run(reports_then_fails, tmp_path, param_space={
+        "score": tune.grid_search([5.0, 1.0]), "marker_dir": str(tmp_path)},
+        failure_config=tune.FailureConfig(max_failures=1), metric="score", mode="max")
+    assert [r.status for r in grid] == ["ERROR", "ERROR"]
+    for result in grid:
+        assert result.metrics_dataframe is None or result.metrics_dataframe.empty
+        assert "score" not in result.metrics
+
+
 def test_restore_resumes_or_restarts_errored_trials(sim, tmp_path):
     space = {"x": 1.0, "steps": 4, "fail_at": 3, "marker_dir": str(tmp_path)}
     grid = run(checkpointed, tmp_path, name="err", param_space=space)

@@ -326,7 +326,9 @@ def tune_experiment(program) -> None:
                 checkpoint_config=tune.CheckpointConfig(
                     num_to_keep=2, checkpoint_score_attribute=score_attribute,
                     checkpoint_frequency=frequency, checkpoint_at_end=at_end)))
+        controllers = _controllers()
         results = tuner.fit()
+        replaced = len(_controllers() - controllers) > 1  # (a controller restarted)
         setting = (f"{kind} scheduler, {num_samples} sample(s){' x grid' if grid else ''}, "
                    f"max_t {max_t}, max_concurrent_trials {max_concurrent}, max_failures "
                    f"{max_failures}, fails {sorted(set(fails))}, "
@@ -341,7 +343,7 @@ def tune_experiment(program) -> None:
                    kind, threshold, set(model.rungs) if kind == "asha" else ())
             added = _check_decisions(results, os.path.join(storage, "exp"), model, max_t,
                                      max_concurrent, searcher_limit, max_failures,
-                                     class_mode, threshold)
+                                     class_mode, threshold, replaced)
             _check_search_space(results, added, num_samples, widths if grid else None)
             if kind != "pbt":
                 _check_checkpoints(results, 2, score_attribute)
@@ -533,7 +535,7 @@ def _check_search_space(grid, added: dict, num_samples: int, widths: list | None
 def _check_decisions(grid, experiment_path: str, model, max_t: int,
                      max_concurrent: int | None, searcher_limit: int | None,
                      max_failures: int, class_mode: bool = False,
-                     threshold: float | None = None) -> dict:
+                     threshold: float | None = None, replaced: bool = False) -> dict:
     import pickle
 
     import cloudpickle  # noqa: F401 - the snapshot may hold cloudpickled code
@@ -577,14 +579,30 @@ def _check_decisions(grid, experiment_path: str, model, max_t: int,
                              f"{result.status} after {trial.num_failures} failure(s); "
                              f"max_failures is {max_failures}")
         fail_at = added[result.trial_id].get("fail_at", 2)
-        if fail == "once" and trial.num_failures < 1 and _ran_into_its_failure(
-                log, result.trial_id, fail_at):
+        # (A failure reported to a controller that died before it saved it is
+        # not counted: the next one resumes from the snapshot, and the trial
+        # runs again as any running trial does. Tune chaos seed 201.)
+        if fail == "once" and trial.num_failures < 1 and not replaced and \
+                _ran_into_its_failure(log, result.trial_id, fail_at):
             raise _violation("tune-failures-counted",
                              f"trial {result.trial_id} failed at iteration 2 of its first "
                              f"run (told to continue at iteration 1, it ran again later), "
                              f"and counts {trial.num_failures} failures")
     _check_searcher(state.search, grid, log, searcher_limit)
     return added
+
+
+def _controllers() -> set:
+    """The ids of every Tune controller actor the GCS knows of."""
+    import tray.simtest
+
+    cluster = tray.simtest.cluster()
+    process = cluster.processes.get(cluster.gcs_address)
+    gcs = None if process is None else process.component
+    if gcs is None:  # (restarting: its tables come back from storage)
+        return set()
+    return {actor_id for actor_id, record in gcs.actor_manager.actors.items()
+            if record.spec.class_name == "TuneController"}
 
 
 def _ran_into_its_failure(log: list, trial_id: str, fail_at: int = 2) -> bool:

@@ -433,9 +433,10 @@ class TuneController:
         trial.attempt += 1
         trial.runner_id = runner_id
         trial.stop_requested = None
-        truncate = trial.truncate_history
-        trial.truncate_history = True
+        truncate, trial.truncate_history = trial.truncate_history, True
         restore = trial.restore_from
+        if truncate:  # (its results past the restore point are dropped from storage too)
+            trial.last_result = dict(restore.metrics) if restore is not None else {}
         self._dirty = True
         config = self.spec.checkpoint_config
         done_so_far = {"training_iteration": restore.training_iteration if restore else 0}
