@@ -33,6 +33,14 @@ from tray.simtest import runner
     # controller's death: the restored controller counted 0 failures for a
     # trial that had failed. A failure is now saved at once as well.
     (20, "chaos"),
+    # A failure reported to a controller that died before it saved it was
+    # not counted (the restored controller resumed the trial as any running
+    # one): the check now excuses it when a controller was replaced.
+    (201, "default"),
+    # An attempt that reported a score and died left that score as the
+    # trial's metrics while its retry dropped the line from result.json:
+    # get_best_result() chose a trial whose stored history had no such result.
+    (291, "default"),
 ])
 def test_tune_seed(seed, faults):
     result = runner.run_seed(seed, "tune", faults)
