@@ -223,6 +223,11 @@ FOUND = [
     # state-queries-agree: a task row whose info was lost with a GCS restart
     # was listed as a NORMAL_TASK, yet a filter for that type found nothing.
     ("state-filter-of-a-row-without-its-info", 53, "state", "chaos"),
+    # detached-actor-outlives-its-creator (the checker's): a detached actor
+    # restarted after a fault killed its creator's worker, which owned its
+    # constructor's argument (through the store: a BUGGIFY knob), and died
+    # for want of it, as in Ray.
+    ("detached-actor-whose-argument-died-with-its-creator", 485, "named", "default"),
 ]
 
 

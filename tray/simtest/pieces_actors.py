@@ -383,6 +383,8 @@ def created_by_an_actor(program) -> None:
             detached = tray.get_actor(detached_name)
         except ValueError as error:
             record = _gcs_actor_by_name(detached_name)
+            if program.kills and _arguments_lost(record):
+                return  # (a restart needs its constructor's arguments, as in Ray)
             raise InvariantViolation(DETACHED, f"the detached actor {detached_name} was not "
                                      f"found by name after its creator ended: {error}"
                                      + (f"; the GCS: {record.state.value}, "
@@ -392,6 +394,22 @@ def created_by_an_actor(program) -> None:
                        unlimited=True, label=f"detached actor {detached_name}, its creator "
                        "ended")
     program.later(end_the_creator)
+
+
+def _arguments_lost(record) -> bool:
+    """Did the actor die because its constructor's argument was lost with
+    its owner (a worker a fault killed; named default seed 485: an argument
+    through the store, a BUGGIFY knob, owned by the creator's worker)?"""
+    from tray.core.serialization import deserialize
+
+    cause = None if record is None else record.death_cause
+    if cause is None or cause.error is None or record.state.value != "DEAD":
+        return False
+    try:
+        error = deserialize(cause.error)
+    except Exception:  # noqa: BLE001 - not an error we can read: not excused
+        return False
+    return isinstance(error, (exceptions.OwnerDiedError, exceptions.ObjectLostError))
 
 
 def _gcs_actor_by_name(name: str):
