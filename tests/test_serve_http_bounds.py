@@ -12,6 +12,7 @@ import socket
 import time
 
 import pytest
+from test_dashboard_guard import _closed_within  # (tests/ is on sys.path)
 
 import tray
 from tray import serve
@@ -44,23 +45,6 @@ def proxy():
         tray.shutdown()
 
 
-def _answer(sock: socket.socket, timeout_s: float) -> bytes | None:
-    """What the server sent until it closed the connection, or None if it
-    was still open after ``timeout_s``."""
-    sock.settimeout(timeout_s)
-    received = b""
-    try:
-        while True:
-            chunk = sock.recv(65536)
-            if not chunk:
-                return received
-            received += chunk
-    except TimeoutError:
-        return None
-    except ConnectionResetError:
-        return received
-
-
 def _send(port: int, raw: bytes) -> socket.socket:
     sock = socket.create_connection(("127.0.0.1", port), timeout=10)
     sock.sendall(raw)
@@ -76,21 +60,21 @@ def test_the_proxy_refuses_oversized_ambiguous_and_half_sent_requests(proxy):
     started = time.monotonic()
     with _send(port, b"POST /size HTTP/1.1\r\nHost: 127.0.0.1\r\n"
                      b"Content-Length: 209715200\r\n\r\n") as sock:
-        answer = _answer(sock, 10)
+        answer = _closed_within(sock, 10)
     assert answer is not None and answer.startswith(b"HTTP/1.1 413"), answer
     assert time.monotonic() - started < 5
 
     # Content-Length and Transfer-Encoding both: refused, never passed on.
     with _send(port, b"POST /size HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 4\r\n"
                      b"Transfer-Encoding: chunked\r\n\r\n4\r\nabcd\r\n0\r\n\r\n") as sock:
-        answer = _answer(sock, 10)
+        answer = _closed_within(sock, 10)
     assert answer is not None and answer.startswith(b"HTTP/1.1 400"), answer
 
     # Headers that never end: 408 and closed within the bound; others served meanwhile.
     started = time.monotonic()
     with _send(port, b"GET /size HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ") as held:
         assert httpx.post(url, content=b"abc", timeout=30).text == "3"
-        answer = _answer(held, HEADER_TIMEOUT_S + 10)
+        answer = _closed_within(held, HEADER_TIMEOUT_S + 10)
     assert answer is not None, "the half-sent request was held past its bound"
     assert answer.startswith(b"HTTP/1.1 408"), answer
     assert time.monotonic() - started < HEADER_TIMEOUT_S + 10
