@@ -322,3 +322,27 @@ def test_a_handle_kept_only_for_lineage_lets_its_actor_end():
         del result
     finally:
         tray.shutdown()
+
+
+
+def test_cluster_resources_counting_dead_nodes_is_caught_within_5_seeds(monkeypatch):
+    # resources-view-at-quiescence: the public API's view of the cluster's
+    # resources (cluster_resources, available_resources) against the alive
+    # node managers' own totals once nothing is held. Planted: the dead
+    # nodes a node crash left in the GCS's table are counted.
+    from planting import first_failure
+
+    from tray.api import cluster_info
+
+    def every_node() -> dict:
+        total: dict = {}
+        for node in cluster_info.nodes():
+            for name, amount in node["Resources"].items():
+                total[name] = total.get(name, 0.0) + amount
+        return total
+
+    import tray
+
+    monkeypatch.setattr(cluster_info, "cluster_resources", every_node)
+    monkeypatch.setattr(tray, "cluster_resources", every_node)
+    first_failure(range(5), "restarts", "node_crash", "resources-view-at-quiescence")

@@ -109,3 +109,29 @@ def leaks(cluster) -> list[str]:
             found.append(f"node {index}'s object store still holds {len(left)} object(s) "
                          f"({', '.join(o.hex()[:12] for o in left[:5])})")
     return found
+
+
+def public_resource_view(cluster) -> list[str]:
+    """What the public API says of the cluster's resources at quiescence:
+    ``cluster_resources()`` the alive node managers' totals summed, and
+    ``available_resources()`` all of it (nothing is held); the object
+    store's capacity, which no lease holds, aside."""
+    import tray
+
+    from ..core.node.node_manager import NodeManagerStatistics
+
+    truth: dict = {}
+    for _address, stats in _statistics(cluster):
+        if isinstance(stats, NodeManagerStatistics):
+            for name, amount in stats.leases.total.items():  # (no object_store_memory)
+                truth[name] = truth.get(name, 0.0) + amount
+    total, available = tray.cluster_resources(), tray.available_resources()
+    found = []
+    for what, view in (("cluster_resources()", total), ("available_resources()", available)):
+        wrong = {name: (view.get(name, 0.0), truth.get(name, 0.0))
+                 for name in sorted(set(view) | set(truth)) if name != "object_store_memory"
+                 and abs(view.get(name, 0.0) - truth.get(name, 0.0)) > 1e-6}
+        if wrong:
+            found.append(f"{what} disagrees with the alive nodes' totals at quiescence "
+                         f"(name: (said, true)): {wrong}")
+    return found

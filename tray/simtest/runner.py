@@ -51,7 +51,7 @@ from .checks import (
     check_value,
 )
 from .checks_actors import check_actor_deaths, check_one_incarnation
-from .introspection import leaks, wait_for_graph
+from .introspection import leaks, public_resource_view, wait_for_graph
 from .invariants import InvariantViolation
 from .liveness import LivenessMonitor
 from .model import Program
@@ -167,6 +167,9 @@ def _quiesce(cluster, program: Program) -> None:
     found = leaks(cluster)
     if found:
         raise InvariantViolation("nothing-leaks-at-quiescence", "\n".join(found))
+    found = public_resource_view(cluster)
+    if found:
+        raise InvariantViolation("resources-view-at-quiescence", "\n".join(found))
 
 def _root_cause(error: BaseException) -> str:
     """The first non-Cancelled leaf of an exception (group), for the summary."""
