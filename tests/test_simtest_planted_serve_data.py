@@ -358,3 +358,28 @@ def test_a_queue_limit_one_request_early_is_caught(monkeypatch):
     monkeypatch.setattr(Router, "_queued", one_more)
     result = first_failure(BACKPRESSURE_SEEDS, "serve", "none", "serve-backpressure-as-limited")
     assert "the model serves it" in result.message
+
+
+# serve-batches-as-configured (tray/simtest/serve_requests.py): seeds 1 and 3
+# run the batching phase.
+
+
+def test_batches_one_past_max_batch_size_are_caught_within_2_seeds(monkeypatch):
+    from tray.serve._batching import _BatchQueue
+
+    monkeypatch.setattr(_BatchQueue, "max_batch_size",
+                        property(lambda self: self.settings["max_batch_size"] + 1))
+    first_failure([1, 3], "serve", "none", "serve-batches-as-configured")
+
+
+def test_a_method_name_option_lost_is_caught_within_2_seeds(monkeypatch):
+    from tray.serve._handle import DeploymentHandle
+
+    original = DeploymentHandle.options
+
+    def loses_the_method(self, **options):
+        options.pop("method_name", None)
+        return original(self, **options)
+
+    monkeypatch.setattr(DeploymentHandle, "options", loses_the_method)
+    first_failure([1, 3], "serve", "none", "serve-batches-as-configured")

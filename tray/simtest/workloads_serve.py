@@ -60,7 +60,7 @@ from tray import serve
 # Imported here, not once the seed runs: a module imported mid-run is heap
 # the collector sees in the first run of a process only (the determinism
 # check's rerun differed: chaos seed 10).
-from . import model_serve
+from . import model_serve, serve_requests
 
 APP = "serve-simtest"
 TARGET_ONGOING = 2
@@ -438,6 +438,9 @@ def serve_stream(program) -> None:
             if queued.random() < model_serve.QUEUED_P:
                 model_serve.backpressure_phase(program, recorder, Fixed, queued,
                                                sys.modules[__name__])
+            batching = random.Random(f"{tray.simtest.cluster().seed}:serve-batch")
+            if batching.random() < serve_requests.BATCH_P:
+                serve_requests.batch_phase(program, batching)
             if program.rng.random() < 0.25:
                 _broken_phase(recorder)
             if location is not None:
