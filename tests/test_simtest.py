@@ -228,6 +228,10 @@ FOUND = [
     # constructor's argument (through the store: a BUGGIFY knob), and died
     # for want of it, as in Ray.
     ("detached-actor-whose-argument-died-with-its-creator", 485, "named", "default"),
+    # removed-group-ends-its-actors (the checker's): a fault killed an
+    # actor's worker before its group was removed, and the GCS heard of it
+    # only after: the actor's death is its worker's, as in Ray.
+    ("group-actor-whose-worker-death-came-late", 491, "groups", "chaos"),
 ]
 
 

@@ -540,7 +540,7 @@ def removed_group(program) -> None:
             except exceptions.ActorPlacementGroupRemoved:
                 continue
             except exceptions.ActorDiedError as error:
-                if actor_id in dead_before:
+                if actor_id in dead_before or _worker_killed(sim, before[actor_id]):
                     continue  # it had died of something else first
                 raise InvariantViolation(REMOVED, f"a call to actor {actor_id} after its "
                                          "placement group was removed raised "
@@ -555,6 +555,18 @@ def removed_group(program) -> None:
                 raise InvariantViolation(REMOVED, f"a call to actor {actor_id} after its "
                                          f"placement group was removed returned {value!r}")
     program.later(remove)
+
+
+def _worker_killed(sim, record) -> bool:
+    """Did a fault kill this actor's worker (or its node)? The GCS may hear
+    of that after the group's removal, and end the actor for it (groups
+    chaos seed 491): as in Ray, the first death it hears of is the cause."""
+    worker, node = record.worker_id or "", record.node_id or ""
+    return any(event.get("component") == "fault" and (
+        (event.get("event") == "kill_worker" and worker and
+         str(event.get("worker", "")).startswith(worker[:12])) or
+        (event.get("event") == "kill_node" and node and event.get("node") == node))
+        for event in sim.trace.events)
 
 
 def _check_group_name(name: str, group, taken: bool) -> None:
