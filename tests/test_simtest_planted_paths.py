@@ -178,3 +178,41 @@ def test_a_duplicate_striking_after_its_node_restarted_names_the_new_node():
     # was not attributed to it (every-re-execution-has-a-fault-behind-it).
     result = runner.run_seed(272, "mixed", "chaos")
     assert result.ok, (result.invariant, result.message)
+
+
+def test_a_method_options_num_returns_ignored_is_caught_within_4_seeds(monkeypatch):
+    # An actor method's .options(num_returns=2) keeps the method's own
+    # number of returns (one ref, not two).
+    from tray.api.actor import ActorMethod
+
+    original = ActorMethod.options
+
+    def options(self, **given):
+        given.pop("num_returns", None)
+        return original(self, **given)
+
+    monkeypatch.setattr(ActorMethod, "options", options)
+    result = first_failure(range(4), "paths", "none", "api-outcome-as-ray")
+    assert "num_returns=2" in result.message
+
+
+def test_capture_child_tasks_ignored_is_caught_within_10_seeds(monkeypatch):
+    # A child with no strategy of its own never joins its parent's group,
+    # placement_group_capture_child_tasks=True notwithstanding.
+    from tray.core.worker import task_submission
+
+    monkeypatch.setattr(task_submission, "captured", lambda context, strategy: strategy)
+    result = first_failure(range(10), "paths", "none", "api-outcome-as-ray")
+    assert "placement_group_capture_child_tasks" in result.message
+
+
+def test_runtime_context_naming_another_node_is_caught_within_3_seeds(monkeypatch):
+    # get_runtime_context().get_node_id() names the last node of the
+    # cluster, wherever the code runs (right on a one-node cluster only).
+    from tray.api.runtime_context import RuntimeContext
+    from tray.simtest import cluster
+
+    monkeypatch.setattr(RuntimeContext, "get_node_id",
+                        lambda self: cluster()._node_ids[-1])
+    result = first_failure(range(3), "paths", "none", "api-outcome-as-ray")
+    assert "get_runtime_context()" in result.message

@@ -41,11 +41,29 @@ and a workload of its own). Per seed, ``program.rng`` draws which run:
   created (state, strategy, bundles, detachment), ``REMOVED`` once removed;
   ``get_placement_group`` finds it by name until then, never after.
 
+Then, from an RNG of their own (the draws above, and those of the pieces
+after in ``mixed``, stay put):
+
+* ``context``: ``get_runtime_context()`` in the driver (no task, actor or
+  group; the driver's node), in tasks, their children and an actor's
+  methods: the driver's job and namespace, the task id of the ref the
+  caller holds, the actor's id in a method only, the node the simulator
+  runs the code on; ``get_current_placement_group()`` None outside a group.
+* ``group_context``: ``placement_group_table`` is the group created and
+  puts each bundle on the node its task ran on (while the table held still
+  across the run); ``get_current_placement_group()`` in a bundle is the
+  group; a child with no strategy joins the group (on one of its nodes)
+  with ``placement_group_capture_child_tasks=True``, no group without.
+* ``returns``: an actor method's ``.options(num_returns=2)`` and
+  ``@tray.method(num_returns=2)`` give two refs, each its value; ``get`` of
+  a list with duplicates answers the values in order.
+
 Refusals and answers known at once are judged on the spot (invariant
 ``api-outcome-as-ray``); values go through ``program.expect``."""
 
 from __future__ import annotations
 
+import random
 import warnings
 
 import tray
@@ -419,9 +437,182 @@ def group_states(program) -> None:
         raise _violation("get_placement_group", "a removed group's name still finds it")
 
 
+def _got(program, refs, label: str):
+    """``tray.get(refs)``; None where a fault failed them (under kills)."""
+    try:
+        return tray.get(refs)
+    except exceptions.TrayError as error:
+        if program.kills:
+            return None
+        raise _violation(label, f"raised {type(error).__name__}: {error} without faults"
+                         ) from None
+
+
+def _same_context(label: str, seen: dict, driver: dict, ref_task: str,
+                  actor: str | None) -> None:
+    """A task's or method's runtime context is Ray's: the driver's job and
+    namespace, its own task id (the caller's ref's), the actor's id in a
+    method and None elsewhere, the node it truly runs on."""
+    want = {"job": driver["job"], "namespace": driver["namespace"], "task": ref_task,
+            "actor": actor}
+    wrong = {name: (seen[name], value) for name, value in want.items() if seen[name] != value}
+    if seen["true_node"] is not None and seen["node"] != seen["true_node"]:
+        wrong["node"] = (seen["node"], seen["true_node"])
+    if wrong:
+        raise _violation(f"get_runtime_context() in {label}",
+                         f"(name: (said, Ray's)) {wrong}")
+
+
+def context(program, rng) -> None:
+    """``get_runtime_context()`` in the driver (no task, no actor, the
+    driver's node), in tasks and in an actor's methods (the caller's job
+    and namespace, the task id of the ref the caller holds, the actor's id
+    in a method only, the node the simulator runs it on); and
+    ``get_current_placement_group()`` None outside any group."""
+    driver = remote_code_paths._context()
+    if (driver["task"], driver["actor"], driver["group"]) != (None, None, None) or \
+            (driver["true_node"] is not None and driver["node"] != driver["true_node"]):
+        raise _violation("get_runtime_context() in the driver",
+                         f"says {driver}: Ray's has no task, actor or group, and the "
+                         f"driver's node")
+    refs = [remote_code_paths.probe.options(num_cpus=rng.choice([0.5, 1]), max_retries=-1)
+            .remote(program.key("context-task", retries=-1),
+                    rng.choice([None, 0.25])) for _ in range(rng.randint(1, 3))]
+    prober = program.actor(remote_code_paths.Prober.options(max_restarts=-1,
+                                                            max_task_retries=-1),
+                           program.key("prober"))
+    calls = [prober.context.remote() for _ in range(rng.randint(1, 2))]
+    actor_id = str(prober._actor_id)
+    seen = _got(program, refs + calls, "runtime context")
+    if seen is None:
+        return
+    for ref, here in zip(refs, seen[:len(refs)], strict=True):
+        _same_context("a task", here, driver, ref.task_id().hex(), None)
+        if here["group"] is not None:
+            raise _violation("get_current_placement_group()",
+                             f"a task in no group is in {here['group']}")
+        if "child" in here:
+            _same_context("a task's child", here["child"], driver, here["child_ref_task"],
+                          None)
+    for ref, here in zip(calls, seen[len(refs):], strict=True):
+        _same_context("an actor method", here, driver, ref.task_id().hex(), actor_id)
+
+
+def group_context(program, rng) -> None:
+    """A placement group's ``placement_group_table`` is the group created
+    (id, name, strategy, bundles, ``CREATED`` once ready) and says a node
+    per bundle; a task in bundle i finds the group
+    (``get_current_placement_group()``) and runs on that bundle's node;
+    its child with no strategy of its own joins the group (anywhere in it)
+    with ``placement_group_capture_child_tasks=True``, and is in no group
+    without."""
+    from tray.util import placement_group, placement_group_table, remove_placement_group
+    from tray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    name = program.key("context-group")
+    strategy = rng.choice(["PACK", "SPREAD", "STRICT_PACK"])
+    bundles = [{"CPU": 0.25} for _ in range(rng.randint(1, 3))]
+    group = placement_group(bundles, strategy=strategy, name=name)
+    ready, _ = tray.wait([group.ready()], timeout=program.wait_timeout_s)
+    if not ready:
+        remove_placement_group(group)
+        return
+    table = placement_group_table(group)
+    states = {"CREATED", "RESCHEDULING"} if program.kills else {"CREATED"}
+    want = {"placement_group_id": group.id.hex(), "name": name, "strategy": strategy,
+            "bundles": dict(enumerate(bundles))}
+    nodes = table.get("bundles_to_node_id", {})
+    if {key: table.get(key) for key in want} != want or table.get("state") not in states \
+            or (not program.kills and sorted(nodes) != list(range(len(bundles)))):
+        raise _violation("placement_group_table", f"says {table} of the ready group "
+                                                  f"{want}")
+    if strategy == "STRICT_PACK" and len(set(nodes.values())) > 1:
+        raise _violation("placement_group_table", f"a STRICT_PACK group on nodes {nodes}")
+    captures = [rng.choice([True, False, None]) for _ in bundles]
+    refs = [remote_code_paths.probe.options(
+        num_cpus=0.125, max_retries=-1,
+        scheduling_strategy=PlacementGroupSchedulingStrategy(
+            group, placement_group_bundle_index=index,
+            placement_group_capture_child_tasks=capture))
+        .remote(program.key("context-bundle", retries=-1), 0.125)
+        for index, capture in enumerate(captures)]
+    seen = _got(program, refs, "tasks in a placement group")
+    # A fault may move bundles (off a dead node, to a new id): where the
+    # table said the same before and after the tasks, they ran there.
+    stable = not program.kills
+    if program.kills and seen is not None:
+        try:
+            stable = placement_group_table(group).get("bundles_to_node_id") == nodes and \
+                len(nodes) == len(bundles)
+        except exceptions.TrayError:
+            pass
+    remove_placement_group(group)
+    if seen is None:
+        return
+    driver = remote_code_paths._context()
+    for index, (ref, here, capture) in enumerate(zip(refs, seen, captures, strict=True)):
+        _same_context(f"a task in bundle {index}", here, driver, ref.task_id().hex(), None)
+        child = here["child"]
+        _same_context("its child", child, driver, here["child_ref_task"], None)
+        if here["group"] != group.id.hex():
+            raise _violation("get_current_placement_group()",
+                             f"a task in bundle {index} of {group.id.hex()} says "
+                             f"{here['group']}")
+        if child["group"] != (group.id.hex() if capture else None):
+            raise _violation("placement_group_capture_child_tasks",
+                             f"with capture {capture}, a child with no strategy is in group "
+                             f"{child['group']} (its parent's: {group.id.hex()})")
+        if not stable:
+            continue
+        if here["node"] != nodes.get(index):
+            raise _violation("placement_group_table",
+                             f"a task in bundle {index} ran on {here['node'][:12]}, the table "
+                             f"puts the bundle on {str(nodes.get(index))[:12]}")
+        if capture and child["node"] not in set(nodes.values()):
+            raise _violation("placement_group_capture_child_tasks",
+                             f"a captured child ran on {child['node'][:12]}, on none of the "
+                             f"group's nodes {sorted(node[:12] for node in nodes.values())}")
+
+
+def returns(program, rng) -> None:
+    """An actor method of two returns, by ``.options(num_returns=2)`` and
+    by ``@tray.method(num_returns=2)``: two refs, each its own value; and
+    ``tray.get`` of a list with duplicates: the values in order, a
+    duplicate's value each time."""
+    prober = program.actor(remote_code_paths.Prober.options(max_restarts=-1,
+                                                            max_task_retries=-1),
+                           program.key("returns"))
+    x = rng.randint(1, 50)
+    pair = prober.pair.options(num_returns=2).remote(x)
+    split = prober.split.remote(x)
+    for label, refs, values in (("options(num_returns=2)", pair, [x, x + 1]),
+                                ("@tray.method(num_returns=2)", split, [2 * x, 3 * x])):
+        if not isinstance(refs, list) or len(refs) != 2 or \
+                not all(isinstance(ref, tray.ObjectRef) for ref in refs):
+            raise _violation(f"an actor method's {label}", f"returned {refs!r}, not 2 refs")
+        for ref, value in zip(refs, values, strict=True):
+            program.expect(ref, value, label=f"an actor method's {label}", unlimited=True)
+    values = [rng.randint(0, 99) for _ in range(rng.randint(1, 3))]
+    distinct = [tray.put(value) for value in values]
+    order = [rng.randrange(len(distinct)) for _ in range(rng.randint(2, 6))]
+    order[rng.randrange(len(order))] = order[0]  # (one duplicate at least)
+    if len(set(order)) == len(order):
+        order.append(order[0])
+    got = _got(program, [distinct[index] for index in order] + pair + split,
+               "get of a list with duplicates")
+    if got is not None and got != [values[index] for index in order] + \
+            [x, x + 1, 2 * x, 3 * x]:
+        raise _violation("get of a list with duplicates",
+                         f"got {got} for the refs {order} of {values} (and the methods' "
+                         f"returns of {x})")
+
+
 SUBPIECES = {"timeouts": timeouts, "kv": kv, "builtins": builtins, "boxes": boxes,
              "object_states": object_states, "infeasible": infeasible,
              "exits": exits, "concurrency": concurrency, "group_states": group_states}
+# Drawn from an RNG of their own (seeded by where the workload's stands, read
+# and not advanced): the draws above, and those of the pieces after, stay put.
+API_SUBPIECES = {"context": context, "group_context": group_context, "returns": returns}
 
 
 def paths(program) -> None:
@@ -430,3 +621,8 @@ def paths(program) -> None:
         [program.rng.choice(names)]
     for name in chosen:
         SUBPIECES[name](program)
+    state = program.rng.getstate()[1]
+    rng = random.Random(f"paths-api:{state[:4]}:{state[-1]}")
+    for name in sorted(API_SUBPIECES):
+        if rng.random() < 0.6:
+            API_SUBPIECES[name](program, rng)

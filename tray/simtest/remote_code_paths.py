@@ -140,3 +140,67 @@ class Threaded:
         time.sleep(sleep_s)
         _span(self.key, group, start)
         return x
+
+
+def _true_node() -> str | None:
+    """The id of the node whose simulated process runs this code, as the
+    simulator knows it (that node's node manager's id), not as the worker
+    says it: what ``get_node_id()`` must answer."""
+    from ..backends.sim.validation import _current_process
+    from . import cluster
+
+    process = _current_process.get()
+    if process is None:  # the driver's script: the driver's process
+        process = next((process for process in cluster().processes.values()
+                        if process.name == "driver" and process.alive), None)
+    if process is None or process.node_index is None:
+        return None
+    raylet = cluster().processes.get(f"n{process.node_index}/raylet")
+    if raylet is None or not raylet.alive or raylet.component is None:
+        return None
+    return raylet.component.node_id
+
+
+def _context() -> dict:
+    """What the runtime context says here (``get_runtime_context()`` and
+    ``get_current_placement_group()``), and the node it truly runs on."""
+    from tray.util import get_current_placement_group
+
+    context = tray.get_runtime_context()
+    group = get_current_placement_group()
+    return {"job": context.get_job_id(), "task": context.get_task_id(),
+            "actor": context.get_actor_id(), "node": context.get_node_id(),
+            "namespace": context.namespace, "true_node": _true_node(),
+            "group": group.id.hex() if group is not None else None}
+
+
+@tray.remote
+def probe(key: str, child_cpus: float | None = None) -> dict:
+    """Its runtime context; with ``child_cpus``, its child's too (a task
+    with no strategy of its own: ``child``), and the child's ref's task id."""
+    _ran(key)
+    here = _context()
+    if child_cpus is not None:
+        child = probe.options(num_cpus=child_cpus, max_retries=-1).remote(f"{key}:child")
+        here["child"] = tray.get(child)
+        here["child_ref_task"] = child.task_id().hex()
+    return here
+
+
+@tray.remote
+class Prober:
+    """Its methods' runtime context, and methods of two returns (one by
+    ``@tray.method(num_returns=2)``, one plain for ``.options``)."""
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+
+    def context(self) -> dict:
+        return _context()
+
+    def pair(self, x: int) -> tuple:
+        return x, x + 1
+
+    @tray.method(num_returns=2)
+    def split(self, x: int) -> tuple:
+        return x * 2, x * 3
