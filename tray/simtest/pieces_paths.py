@@ -113,7 +113,8 @@ def timeouts(program) -> None:
         raise _violation("wait(timeout=) with a sleeping task",
                          f"ready {len(ready)} (the sleeper among them: {sleeper in ready}), "
                          f"not ready {len(not_ready)}")
-    failing = fails.remote(program.key("timeouts-fails", retries=3))
+    failing_key = program.key("timeouts-fails", retries=3)
+    failing = fails.remote(failing_key)
     other_key = program.key("timeouts-other", retries=-1)
     other = slow_end.options(max_retries=-1).remote(other_key, 3.0)
     program.expect(other, other_key, label="timeouts other", unlimited=True)
@@ -128,7 +129,11 @@ def timeouts(program) -> None:
                              ) from None
     else:
         raise _violation("get of a list with a failing task", "answered values")
-    if not program.kills and remote_code.LEDGER.executions.get(f"{other_key}:end", 0):
+    where = remote_code.LEDGER.where
+    # (Judged when the failing task ran before the other ended: on a small
+    # cluster it may wait for the other's CPU; paths seed 11 without faults.)
+    if not program.kills and where.get(f"{other_key}:end") and where.get(failing_key) and \
+            where[failing_key][0][1] < where[f"{other_key}:end"][0][1]:
         raise _violation("get of a list with a failing task",
                          "waited for the other task's end (Ray raises the error at once)")
     program.expect(failing, program.error(PathError), label="timeouts failing")
