@@ -383,3 +383,46 @@ def test_a_method_name_option_lost_is_caught_within_2_seeds(monkeypatch):
 
     monkeypatch.setattr(DeploymentHandle, "options", loses_the_method)
     first_failure([1, 3], "serve", "none", "serve-batches-as-configured")
+
+
+# ========================================= the rest of tray.data's API, planted
+
+# The data workload's column steps and extra consumers (tray/simtest/data_ops.py,
+# an RNG of their own): under faults "none", seed 7 splits at indices, seed 10
+# renames a column then splits, seed 12 renames and takes a std with Ray's
+# default ddof. Seven seeds each.
+DATA_OPS_SEEDS = range(6, 13)
+
+
+def test_split_at_indices_one_row_late_is_caught(monkeypatch):
+    from tray.data._dataset import Dataset
+
+    original = Dataset.split_at_indices
+    monkeypatch.setattr(Dataset, "split_at_indices",
+                        lambda self, indices: original(self, [i + 1 for i in indices]))
+    first_failure(DATA_OPS_SEEDS, "data", "none", "get-returns-model-value")
+
+
+def test_a_std_with_ddof_0_by_default_is_caught(monkeypatch):
+    from tray.data._dataset import Dataset
+    from tray.data._grouped_data import GroupedData
+
+    std, grouped_std = Dataset.std, GroupedData.std
+    monkeypatch.setattr(Dataset, "std", lambda self, on, ddof=0: std(self, on, ddof))
+    monkeypatch.setattr(GroupedData, "std",
+                        lambda self, on=None, ddof=0: grouped_std(self, on, ddof))
+    first_failure(DATA_OPS_SEEDS, "data", "none", "get-returns-model-value")
+
+
+def test_rename_columns_dropping_a_column_is_caught(monkeypatch):
+    from tray.data._dataset import Dataset
+
+    original = Dataset.rename_columns
+
+    def drops_one(self, names):  # the first renamed column is lost
+        renamed = original(self, names)
+        return renamed.drop_columns(
+            [next(iter(names.values())) if isinstance(names, dict) else names[0]])
+
+    monkeypatch.setattr(Dataset, "rename_columns", drops_one)
+    first_failure(DATA_OPS_SEEDS, "data", "none", "get-returns-model-value")

@@ -12,7 +12,11 @@ three keys with a list of directions, a ``groupby`` with ``sum``, ``count``,
 ``min`` and ``max``, ``repartition``, ``random_shuffle`` with a seed), and
 are consumed in one of several ways (``take_all``, ``take``, ``limit``,
 ``iter_batches``, ``split``, ``count``, a global ``sum``/``max``). The
-reference model is plain Python over the same rows, step by step.
+reference model is plain Python over the same rows, step by step. Column
+steps and the rest of the consumers (``drop/select/rename_columns``,
+``schema``, ``take_batch``, ``to_pandas``, ``mean``/``std``/``unique``,
+``split_at_indices``, ``train_test_split``, ``streaming_split``) come from
+``data_ops``, with an RNG of their own.
 
 What is checked, as tray.data documents it (``preserve_order``, tray's
 default: outputs leave every operator in input order):
@@ -54,6 +58,8 @@ import time
 import numpy as np
 
 import tray
+
+from . import data_ops
 
 B_OFFSET = 1_000_000  # source b's ids: distinct from a's whatever the steps
 
@@ -528,9 +534,12 @@ def data_pipeline(program) -> None:
     try:
         if refuse:
             _refused(context)
-        for _ in range(program.rng.randint(1, 3)):
+        for index in range(program.rng.randint(1, 3)):
             pipeline = _Pipeline(program, cluster)
             make, rows, order, checks = pipeline.build()
+            ops = data_ops.rng_for(cluster.seed, index)  # (draws of its own)
+            if order != "keys":  # (a sort's check reads its key columns)
+                make, rows = data_ops.column_step(ops, pipeline.steps, make, rows)
             if budget is not None:
                 pipeline.steps.append(f"(object_store_memory budget {budget} bytes)")
             if retries is not None:
@@ -538,6 +547,9 @@ def data_pipeline(program) -> None:
             try:
                 for label, expected, got in _consume(pipeline, make, rows, order, checks):
                     program.expect(tray.put(got), expected, label=f"data: {label}")
+                for label, expected, got in data_ops.consume(ops, pipeline.steps, make, rows,
+                                                             order):
+                    program.expect(tray.put(got), expected, label=label)
             except Exception as error:  # noqa: BLE001 - judged by the runner like any error
                 program.expect(_reraise.remote(error), _normalize(rows),
                                label="data: " + " -> ".join(pipeline.steps))
