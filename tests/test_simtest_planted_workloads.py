@@ -220,3 +220,20 @@ def test_a_filter_that_ignores_its_predicate_is_caught_within_3_seeds(monkeypatc
 
     _state_planted(monkeypatch, equal_only)
 
+
+
+def test_an_actor_query_by_id_answering_another_actor_is_caught_within_3_seeds(monkeypatch):
+    from tray.core.gcs.actor_manager import ActorManager
+
+    original = ActorManager.handle_list_actor_states
+
+    def first_actor_whatever_the_id(self, conn, actor_id=None):
+        page = original(self, conn, None)
+        if actor_id is not None:
+            import dataclasses
+
+            page = dataclasses.replace(page, rows=page.rows[:1])
+        return page
+
+    monkeypatch.setattr(ActorManager, "handle_list_actor_states", first_actor_whatever_the_id)
+    first_failure(range(3), "state", "default", "state-queries-agree")

@@ -77,6 +77,17 @@ def state_api(program) -> None:
     for _ in range(rng.randint(1, 4)):
         program.expect(counter.bump.remote(rng.uniform(0.0, 0.05)), 1, actor_call=True,
                        label="state: actor calls", unlimited=True)
+    # More actors (draws of their own: those above stay as they were), so
+    # that a query by actor id has others to tell its actor from.
+    import random
+
+    import tray.simtest
+
+    extra = random.Random(f"{tray.simtest.cluster().seed}:state-actors")
+    for _ in range(extra.randint(1, 3)):
+        other = program.actor(_StateCounter)
+        program.expect(other.bump.remote(0.0), 1, actor_call=True, unlimited=True,
+                       label="state: another actor")
     failing_ids = {ref.task_id().hex() for ref in failing}
     program.later(lambda: _check_state(failing_ids))
 
@@ -140,7 +151,7 @@ def _check_queries(tasks: list, actors: list) -> None:
     """``state-queries-agree``: what a query with a limit, a filter, by id or
     summed up says is what the full listing says (Ray's promises: the newest
     ``limit`` rows, oldest first; a filter keeps exactly the matching rows;
-    ``get_task`` is the latest attempt; the summaries count the rows). Judged
+    ``get_task`` is the latest attempt, ``get_actor`` the actor; the summaries count the rows). Judged
     only while the listing holds still (nothing else runs by now)."""
     import warnings
 
@@ -186,6 +197,11 @@ def _check_queries(tasks: list, actors: list) -> None:
                  _state_counts(actors, "class_name"))):
             differ(f"{what} state counts", {name: dict(entry["state_counts"]) for name, entry
                                             in summary["cluster"]["summary"].items()}, counts)
+        for actor in actors[:5]:
+            found = state.get_actor(actor.actor_id)
+            differ(f"get_actor({actor.actor_id})",
+                   None if found is None else (found.actor_id, found.state),
+                   (actor.actor_id, actor.state))
         for actor in actors[:3]:
             got = [(a.actor_id, a.state) for a in state.list_actors(
                 filters=[("class_name", "=", actor.class_name)], limit=10**6)]
