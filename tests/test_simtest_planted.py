@@ -267,6 +267,23 @@ def test_a_cancel_that_leaves_queued_tasks_queued_is_caught_within_5_seeds(monke
     assert "cancelled while queued" in result.message
 
 
+def test_an_actor_never_told_of_a_cancelled_call_is_caught_within_3_seeds(monkeypatch):
+    # Red team 4's miss: the owner fails the call but never tells the actor,
+    # where the call waits for its turn and then runs.
+    async def owner_only(self, task_id, force, recursive):
+        task = self._task_manager.get(task_id)
+        if task is not None and task.spec.actor_id is not None:
+            self._task_manager.fail(task, tex.TaskCancelledError("cancelled"))
+            return
+        await original(self, task_id, force, recursive)
+
+    import tray.exceptions as tex
+
+    original = TaskCanceller._cancel_owned
+    monkeypatch.setattr(TaskCanceller, "_cancel_owned", owner_only)
+    first_failure(range(3), "cancel", "default", "retry-count-exact")
+
+
 def test_a_force_cancel_that_spares_the_worker_is_caught_within_10_seeds(monkeypatch):
     # (In the default sweep, mixed/default, at seed 6; here the cancel workload's.)
     original = TaskReceiver.handle_cancel_task

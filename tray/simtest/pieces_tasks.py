@@ -227,6 +227,7 @@ def cancellation(program) -> None:
             program.cancelled_children(f"{parent_key}#{ran}:", task=parent.task_id().hex())
         elif ran:
             program.uncancelled_children(f"{parent_key}#{ran}:", task=parent.task_id().hex())
+    _cancel_actor_call(program)
     # Finished: a cancel after the end changes nothing.
     done = leaf.options(max_retries=3).remote(program.key("done", retries=3), 7)
     tray.wait([done], timeout=program.wait_timeout_s, fetch_local=False)
@@ -234,3 +235,33 @@ def cancellation(program) -> None:
     tray.cancel(done)
     program.expect(done, 49 if finished else program.CANCELLED_OR_VALUE,
                    label="cancelled after it finished")
+
+
+def _cancel_actor_call(program) -> None:
+    """An actor call cancelled while it waits behind another (Ray: a pending
+    actor task is cancelled and never runs; a running one of a regular actor
+    is not interrupted). In half the seeds, drawn apart from the program's
+    draws so that those stay as they were."""
+    import random
+
+    import tray.simtest
+
+    from .remote_code import Squarer
+
+    rng = random.Random(f"{tray.simtest.cluster().seed}:cancel-actor-call")
+    if rng.random() < 0.5:
+        return
+    actor = program.actor(Squarer.options(num_cpus=0, max_restarts=-1, max_task_retries=-1),
+                          program.key("cancel-actor", retries=-1))
+    busy_key = program.key("actor call before", retries=-1)
+    busy = actor.run.remote(busy_key, 1.0)
+    _until_started(program, busy_key, busy)  # (then the next call waits at the actor)
+    waiting_key = program.key("actor call cancelled", retries=0)
+    waiting = actor.run.remote(waiting_key, 0.0)
+    tray.cancel(waiting)
+    program.expect(busy, busy_key, label="an actor call a later call's cancel left alone",
+                   actor_call=True, unlimited=True)
+    # (Whatever the faults: a restart re-sends calls, never a cancelled one.)
+    program.expect(waiting, program.error(tray.exceptions.TaskCancelledError),
+                   label="an actor call cancelled while it waited", strict=True)
+    program.exact_executions(waiting_key, 0)

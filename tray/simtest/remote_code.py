@@ -201,6 +201,12 @@ class Squarer:
         time.sleep(sleep_s)
         return x * x
 
+    def run(self, key: str, sleep_s: float) -> str:
+        """Counts its run (``key``), sleeps, answers ``key``."""
+        _ran(key)
+        time.sleep(sleep_s)
+        return key
+
 
 @tray.remote
 def account_caller(key: str, account, caller: str, amounts: list) -> list:
