@@ -232,6 +232,10 @@ FOUND = [
     # actor's worker before its group was removed, and the GCS heard of it
     # only after: the actor's death is its worker's, as in Ray.
     ("group-actor-whose-worker-death-came-late", 491, "groups", "chaos"),
+    # unlimited-retries-never-give-up (the workload's): a task retried
+    # without limit opened a box of refs whose leaf task had a budget of 3,
+    # used up by the faults; the box's leaves are retried without limit now.
+    ("box-leaf-with-a-budget", 485, "paths", "chaos"),
 ]
 
 

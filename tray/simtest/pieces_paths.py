@@ -221,7 +221,10 @@ def boxes(program) -> None:
     tally = program.actor(Tally.options(max_restarts=-1, max_task_retries=-1), key)
     values = [rng.randint(1, 50) for _ in range(rng.randint(1, 4))]
     made_by_task = [rng.random() < 0.5 for _ in values]  # (leaf answers its square)
-    refs = [leaf.remote(program.key("boxes-leaf", retries=3), value) if made else tray.put(value)
+    # (Retried without limit, as the task that opens the box: a leaf that
+    # used up a budget would fail it with its error; paths chaos seed 485.)
+    refs = [leaf.options(max_retries=-1).remote(program.key("boxes-leaf", retries=-1), value)
+            if made else tray.put(value)
             for value, made in zip(values, made_by_task, strict=True)]
     echo = rng.randint(1, 9)
     box = {"refs": refs, "actor": tally, "echo": echo}
